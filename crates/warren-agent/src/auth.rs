@@ -1,0 +1,87 @@
+//! Who is calling: the access token check and the run-as user of a request.
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+
+use crate::connect::{Code, RpcError};
+use crate::state::AppState;
+use crate::users::{User, UserDb};
+
+pub const UNAUTHORIZED_MESSAGE: &str =
+    "unauthorized access, please provide a valid access token or method signing if supported";
+
+/// A JSON error as the plain HTTP endpoints answer it: `{"code": <status>, "message": ...}`.
+pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
+    (status, axum::Json(body)).into_response()
+}
+
+/// Constant-time comparison of two secrets.
+pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether the request's `X-Access-Token` matches (true when no token is configured).
+pub fn token_ok(state: &AppState, headers: &HeaderMap) -> bool {
+    match state.settings().access_token {
+        None => true,
+        Some(expected) => headers
+            .get("x-access-token")
+            .map(|v| secrets_equal(v.as_bytes(), expected.as_bytes()))
+            .unwrap_or(false),
+    }
+}
+
+/// Middleware for the RPC and management routes: 401 JSON unless the access token matches.
+pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if token_ok(&state, req.headers()) {
+        next.run(req).await
+    } else {
+        http_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
+    }
+}
+
+/// The user named by `Authorization: Basic base64("<name>:")`, or `None` when absent.
+pub fn basic_user_name(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || RpcError::new(Code::Unauthenticated, "invalid authorization header");
+    let text = value.to_str().map_err(|_| bad())?;
+    let Some(encoded) = text
+        .strip_prefix("Basic ")
+        .or_else(|| text.strip_prefix("basic "))
+    else {
+        return Err(bad());
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| bad())?;
+    let decoded = String::from_utf8(decoded).map_err(|_| bad())?;
+    let name = decoded.split(':').next().unwrap_or_default().to_string();
+    Ok(Some(name))
+}
+
+/// Looks up a user by name, or the default user when `name` is `None`.
+pub fn lookup_user(state: &AppState, name: Option<&str>) -> Result<User, RpcError> {
+    let settings = state.settings();
+    let name = name
+        .filter(|n| !n.is_empty())
+        .unwrap_or(&settings.default_user);
+    UserDb::load()
+        .by_name(name)
+        .cloned()
+        .ok_or_else(|| RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'")))
+}
+
+/// The run-as user of an RPC.
+pub fn rpc_user(state: &AppState, headers: &HeaderMap) -> Result<User, RpcError> {
+    let name = basic_user_name(headers)?;
+    lookup_user(state, name.as_deref())
+}

@@ -1,0 +1,4 @@
+//! The `filesystem.Filesystem` service.
+
+pub mod service;
+pub mod watch;

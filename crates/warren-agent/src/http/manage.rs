@@ -1,0 +1,95 @@
+//! Health, initialisation and environment endpoints.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use crate::auth::http_error;
+use crate::state::AppState;
+use crate::users::UserDb;
+
+/// `GET /health`: 204, never cached.
+pub async fn health() -> Response {
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Body of `POST /init`; every field optional, unknown ones ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct InitRequest {
+    pub env_vars: Option<BTreeMap<String, String>>,
+    pub access_token: Option<String>,
+    /// Wall clock of the host (RFC 3339), applied only when the agent may sync the clock.
+    pub timestamp: Option<String>,
+    pub default_user: Option<String>,
+    pub default_workdir: Option<String>,
+}
+
+/// `POST /init`: per-sandbox settings from the control plane. 204 with `X-Envd-Version`.
+pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    let req: InitRequest = if body.is_empty() {
+        InitRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return http_error(StatusCode::BAD_REQUEST, format!("malformed init body: {e}"))
+            }
+        }
+    };
+    if let Some(user) = req.default_user.as_deref().filter(|u| !u.is_empty()) {
+        if UserDb::load().by_name(user).is_none() {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid default user '{user}'"),
+            );
+        }
+    }
+    if let (true, Some(ts)) = (state.sync_clock, req.timestamp.as_deref()) {
+        match chrono::DateTime::parse_from_rfc3339(ts) {
+            Ok(t) => {
+                if let Err(e) =
+                    crate::sys::set_wall_clock(t.timestamp(), t.timestamp_subsec_nanos())
+                {
+                    tracing::warn!(error = %e, "could not set the clock");
+                }
+            }
+            Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("bad timestamp: {e}")),
+        }
+    }
+    {
+        let mut s = state.settings.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(vars) = req.env_vars {
+            s.env_vars.extend(vars);
+        }
+        if let Some(token) = req.access_token {
+            s.access_token = (!token.is_empty()).then_some(token);
+        }
+        if let Some(user) = req.default_user.filter(|u| !u.is_empty()) {
+            s.default_user = user;
+        }
+        if let Some(dir) = req.default_workdir {
+            s.default_workdir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+        }
+    }
+    tracing::info!("initialised by the control plane");
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    resp.headers_mut().insert(
+        "x-envd-version",
+        HeaderValue::from_static(crate::ENVD_VERSION),
+    );
+    resp
+}
+
+/// `GET /envs`: the sandbox-wide environment variables.
+pub async fn envs(State(state): State<AppState>) -> Json<BTreeMap<String, String>> {
+    Json(state.settings().env_vars)
+}
