@@ -1,0 +1,132 @@
+//! Shared helpers for the agent's integration tests: a real agent process on a free port, and
+//! Connect envelope framing.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `warren-agent` on a loopback port, killed on drop.
+pub struct Agent {
+    child: Child,
+    pub port: u16,
+    pub base: String,
+}
+
+impl Agent {
+    pub fn start() -> Agent {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Agent {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(env!("CARGO_BIN_EXE_warren-agent"))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(extra)
+            .env("WARREN_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start warren-agent");
+        let agent = Agent { child, port, base: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                if out.starts_with("HTTP/1.1 204") {
+                    return agent;
+                }
+            }
+            assert!(Instant::now() < deadline, "agent did not become healthy on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory of the agent (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One Connect envelope.
+pub fn envelope(flags: u8, json: &serde_json::Value) -> Vec<u8> {
+    let payload = serde_json::to_vec(json).unwrap();
+    let mut out = vec![flags];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Splits a complete streamed body into (flags, message) pairs.
+pub fn parse_envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        assert!(body.len() >= 5 + len, "truncated envelope");
+        let v = serde_json::from_slice(&body[5..5 + len]).unwrap();
+        out.push((body[0], v));
+        body = &body[5 + len..];
+    }
+    assert!(body.is_empty(), "trailing bytes after envelopes");
+    out
+}
+
+/// Incremental envelope decoder over a streaming response.
+pub struct EnvelopeStream {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl EnvelopeStream {
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self { resp, buf: Vec::new() }
+    }
+
+    /// Next (flags, message); `None` when the body ends.
+    pub async fn next(&mut self) -> Option<(u8, serde_json::Value)> {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                if self.buf.len() >= 5 + len {
+                    let flags = self.buf[0];
+                    let v = serde_json::from_slice(&self.buf[5..5 + len]).unwrap();
+                    self.buf.drain(..5 + len);
+                    return Some((flags, v));
+                }
+            }
+            match self.resp.chunk().await.unwrap() {
+                Some(c) => self.buf.extend_from_slice(&c),
+                None => return None,
+            }
+        }
+    }
+}
+
+pub fn basic(user: &str) -> String {
+    use base64::Engine;
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")))
+}

@@ -1,0 +1,522 @@
+//! The `process.Process` service over real HTTP against a real agent.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine;
+use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
+use serde_json::{json, Value};
+
+const STREAM: &str = "application/connect+json";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().http1_only().build().unwrap()
+}
+
+fn b64(v: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap()
+}
+
+/// Runs a server-streaming call to completion and returns its envelopes.
+async fn stream_call(agent: &Agent, method: &str, msg: Value, headers: &[(&str, &str)]) -> Vec<(u8, Value)> {
+    let mut req = client()
+        .post(agent.url(&format!("/process.Process/{method}")))
+        .header("content-type", STREAM)
+        .header("connect-protocol-version", "1")
+        .body(envelope(0, &msg));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200, "streams always answer 200");
+    assert_eq!(resp.headers()["content-type"], STREAM);
+    parse_envelopes(&resp.bytes().await.unwrap())
+}
+
+async fn unary(agent: &Agent, method: &str, msg: Value) -> (u16, Value) {
+    let resp = client()
+        .post(agent.url(&format!("/process.Process/{method}")))
+        .header("content-type", "application/json")
+        .json(&msg)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+fn bash(cmd: &str) -> Value {
+    json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}, "stdin": false})
+}
+
+/// Collected output of a finished `Start`.
+struct Run {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    end: Value,
+    trailer: Value,
+}
+
+fn collect(envs: Vec<(u8, Value)>) -> Run {
+    assert!(envs.len() >= 2, "at least start and end-of-stream: {envs:?}");
+    assert_eq!(envs[0].0, 0);
+    assert!(envs[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0, "first event is start: {envs:?}");
+    let (last_flags, trailer) = envs.last().unwrap().clone();
+    assert_eq!(last_flags, 2, "stream ends with an end-of-stream envelope");
+    let mut run = Run { stdout: vec![], stderr: vec![], end: Value::Null, trailer };
+    let mut ends = 0;
+    for (flags, msg) in &envs[1..envs.len() - 1] {
+        assert_eq!(*flags, 0);
+        let ev = &msg["event"];
+        assert!(run.end.is_null(), "nothing after end: {msg}");
+        if let Some(d) = ev.get("data") {
+            if let Some(s) = d.get("stdout") {
+                run.stdout.extend(b64(s));
+            }
+            if let Some(s) = d.get("stderr") {
+                run.stderr.extend(b64(s));
+            }
+        } else if let Some(e) = ev.get("end") {
+            ends += 1;
+            run.end = e.clone();
+        }
+    }
+    assert!(ends <= 1);
+    run
+}
+
+#[tokio::test]
+async fn start_streams_start_output_and_one_end() {
+    let agent = Agent::start();
+    let run = collect(stream_call(&agent, "Start", bash("echo hi; echo oops >&2; exit 3"), &[]).await);
+    assert_eq!(run.stdout, b"hi\n");
+    assert_eq!(run.stderr, b"oops\n");
+    assert_eq!(run.end["exitCode"], 3);
+    assert_eq!(run.end["exited"], true);
+    assert_eq!(run.end["status"], "exit status 3");
+    assert_eq!(run.end["error"], "exit status 3");
+    assert_eq!(run.trailer, json!({}));
+
+    let ok = collect(stream_call(&agent, "Start", bash("true"), &[]).await);
+    assert!(ok.end.get("exitCode").is_none(), "zero exit code is omitted: {}", ok.end);
+    assert!(ok.end.get("error").is_none());
+}
+
+#[tokio::test]
+async fn runs_as_the_requested_user_with_a_login_environment() {
+    let agent = Agent::start();
+    let script = "id -un; echo $HOME; echo $USER; pwd; echo $FOO; echo $E2B_SANDBOX";
+    let mut msg = bash(script);
+    msg["process"]["envs"] = json!({"FOO": "bar"});
+    let run = collect(stream_call(&agent, "Start", msg.clone(), &[]).await);
+    let out = String::from_utf8(run.stdout).unwrap();
+    let home = out.lines().nth(1).unwrap().to_string();
+    assert_eq!(out, format!("user\n{home}\nuser\n{home}\nbar\ntrue\n"));
+
+    let root = basic("root");
+    let run = collect(stream_call(&agent, "Start", msg, &[("authorization", &root)]).await);
+    assert_eq!(String::from_utf8(run.stdout).unwrap(), "root\n/root\nroot\n/root\nbar\ntrue\n");
+}
+
+#[tokio::test]
+async fn cwd_is_honoured_and_a_missing_cwd_is_invalid_argument() {
+    let agent = Agent::start();
+    let mut msg = bash("pwd");
+    msg["process"]["cwd"] = json!("/tmp");
+    let run = collect(stream_call(&agent, "Start", msg.clone(), &[]).await);
+    assert_eq!(run.stdout, b"/tmp\n");
+
+    msg["process"]["cwd"] = json!("/does/not/exist");
+    let envs = stream_call(&agent, "Start", msg, &[]).await;
+    assert_eq!(envs.len(), 1);
+    assert_eq!(envs[0].0, 2);
+    assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
+    assert_eq!(envs[0].1["error"]["message"], "cwd '/does/not/exist' does not exist");
+}
+
+#[tokio::test]
+async fn unknown_user_and_bad_command_fail_in_the_trailer() {
+    let agent = Agent::start();
+    let nobody = basic("no-such-user");
+    let envs = stream_call(&agent, "Start", bash("true"), &[("authorization", &nobody)]).await;
+    assert_eq!(envs[0].1["error"]["code"], "unauthenticated");
+    assert_eq!(envs[0].1["error"]["message"], "invalid username: 'no-such-user'");
+
+    let envs = stream_call(&agent, "Start", json!({"process": {"cmd": "/no/such/binary"}}), &[]).await;
+    assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
+}
+
+#[tokio::test]
+async fn stdin_false_reads_eof() {
+    let agent = Agent::start();
+    let run = collect(stream_call(&agent, "Start", bash("cat; echo done"), &[]).await);
+    assert_eq!(run.stdout, b"done\n");
+}
+
+#[tokio::test]
+async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
+    let agent = Agent::start();
+    let envs = stream_call(&agent, "Start", bash("sleep 30"), &[("connect-timeout-ms", "500")]).await;
+    let (flags, trailer) = envs.last().unwrap();
+    assert_eq!(*flags, 2);
+    assert_eq!(trailer["error"]["code"], "deadline_exceeded");
+    // The process is gone: nothing is left running.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, list) = unary(&agent, "List", json!({})).await;
+    assert!(list.get("processes").is_none(), "no process left: {list}");
+}
+
+#[tokio::test]
+async fn keepalives_are_sent_when_idle() {
+    let agent = Agent::start();
+    let envs = stream_call(&agent, "Start", bash("sleep 2.5; echo x"), &[("keepalive-ping-interval", "1")]).await;
+    let keepalives = envs.iter().filter(|(_, m)| m["event"].get("keepalive").is_some()).count();
+    assert!(keepalives >= 1, "expected keepalive events: {envs:?}");
+}
+
+#[tokio::test]
+async fn background_process_list_connect_input_signal() {
+    let agent = Agent::start();
+    // A tagged process with stdin that echoes each line back.
+    let msg = json!({"process": {"cmd": "/bin/bash", "args": ["-c", "while read l; do echo got:$l; done; echo eof"]},
+                     "tag": "echoer", "stdin": true});
+    let resp = client()
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &msg))
+        .send()
+        .await
+        .unwrap();
+    let mut start_stream = EnvelopeStream::new(resp);
+    let (_, first) = start_stream.next().await.unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+
+    let (status, list) = unary(&agent, "List", json!({})).await;
+    assert_eq!(status, 200);
+    let procs = list["processes"].as_array().unwrap();
+    let me = procs.iter().find(|p| p["pid"] == pid).expect("listed");
+    assert_eq!(me["tag"], "echoer");
+    assert_eq!(me["config"]["cmd"], "/bin/bash");
+
+    // A second stream attached by tag sees output produced from now on.
+    let resp = client()
+        .post(agent.url("/process.Process/Connect"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &json!({"process": {"tag": "echoer"}})))
+        .send()
+        .await
+        .unwrap();
+    let mut connected = EnvelopeStream::new(resp);
+    let (_, first) = connected.next().await.unwrap();
+    assert_eq!(first["event"]["start"]["pid"], pid);
+
+    let input = base64::engine::general_purpose::STANDARD.encode("hello\n");
+    let (status, _) =
+        unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"stdin": input}})).await;
+    assert_eq!(status, 200);
+    for s in [&mut start_stream, &mut connected] {
+        let (_, m) = s.next().await.unwrap();
+        assert_eq!(b64(&m["event"]["data"]["stdout"]), b"got:hello\n");
+    }
+
+    // Client-streaming input, in order, on one chunked request body.
+    let frames: Vec<Vec<u8>> = vec![
+        envelope(0, &json!({"start": {"process": {"pid": pid}}})),
+        envelope(0, &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("a\n")}}})),
+        envelope(0, &json!({"keepalive": {}})),
+        envelope(0, &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("b\n")}}})),
+    ];
+    let body = reqwest::Body::wrap_stream(futures::stream::iter(
+        frames.into_iter().map(Ok::<_, std::io::Error>),
+    ));
+    let resp = client()
+        .post(agent.url("/process.Process/StreamInput"))
+        .header("content-type", STREAM)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let envs = parse_envelopes(&resp.bytes().await.unwrap());
+    assert_eq!(envs, vec![(0, json!({})), (2, json!({}))]);
+    let mut seen = Vec::new();
+    while seen.len() < b"got:a\ngot:b\n".len() {
+        let (_, m) = start_stream.next().await.unwrap();
+        seen.extend(b64(&m["event"]["data"]["stdout"]));
+    }
+    assert_eq!(seen, b"got:a\ngot:b\n");
+
+    // Closing stdin ends the loop; the process exits normally.
+    let (status, _) = unary(&agent, "CloseStdin", json!({"process": {"pid": pid}})).await;
+    assert_eq!(status, 200);
+    let mut tail = Vec::new();
+    let mut end = Value::Null;
+    while let Some((flags, m)) = start_stream.next().await {
+        if flags == 2 {
+            assert_eq!(m, json!({}));
+            break;
+        }
+        if let Some(d) = m["event"]["data"].get("stdout") {
+            tail.extend(b64(d));
+        }
+        if let Some(e) = m["event"].get("end") {
+            end = e.clone();
+        }
+    }
+    assert_eq!(tail, b"eof\n");
+    assert_eq!(end["exited"], true);
+
+    // A finished process stays connectable: start + stored end.
+    let envs = stream_call(&agent, "Connect", json!({"process": {"pid": pid}}), &[]).await;
+    assert_eq!(envs.len(), 3, "{envs:?}");
+    assert_eq!(envs[1].1["event"]["end"]["exited"], true);
+    // But it is no longer running.
+    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})).await;
+    assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
+}
+
+#[tokio::test]
+async fn sigkill_reaches_the_whole_process_group() {
+    let agent = Agent::start();
+    let msg = bash("sleep 300 & echo $!; wait");
+    let resp = client()
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &msg))
+        .send()
+        .await
+        .unwrap();
+    let mut s = EnvelopeStream::new(resp);
+    let (_, first) = s.next().await.unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+    let (_, out) = s.next().await.unwrap();
+    let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"])).unwrap().trim().parse().unwrap();
+    assert!(std::path::Path::new(&format!("/proc/{child}")).exists());
+
+    let (status, _) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})).await;
+    assert_eq!(status, 200);
+    let mut end = Value::Null;
+    while let Some((flags, m)) = s.next().await {
+        if flags == 2 {
+            break;
+        }
+        if let Some(e) = m["event"].get("end") {
+            end = e.clone();
+        }
+    }
+    assert_eq!(end["exitCode"], -1);
+    assert_eq!(end["status"], "signal: killed");
+    // The grandchild in the same group died too (poll: reaping is asynchronous).
+    let gone = async {
+        while std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone).await.expect("grandchild killed");
+
+    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": 999_999}, "signal": "SIGNAL_SIGKILL"})).await;
+    assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
+    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_UNSPECIFIED"})).await;
+    assert!(status == 404 || status == 501, "{status} {err}");
+}
+
+#[tokio::test]
+async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
+    let agent = Agent::start();
+    let msg = json!({"process": {"cmd": "/bin/bash", "args": ["--norc", "--noprofile", "-i"], "envs": {"TERM": "xterm", "PS1": "$ "}},
+                     "pty": {"size": {"cols": 100, "rows": 30}}});
+    let resp = client()
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &msg))
+        .send()
+        .await
+        .unwrap();
+    let mut s = EnvelopeStream::new(resp);
+    let (_, first) = s.next().await.unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+
+    async fn until(s: &mut EnvelopeStream, needle: &str) -> String {
+        let mut seen = String::new();
+        let wait = async {
+            while !seen.contains(needle) {
+                let (flags, m) = s.next().await.expect("stream open");
+                assert_eq!(flags, 0, "unexpected end: {m}");
+                if let Some(p) = m["event"]["data"].get("pty") {
+                    seen.push_str(&String::from_utf8_lossy(&b64(p)));
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), wait).await.unwrap_or_else(|_| panic!("no {needle:?} in {seen:?}"));
+        seen
+    }
+
+    let send = |text: &str| {
+        let input = base64::engine::general_purpose::STANDARD.encode(text);
+        unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"pty": input}}))
+    };
+    let (status, _) = send("tty; stty size\n").await;
+    assert_eq!(status, 200);
+    let out = until(&mut s, "30 100").await;
+    assert!(out.contains("/dev/pts/"), "{out}");
+
+    let (status, _) = unary(&agent, "Update", json!({"process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}})).await;
+    assert_eq!(status, 200);
+    send("stty size\n").await;
+    until(&mut s, "40 120").await;
+
+    // stdin bytes to a pty process and CloseStdin are refused.
+    let (status, _) = unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"stdin": "eA=="}})).await;
+    assert_eq!(status, 500);
+    let (status, _) = unary(&agent, "CloseStdin", json!({"process": {"pid": pid}})).await;
+    assert_eq!(status, 500);
+
+    send("exit 7\n").await;
+    let mut end = Value::Null;
+    while let Some((flags, m)) = s.next().await {
+        if flags == 2 {
+            break;
+        }
+        if let Some(e) = m["event"].get("end") {
+            end = e.clone();
+        }
+    }
+    assert_eq!(end["exitCode"], 7);
+}
+
+#[tokio::test]
+async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
+    let agent = Agent::start();
+    let c = client();
+    // Malformed JSON on a unary call.
+    let resp = c.post(agent.url("/process.Process/List")).header("content-type", "application/json").body("{nope").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["code"], "invalid_argument");
+    // Unknown method.
+    let resp = c.post(agent.url("/process.Process/Nope")).header("content-type", "application/json").body("{}").send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["code"], "unimplemented");
+    // Unknown pid / tag / missing selector.
+    let (s, v) = unary(&agent, "SendInput", json!({"process": {"tag": "ghost"}, "input": {"stdin": ""}})).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("not_found")));
+    let (s, v) = unary(&agent, "CloseStdin", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (501, Some("unimplemented")));
+    let envs = stream_call(&agent, "Connect", json!({"process": {"pid": 424242}}), &[]).await;
+    assert_eq!(envs[0].1["error"]["code"], "not_found");
+    // A garbage envelope (huge declared length) and a truncated one.
+    for body in [vec![0u8, 0xff, 0xff, 0xff, 0xff, b'{'], vec![0u8, 0, 0, 0, 10, b'{']] {
+        let resp = c.post(agent.url("/process.Process/Start")).header("content-type", STREAM).body(body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let envs = parse_envelopes(&resp.bytes().await.unwrap());
+        assert_eq!(envs[0].0, 2);
+        assert!(envs[0].1["error"]["code"].is_string());
+    }
+    // Wrong type for a field.
+    let envs = stream_call(&agent, "Start", json!({"process": {"cmd": 5}}), &[]).await;
+    assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
+    // Still healthy and serving.
+    let run = collect(stream_call(&agent, "Start", bash("echo alive"), &[]).await);
+    assert_eq!(run.stdout, b"alive\n");
+}
+
+#[tokio::test]
+async fn access_token_is_enforced_once_set() {
+    let agent = Agent::start_with(&["--access-token", "s3cret"]);
+    let c = client();
+    let resp = c.post(agent.url("/process.Process/List")).header("content-type", "application/json").body("{}").send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["code"], 401);
+    let resp = c
+        .post(agent.url("/process.Process/List"))
+        .header("content-type", "application/json")
+        .header("x-access-token", "wrong")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = c
+        .post(agent.url("/process.Process/List"))
+        .header("content-type", "application/json")
+        .header("x-access-token", "s3cret")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Health stays open.
+    assert_eq!(c.get(agent.url("/health")).send().await.unwrap().status(), 204);
+}
+
+#[tokio::test]
+async fn init_sets_env_vars_default_user_and_token() {
+    let agent = Agent::start();
+    let c = client();
+    let resp = c
+        .post(agent.url("/init"))
+        .json(&json!({"envVars": {"SANDBOX_WIDE": "yes"}, "defaultUser": "root", "accessToken": "tok"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    assert_eq!(resp.headers()["x-envd-version"], "0.6.13");
+    let run = collect(
+        stream_call(&agent, "Start", bash("echo $SANDBOX_WIDE; id -un"), &[("x-access-token", "tok")]).await,
+    );
+    assert_eq!(run.stdout, b"yes\nroot\n");
+    let envs: Value = c.get(agent.url("/envs")).header("x-access-token", "tok").send().await.unwrap().json().await.unwrap();
+    assert_eq!(envs["SANDBOX_WIDE"], "yes");
+    // Malformed init body: clear error, nothing changed.
+    let resp = c.post(agent.url("/init")).header("x-access-token", "tok").body("[").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let resp = c.get(agent.url("/envs")).header("x-access-token", "tok").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn h2c_prior_knowledge_works() {
+    let agent = Agent::start();
+    let c = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let resp = c
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &bash("echo over-h2")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    let run = collect(parse_envelopes(&resp.bytes().await.unwrap()));
+    assert_eq!(run.stdout, b"over-h2\n");
+}
+
+#[tokio::test]
+async fn large_output_streams_in_bounded_memory() {
+    let agent = Agent::start();
+    let resp = client()
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &bash("head -c 200000000 /dev/zero")))
+        .send()
+        .await
+        .unwrap();
+    let mut s = EnvelopeStream::new(resp);
+    let mut total = 0usize;
+    let mut ended = false;
+    while let Some((flags, m)) = s.next().await {
+        if flags == 2 {
+            break;
+        }
+        if let Some(d) = m["event"]["data"].get("stdout") {
+            total += b64(d).len();
+        }
+        ended |= m["event"].get("end").is_some();
+    }
+    assert!(ended);
+    assert_eq!(total, 200_000_000);
+    let peak_mib = agent.peak_rss_kib() / 1024;
+    assert!(peak_mib < 100, "agent peak RSS {peak_mib} MiB after streaming 200 MB");
+}
