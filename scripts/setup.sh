@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what Warren needs on a fresh Debian/Ubuntu machine (run as root). Idempotent: every
+# step checks first, so a machine that already has everything is left alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
+if ((${#need_apt[@]})); then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    log "installing the Rust toolchain (rustup)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi
+
+# Sandboxes run commands as `user` by default; the agent's tests on the host need the account.
+if ! id user >/dev/null 2>&1; then
+  log "creating the sandbox account 'user'"
+  useradd --create-home --shell /bin/bash user
+fi
+
+log "building Warren (release)"
+cargo build --release --locked --workspace

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian/Ubuntu machine (as root) and runs every test: Rust unit and
+# integration tests, then the agent conformance suite with the official E2B Python SDK, then
+# one smoke run of each benchmark (which only checks that numbers come out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+./scripts/setup.sh
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "Rust tests"
+cargo test --release --locked --workspace
+
+log "Python environment for the SDK suites"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt
+
+log "agent conformance suite (e2b SDK)"
+WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
+
+log "benchmark smoke run"
+WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
+
+log "all tests passed"
