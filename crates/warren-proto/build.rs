@@ -18,8 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     prost_build::Config::new()
-        .compile_well_known_types()
-        .extern_path(".google.protobuf", "::pbjson_types")
+        // Our own Timestamp: proto3 JSON wants `Z`-suffixed RFC 3339, which SDKs expect.
+        .extern_path(".google.protobuf.Timestamp", "crate::Timestamp")
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
         .compile_fds(descriptors)?;

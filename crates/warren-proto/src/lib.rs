@@ -17,4 +17,6 @@ pub mod filesystem {
     include!(concat!(env!("OUT_DIR"), "/filesystem.serde.rs"));
 }
 
-pub use pbjson_types::Timestamp;
+mod timestamp;
+
+pub use timestamp::Timestamp;
