@@ -112,7 +112,11 @@ pub fn permissions_string(st_mode: u32) -> String {
         out.push('-');
     }
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
-        out.push(if st_mode & (1 << (8 - i)) != 0 { c } else { '-' });
+        out.push(if st_mode & (1 << (8 - i)) != 0 {
+            c
+        } else {
+            '-'
+        });
     }
     out
 }
@@ -128,10 +132,7 @@ pub fn read_metadata(path: &Path) -> HashMap<String, String> {
         return out;
     };
     for name in names {
-        let Some(key) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(METADATA_PREFIX))
-        else {
+        let Some(key) = name.to_str().and_then(|n| n.strip_prefix(METADATA_PREFIX)) else {
             continue;
         };
         if key.is_empty() {
@@ -160,10 +161,7 @@ pub fn write_metadata(path: &Path, metadata: &HashMap<String, String>) -> io::Re
         Err(e) => return Err(e),
     };
     for name in existing {
-        let Some(key) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(METADATA_PREFIX))
-        else {
+        let Some(key) = name.to_str().and_then(|n| n.strip_prefix(METADATA_PREFIX)) else {
             continue;
         };
         if metadata.contains_key(key) {
@@ -251,6 +249,38 @@ mod tests {
         assert_eq!(d.r#type, FileType::Unspecified as i32);
         assert_eq!(d.mode, 0);
         assert_eq!(d.symlink_target.as_deref(), dangling.to_str());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn metadata_is_replaced_not_merged() {
+        let dir = std::env::temp_dir().join(format!("warren-meta-{}", uuid::Uuid::new_v4()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("f");
+        fs::write(&file, b"").unwrap();
+        if let Err(e) = xattr::set(&file, "user.other", b"keep") {
+            assert!(is_xattr_unsupported(&e), "{e}");
+            eprintln!("skipping: no user xattrs on {}", dir.display());
+            fs::remove_dir_all(&dir).unwrap();
+            return;
+        }
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        write_metadata(&file, &map(&[("a", "1"), ("b", "2")])).unwrap();
+        assert_eq!(read_metadata(&file), map(&[("a", "1"), ("b", "2")]));
+        write_metadata(&file, &map(&[("b", "3")])).unwrap();
+        assert_eq!(read_metadata(&file), map(&[("b", "3")]));
+        write_metadata(&file, &HashMap::new()).unwrap();
+        assert!(read_metadata(&file).is_empty());
+        // Attributes outside our namespace are left alone.
+        assert_eq!(
+            xattr::get(&file, "user.other").unwrap().as_deref(),
+            Some(&b"keep"[..])
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

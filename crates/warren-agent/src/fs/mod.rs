@@ -1,4 +1,6 @@
 //! The `filesystem.Filesystem` service.
 
+pub mod entry;
+pub mod ops;
 pub mod service;
 pub mod watch;

@@ -1,19 +1,198 @@
-//! Dispatch of `filesystem.Filesystem` RPCs.
+//! Dispatch of `filesystem.Filesystem` RPCs: decode, resolve the caller, run the operation,
+//! encode. The operations themselves live in `ops` (unary) and `watch` (watchers).
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+use warren_proto::filesystem::watch_dir_response::{Event, KeepAlive, StartEvent};
+use warren_proto::filesystem::*;
 
-use crate::connect::RpcError;
+use super::ops::{self, Caller};
+use super::watch::{self, EventFeed, WatchOptions};
+use crate::auth::rpc_user;
+use crate::connect::{self, Code, RpcError, RpcResult, StreamSender};
+use crate::process::service::{not_found_method, unary};
 use crate::state::AppState;
 
+/// Entry point for `POST /filesystem.Filesystem/{method}`.
 pub async fn rpc(
-    State(_state): State<AppState>,
+    State(state): State<AppState>,
     Path(method): Path<String>,
-    _headers: HeaderMap,
-    _body: Body,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
-    RpcError::unimplemented(format!("filesystem.Filesystem/{method} is not implemented"))
-        .into_response()
+    match method.as_str() {
+        "Stat" => blocking_unary(&state, &headers, body, ops::stat).await,
+        "MakeDir" => blocking_unary(&state, &headers, body, ops::make_dir).await,
+        "Move" => blocking_unary(&state, &headers, body, ops::move_entry).await,
+        "ListDir" => blocking_unary(&state, &headers, body, ops::list_dir).await,
+        "Remove" => blocking_unary(&state, &headers, body, ops::remove).await,
+        "WatchDir" => watch_dir(state, headers, body).await,
+        "CreateWatcher" => unary(&headers, body, |r| create_watcher(&state, &headers, r)).await,
+        "GetWatcherEvents" => {
+            unary(&headers, body, |r: GetWatcherEventsRequest| {
+                let result = state.watchers.drain(&r.watcher_id);
+                std::future::ready(result.map(|events| GetWatcherEventsResponse { events }))
+            })
+            .await
+        }
+        "RemoveWatcher" => {
+            unary(&headers, body, |r: RemoveWatcherRequest| {
+                let result = state.watchers.remove(&r.watcher_id);
+                std::future::ready(result.map(|()| RemoveWatcherResponse {}))
+            })
+            .await
+        }
+        other => not_found_method("filesystem.Filesystem", other),
+    }
+}
+
+/// The run-as user of the request and the default working directory.
+fn caller(state: &AppState, headers: &HeaderMap) -> RpcResult<Caller> {
+    Ok(Caller {
+        user: rpc_user(state, headers)?,
+        default_workdir: state.settings().default_workdir,
+    })
+}
+
+/// A unary call whose operation does blocking filesystem work: it runs on the blocking pool so
+/// a slow disk or a big tree never stalls the async workers.
+async fn blocking_unary<Req, Resp>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    op: fn(&Caller, Req) -> RpcResult<Resp>,
+) -> Response
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+{
+    unary(headers, body, |req: Req| async move {
+        let caller = caller(state, headers)?;
+        tokio::task::spawn_blocking(move || op(&caller, req))
+            .await
+            .map_err(|e| RpcError::internal(format!("filesystem operation failed: {e}")))?
+    })
+    .await
+}
+
+fn watch_options(
+    caller: &Caller,
+    path: &str,
+    recursive: bool,
+    include_entry: bool,
+    allow_network_mounts: bool,
+) -> WatchOptions {
+    WatchOptions {
+        root: caller.resolve(path),
+        recursive,
+        include_entry,
+        allow_network_mounts,
+    }
+}
+
+async fn create_watcher(
+    state: &AppState,
+    headers: &HeaderMap,
+    req: CreateWatcherRequest,
+) -> RpcResult<CreateWatcherResponse> {
+    let caller = caller(state, headers)?;
+    let opts = watch_options(
+        &caller,
+        &req.path,
+        req.recursive,
+        req.include_entry,
+        req.allow_network_mounts,
+    );
+    let watcher_id = state.watchers.create(opts).await?;
+    Ok(CreateWatcherResponse { watcher_id })
+}
+
+async fn watch_dir(state: AppState, headers: HeaderMap, body: Body) -> Response {
+    let req: WatchDirRequest = match connect::read_single(&headers, body).await {
+        Ok(r) => r,
+        Err(e) => return connect::stream_error(e),
+    };
+    let caller = match caller(&state, &headers) {
+        Ok(c) => c,
+        Err(e) => return connect::stream_error(e),
+    };
+    let opts = watch_options(
+        &caller,
+        &req.path,
+        req.recursive,
+        req.include_entry,
+        req.allow_network_mounts,
+    );
+    // The watch is in place before `start` goes out, so anything the client does after seeing
+    // `start` is reported.
+    let feed = match watch::subscribe(opts).await {
+        Ok(f) => f,
+        Err(e) => return connect::stream_error(e),
+    };
+    let keepalive = connect::keepalive_interval(&headers);
+    let deadline = connect::timeout(&headers).map(|t| Instant::now() + t);
+    let (sender, resp) = connect::stream_response();
+    tokio::spawn(async move {
+        if send(&sender, Event::Start(StartEvent {})).await {
+            forward(sender, feed, keepalive, deadline).await;
+        }
+        // The feed is dropped here, whichever way the stream ended: the watch stops.
+    });
+    resp
+}
+
+async fn send(sender: &StreamSender, event: Event) -> bool {
+    sender.send(&WatchDirResponse { event: Some(event) }).await
+}
+
+/// Streams watch events until the client leaves, the deadline passes or the watch fails;
+/// emits a keepalive after `keepalive` without events.
+async fn forward(
+    sender: StreamSender,
+    mut feed: EventFeed,
+    keepalive: Duration,
+    deadline: Option<Instant>,
+) {
+    let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+    let deadline_at = deadline.unwrap_or(far);
+    let mut idle_until = Instant::now() + keepalive;
+    loop {
+        tokio::select! {
+            ev = feed.recv() => match ev {
+                Ok(ev) => {
+                    if !send(&sender, Event::Filesystem(ev)).await {
+                        return;
+                    }
+                    idle_until = Instant::now() + keepalive;
+                }
+                Err(e) => {
+                    sender.finish(Err(e)).await;
+                    return;
+                }
+            },
+            _ = tokio::time::sleep_until(idle_until) => {
+                if !send(&sender, Event::Keepalive(KeepAlive {})).await {
+                    return;
+                }
+                idle_until = Instant::now() + keepalive;
+            }
+            _ = tokio::time::sleep_until(deadline_at) => {
+                sender
+                    .finish(Err(RpcError::new(
+                        Code::DeadlineExceeded,
+                        "the call's deadline was exceeded",
+                    )))
+                    .await;
+                return;
+            }
+            _ = sender.closed() => return,
+        }
+    }
 }

@@ -20,7 +20,11 @@ impl Agent {
     }
 
     pub fn start_with(extra: &[&str]) -> Agent {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new(env!("CARGO_BIN_EXE_warren-agent"))
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
@@ -29,19 +33,27 @@ impl Agent {
             .stdout(Stdio::null())
             .spawn()
             .expect("start warren-agent");
-        let agent = Agent { child, port, base: format!("http://127.0.0.1:{port}") };
+        let agent = Agent {
+            child,
+            port,
+            base: format!("http://127.0.0.1:{port}"),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
                 use std::io::{Read, Write};
-                let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let _ =
+                    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
                 let mut out = String::new();
                 let _ = s.read_to_string(&mut out);
                 if out.starts_with("HTTP/1.1 204") {
                     return agent;
                 }
             }
-            assert!(Instant::now() < deadline, "agent did not become healthy on port {port}");
+            assert!(
+                Instant::now() < deadline,
+                "agent did not become healthy on port {port}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -103,14 +115,18 @@ pub struct EnvelopeStream {
 
 impl EnvelopeStream {
     pub fn new(resp: reqwest::Response) -> Self {
-        Self { resp, buf: Vec::new() }
+        Self {
+            resp,
+            buf: Vec::new(),
+        }
     }
 
     /// Next (flags, message); `None` when the body ends.
     pub async fn next(&mut self) -> Option<(u8, serde_json::Value)> {
         loop {
             if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
                 if self.buf.len() >= 5 + len {
                     let flags = self.buf[0];
                     let v = serde_json::from_slice(&self.buf[5..5 + len]).unwrap();
@@ -128,5 +144,8 @@ impl EnvelopeStream {
 
 pub fn basic(user: &str) -> String {
     use base64::Engine;
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")))
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
+    )
 }
