@@ -1,12 +1,616 @@
-//! `GET /files` and `POST /files`.
+//! `GET /files` and `POST /files`: whole-file download and upload, as envd serves them.
+//!
+//! Both endpoints sit outside the token middleware because they also accept a URL signature
+//! (`signing`). Data is streamed in both directions, chunk by chunk, so the agent's memory stays
+//! bounded whatever the file size. Every error is a JSON `{"code", "message"}` body.
 
-use axum::http::StatusCode;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use async_compression::tokio::bufread::{GzipDecoder, GzipEncoder};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader};
+use tokio_util::io::{ReaderStream, StreamReader};
 
-pub async fn download() -> Response {
-    StatusCode::NOT_IMPLEMENTED.into_response()
+use super::headers::{
+    content_disposition, http_date, if_range_holds, negotiate, parse_range, part_file_name,
+    precondition, unix_secs, Coding, RangeOutcome,
+};
+use super::signing::{self, Operation, SignedRequest};
+use super::xattrs::{self, Metadata};
+use crate::auth::{http_error, lookup_user};
+use crate::paths;
+use crate::state::AppState;
+use crate::users::User;
+
+/// Read and write granularity; also the gzip buffer size.
+const CHUNK: usize = 64 * 1024;
+
+/// Query parameters of both endpoints. Kept as strings so each can be validated with a proper
+/// JSON error (and so `path`/`username` keep the exact spelling that was signed).
+#[derive(Debug, Default, Deserialize)]
+pub struct FilesQuery {
+    pub path: Option<String>,
+    pub username: Option<String>,
+    pub signature: Option<String>,
+    pub signature_expiration: Option<String>,
 }
 
-pub async fn upload() -> Response {
-    StatusCode::NOT_IMPLEMENTED.into_response()
+/// An error response in the making.
+#[derive(Debug)]
+struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// An I/O error while creating or writing a file: full disks (ENOSPC, EDQUOT) are 507 so
+    /// the SDKs raise `NotEnoughSpaceException`; a file where a directory is needed (or the
+    /// reverse) is the caller's mistake; anything else is ours.
+    fn io(context: &str, e: &io::Error) -> Self {
+        let status = match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => StatusCode::INSUFFICIENT_STORAGE,
+            Some(libc::ENOTDIR) | Some(libc::EISDIR) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, format!("{context}: {e}"))
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        http_error(self.status, self.message)
+    }
+}
+
+type Result<T> = std::result::Result<T, Failure>;
+
+/// What every `/files` request establishes first: parameters, access, and the acting user.
+struct Caller {
+    query: FilesQuery,
+    user: User,
+    default_workdir: Option<PathBuf>,
+}
+
+impl Caller {
+    fn resolve(&self, raw: &str) -> PathBuf {
+        paths::resolve(raw, &self.user, self.default_workdir.as_deref())
+    }
+}
+
+fn authenticate(
+    state: &AppState,
+    query: std::result::Result<Query<FilesQuery>, QueryRejection>,
+    headers: &HeaderMap,
+    op: Operation,
+) -> Result<Caller> {
+    let Query(query) =
+        query.map_err(|e| Failure::bad_request(format!("invalid query parameters: {e}")))?;
+    let expiration =
+        match query.signature_expiration.as_deref() {
+            None => None,
+            Some(raw) => Some(raw.trim().parse::<i64>().map_err(|_| {
+                Failure::bad_request(format!("invalid signature_expiration '{raw}'"))
+            })?),
+        };
+    let settings = state.settings();
+    let signed = SignedRequest {
+        path: query.path.as_deref().unwrap_or(""),
+        username: query.username.as_deref().unwrap_or(""),
+        signature: query.signature.as_deref(),
+        expiration,
+    };
+    signing::authorize(
+        settings.access_token.as_deref(),
+        headers,
+        &signed,
+        op,
+        signing::unix_now(),
+    )
+    .map_err(|e| Failure::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    let user = lookup_user(state, query.username.as_deref()).map_err(|_| {
+        let name = query
+            .username
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&settings.default_user);
+        Failure::new(
+            StatusCode::UNAUTHORIZED,
+            format!("error looking up user '{name}': unknown user {name}"),
+        )
+    })?;
+    Ok(Caller {
+        query,
+        user,
+        default_workdir: settings.default_workdir,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /files
+
+/// `GET /files?path=&username=&signature=&signature_expiration=`: the file's bytes.
+pub async fn download(
+    State(state): State<AppState>,
+    query: std::result::Result<Query<FilesQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    match serve_file(&state, query, &headers).await {
+        Ok(resp) => resp,
+        Err(f) => f.into_response(),
+    }
+}
+
+async fn serve_file(
+    state: &AppState,
+    query: std::result::Result<Query<FilesQuery>, QueryRejection>,
+    headers: &HeaderMap,
+) -> Result<Response> {
+    let caller = authenticate(state, query, headers, Operation::Read)?;
+    let path = caller.resolve(caller.query.path.as_deref().unwrap_or(""));
+    let meta = match tokio::fs::metadata(&path).await {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Failure::new(
+                StatusCode::NOT_FOUND,
+                format!("path '{}' does not exist", path.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("error checking if path exists '{}': {e}", path.display()),
+            ))
+        }
+    };
+    if meta.is_dir() {
+        return Err(Failure::bad_request(format!(
+            "path '{}' is a directory",
+            path.display()
+        )));
+    }
+    let coding = negotiate(headers).ok_or_else(|| {
+        Failure::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "no acceptable encoding found, supported: [gzip]",
+        )
+    })?;
+    let mtime = meta.modified().ok().and_then(unix_secs);
+    let mut builder = Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_DISPOSITION, content_disposition(&path))
+        .header(header::VARY, "Accept-Encoding");
+    if let Some(secs) = mtime {
+        if let Ok(v) = HeaderValue::from_str(&http_date(secs)) {
+            builder = builder.header(header::LAST_MODIFIED, v);
+        }
+    }
+    if let Some(status) = precondition(headers, mtime) {
+        if status == StatusCode::NOT_MODIFIED {
+            return builder.status(status).body(Body::empty()).map_err(internal);
+        }
+        return Err(Failure::new(status, "precondition failed"));
+    }
+
+    // Files of unknown length (pseudo-files in /proc report 0, devices and pipes have none)
+    // are streamed to their end without a length, and so without ranges.
+    let len = (meta.is_file() && meta.len() > 0).then_some(meta.len());
+    let wants_range = headers.contains_key(header::RANGE);
+    let range = match len {
+        Some(len) if wants_range && if_range_holds(headers, mtime) => {
+            match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+                Some(spec) => parse_range(spec, len),
+                None => RangeOutcome::Full,
+            }
+        }
+        _ => RangeOutcome::Full,
+    };
+    if let (RangeOutcome::Unsatisfiable, Some(len)) = (range, len) {
+        let mut resp = Failure::new(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            format!("requested range not satisfiable (file size {len})"),
+        )
+        .into_response();
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+        return Ok(resp);
+    }
+
+    let mut file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Failure::new(
+                StatusCode::NOT_FOUND,
+                format!("path '{}' does not exist", path.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("error opening file '{}': {e}", path.display()),
+            ))
+        }
+    };
+
+    // Like upstream, a Range request is always answered in identity so byte offsets mean
+    // something; Accept-Encoding is advisory.
+    if coding == Coding::Gzip && !wants_range {
+        let encoder = GzipEncoder::new(BufReader::with_capacity(CHUNK, file));
+        return builder
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Body::from_stream(ReaderStream::with_capacity(
+                encoder, CHUNK,
+            )))
+            .map_err(internal);
+    }
+    let Some(len) = len else {
+        return builder
+            .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
+            .map_err(internal);
+    };
+    builder = builder.header(header::ACCEPT_RANGES, "bytes");
+    let count = match range {
+        RangeOutcome::Partial(start, end) => {
+            file.seek(io::SeekFrom::Start(start)).await.map_err(|e| {
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, format!("seek: {e}"))
+            })?;
+            builder = builder
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header(header::CONTENT_RANGE, format!("bytes {start}-{end}/{len}"));
+            end - start + 1
+        }
+        _ => len,
+    };
+    // `take` keeps the body consistent with Content-Length if the file grows meanwhile; if it
+    // shrinks, the body ends short and hyper aborts the connection rather than lie.
+    builder
+        .header(header::CONTENT_LENGTH, count)
+        .body(Body::from_stream(ReaderStream::with_capacity(
+            file.take(count),
+            CHUNK,
+        )))
+        .map_err(internal)
+}
+
+fn internal(e: impl std::fmt::Display) -> Failure {
+    Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// POST /files
+
+/// One uploaded file, as the SDKs expect it back.
+#[derive(Debug, Serialize)]
+struct EntryInfo {
+    path: String,
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata>,
+}
+
+/// `POST /files?path=&username=&signature=&signature_expiration=`: multipart/form-data or
+/// application/octet-stream body, optionally gzip-encoded.
+pub async fn upload(
+    State(state): State<AppState>,
+    query: std::result::Result<Query<FilesQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match receive(&state, query, &headers, body).await {
+        Ok(entries) => (StatusCode::OK, Json(entries)).into_response(),
+        Err(f) => {
+            tracing::debug!(status = %f.status, message = %f.message, "upload failed");
+            f.into_response()
+        }
+    }
+}
+
+async fn receive(
+    state: &AppState,
+    query: std::result::Result<Query<FilesQuery>, QueryRejection>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<EntryInfo>> {
+    let caller = authenticate(state, query, headers, Operation::Write)?;
+    let gzip = request_is_gzip(headers)?;
+    let metadata = xattrs::from_headers(headers)
+        .map_err(|e| Failure::bad_request(format!("invalid metadata: {e}")))?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let sink = Sink {
+        uid: caller.user.uid,
+        gid: caller.user.gid,
+        metadata,
+        gzip,
+    };
+    let source = body_stream(body, gzip);
+
+    if media == "application/octet-stream" {
+        let raw = caller.query.path.as_deref().ok_or_else(|| {
+            Failure::bad_request("path query parameter is required for raw body upload")
+        })?;
+        let target = caller.resolve(raw);
+        return Ok(vec![sink.store(target, source).await?]);
+    }
+    if !media.starts_with("multipart/") {
+        return Err(Failure::bad_request(format!(
+            "unsupported content type: {content_type}, expected multipart/form-data or \
+             application/octet-stream"
+        )));
+    }
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|e| Failure::bad_request(format!("error parsing multipart form: {e}")))?;
+    let mut form = multer::Multipart::new(source, boundary);
+    let mut entries: Vec<EntryInfo> = Vec::new();
+    loop {
+        let field = form
+            .next_field()
+            .await
+            .map_err(|e| Failure::bad_request(format!("error reading form: {e}")))?;
+        let Some(field) = field else { break };
+        // Other fields are skipped; multer discards their data on the next `next_field`.
+        if field.name() != Some("file") {
+            continue;
+        }
+        // For single-file writes the SDKs also put the path in the query, and it wins.
+        let raw = match caller.query.path.as_deref() {
+            Some(p) => p.to_string(),
+            None => part_file_name(field.headers()).ok_or_else(|| {
+                Failure::bad_request(
+                    "error getting multipart part file name: filename not found in \
+                     Content-Disposition header",
+                )
+            })?,
+        };
+        let target = caller.resolve(&raw);
+        let shown = target.to_string_lossy();
+        if entries.iter().any(|e| e.path == shown) {
+            return Err(Failure::bad_request(format!(
+                "you cannot upload multiple files to the same path '{shown}' in one upload \
+                 request, only the first specified file was uploaded"
+            )));
+        }
+        entries.push(sink.store(target, field).await?);
+    }
+    Ok(entries)
+}
+
+/// The request's `Content-Encoding`: `gzip` bodies are inflated, identity passes, others 400.
+fn request_is_gzip(headers: &HeaderMap) -> Result<bool> {
+    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+        return Ok(false);
+    };
+    let text = value.to_str().unwrap_or("");
+    let coding = text
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match coding.as_str() {
+        "" | "identity" => Ok(false),
+        "gzip" | "x-gzip" => Ok(true),
+        _ => Err(Failure::bad_request(format!(
+            "unsupported Content-Encoding: {text}, supported: [gzip]"
+        ))),
+    }
+}
+
+/// The request body as a stream of chunks, inflated on the fly when gzip-encoded
+/// (concatenated gzip members are accepted, as Go's reader does).
+fn body_stream(body: Body, gzip: bool) -> BoxStream<'static, io::Result<Bytes>> {
+    let raw = body.into_data_stream().map_err(io::Error::other);
+    if !gzip {
+        return raw.boxed();
+    }
+    let mut decoder = GzipDecoder::new(StreamReader::new(raw));
+    decoder.multiple_members(true);
+    ReaderStream::with_capacity(decoder, CHUNK).boxed()
+}
+
+/// Where uploaded files go and how they are finished.
+struct Sink {
+    uid: u32,
+    gid: u32,
+    metadata: Metadata,
+    gzip: bool,
+}
+
+impl Sink {
+    /// Streams `source` into `target`: parents created, file truncated and owned by the user,
+    /// metadata replaced. The first chunk is read before touching the disk so that a body that
+    /// is not gzip at all fails without creating or truncating anything.
+    async fn store<S, E>(&self, target: PathBuf, source: S) -> Result<EntryInfo>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>>,
+        E: std::fmt::Display,
+    {
+        let mut source = std::pin::pin!(source);
+        let first = self.next_chunk(&mut source).await?;
+        let (file, regular) = {
+            let (target, uid, gid) = (target.clone(), self.uid, self.gid);
+            tokio::task::spawn_blocking(move || open_target(&target, uid, gid))
+                .await
+                .map_err(internal)??
+        };
+        let mut file = tokio::fs::File::from_std(file);
+        let mut chunk = first;
+        while let Some(bytes) = chunk {
+            file.write_all(&bytes)
+                .await
+                .map_err(|e| write_failure(&e))?;
+            chunk = self.next_chunk(&mut source).await?;
+        }
+        // tokio writes in the background: errors of the last write only surface here.
+        file.flush().await.map_err(|e| write_failure(&e))?;
+        drop(file);
+
+        let metadata = if regular {
+            let (path, wanted) = (target.clone(), self.metadata.clone());
+            tokio::task::spawn_blocking(move || finish_metadata(&path, &wanted))
+                .await
+                .map_err(internal)??
+        } else {
+            Metadata::new()
+        };
+        Ok(EntryInfo {
+            name: target
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            path: target.to_string_lossy().into_owned(),
+            kind: "file",
+            metadata: (!metadata.is_empty()).then_some(metadata),
+        })
+    }
+
+    async fn next_chunk<S, E>(&self, source: &mut Pin<&mut S>) -> Result<Option<Bytes>>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>>,
+        E: std::fmt::Display,
+    {
+        match source.next().await {
+            None => Ok(None),
+            Some(Ok(bytes)) => Ok(Some(bytes)),
+            Some(Err(e)) if self.gzip => Err(Failure::bad_request(format!(
+                "error decompressing request body: {e}"
+            ))),
+            Some(Err(e)) => Err(Failure::bad_request(format!(
+                "error reading request body: {e}"
+            ))),
+        }
+    }
+}
+
+fn write_failure(e: &io::Error) -> Failure {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Failure::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("not enough disk space available: {e}"),
+        ),
+        _ => Failure::io("error writing file", e),
+    }
+}
+
+/// Creates missing parents (each owned by the user), refuses directories, opens the file
+/// truncated and gives it to the user. Returns the file and whether it is a regular file
+/// (devices such as /dev/null are written to, but neither chowned nor tagged).
+fn open_target(path: &Path, uid: u32, gid: u32) -> Result<(std::fs::File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+
+    if let Some(parent) = path.parent() {
+        ensure_dirs(parent, uid, gid).map_err(|e| Failure::io("error ensuring directories", &e))?;
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(Failure::bad_request(format!(
+                "path is a directory: {}",
+                path.display()
+            )))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Failure::io("error getting file info", &e)),
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o666)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Failure::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!("not enough inodes available: {e}"),
+            ),
+            _ => Failure::io("error opening file", &e),
+        })?;
+    let regular = file.metadata().map(|m| m.is_file()).unwrap_or(false);
+    if regular {
+        // Through the descriptor, so a path swapped meanwhile cannot redirect the chown.
+        nix::unistd::fchown(
+            &file,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .map_err(|e| Failure::io("error changing file ownership", &io::Error::from(e)))?;
+    }
+    Ok((file, regular))
+}
+
+/// `mkdir -p` where every directory created is handed to the user.
+fn ensure_dirs(dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut current = PathBuf::new();
+    for component in dir.components() {
+        current.push(component);
+        if current.is_dir() {
+            continue;
+        }
+        match std::fs::DirBuilder::new().mode(0o755).create(&current) {
+            Ok(()) => nix::unistd::chown(
+                &current,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(io::Error::from)?,
+            // Created concurrently by someone else: fine if it is a directory.
+            Err(_) if current.is_dir() => {}
+            // A file where a directory is needed: the caller's path is wrong (→ 400).
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(io::Error::from_raw_os_error(libc::ENOTDIR))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the file's metadata and reads it back for the response. Filesystems without
+/// xattrs (some virtual ones) keep the upload and just report no metadata.
+fn finish_metadata(path: &Path, wanted: &Metadata) -> Result<Metadata> {
+    match xattrs::replace(path, wanted) {
+        Ok(()) => {}
+        Err(e) if xattrs::unsupported(&e) => {
+            tracing::warn!(path = %path.display(), "filesystem has no xattrs; metadata dropped");
+            return Ok(Metadata::new());
+        }
+        Err(e) => return Err(Failure::io("error writing file metadata", &e)),
+    }
+    xattrs::read(path).map_err(|e| Failure::io("error reading file metadata", &e))
 }

@@ -199,7 +199,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-access-token", HeaderValue::from_static(TOKEN));
         assert_eq!(
-            authorize(Some(TOKEN), &h, &req(Some("junk"), None), Operation::Read, 0),
+            authorize(
+                Some(TOKEN),
+                &h,
+                &req(Some("junk"), None),
+                Operation::Read,
+                0
+            ),
             Ok(())
         );
         h.insert("x-access-token", HeaderValue::from_static("wrong"));
@@ -230,11 +236,23 @@ mod tests {
         );
         // A read signature does not grant writes.
         assert_eq!(
-            authorize(Some(TOKEN), &h, &req(Some(&read), None), Operation::Write, 0),
+            authorize(
+                Some(TOKEN),
+                &h,
+                &req(Some(&read), None),
+                Operation::Write,
+                0
+            ),
             Err(SigningError::InvalidSignature)
         );
         assert_eq!(
-            authorize(Some(TOKEN), &h, &req(Some("v1_x"), None), Operation::Read, 0),
+            authorize(
+                Some(TOKEN),
+                &h,
+                &req(Some("v1_x"), None),
+                Operation::Read,
+                0
+            ),
             Err(SigningError::InvalidSignature)
         );
     }
@@ -245,7 +263,10 @@ mod tests {
         let sig = by_hand(&format!("test.txt:read::{TOKEN}:1000"));
         let r = req(Some(&sig), Some(1000));
         assert_eq!(authorize(Some(TOKEN), &h, &r, Operation::Read, 999), Ok(()));
-        assert_eq!(authorize(Some(TOKEN), &h, &r, Operation::Read, 1000), Ok(()));
+        assert_eq!(
+            authorize(Some(TOKEN), &h, &r, Operation::Read, 1000),
+            Ok(())
+        );
         assert_eq!(
             authorize(Some(TOKEN), &h, &r, Operation::Read, 1001),
             Err(SigningError::Expired)
