@@ -1,10 +1,9 @@
-//! `EntryInfo` as envd 0.6.13 reports it, and the `user.e2b.*` xattr metadata of files.
+//! `EntryInfo` as envd 0.6.13 reports it.
 //!
 //! Most fields describe the entry itself (lstat): name, path, size, owner, group, mtime and the
 //! Go-style permission string. For a symlink, `type` and `mode` describe the *target* and
 //! `symlinkTarget` is the fully resolved path, because that is what the SDKs' tests expect.
 
-use std::collections::HashMap;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -14,10 +13,6 @@ use warren_proto::filesystem::{EntryInfo, FileType};
 use warren_proto::Timestamp;
 
 use crate::users::UserDb;
-
-/// Namespace of user metadata: `user.` is the only xattr class unprivileged files may carry,
-/// `e2b.` keeps our keys apart from other tools' attributes.
-pub const METADATA_PREFIX: &str = "user.e2b.";
 
 /// The entry at `path`, without following a final symlink.
 pub fn entry_info(path: &Path, users: &UserDb) -> io::Result<EntryInfo> {
@@ -50,7 +45,11 @@ pub fn entry_from_metadata(path: &Path, meta: &Metadata, users: &UserDb) -> Entr
         group: users.group_name(meta.gid()),
         modified_time: timestamp(meta.mtime(), meta.mtime_nsec()),
         symlink_target,
-        metadata: read_metadata(path),
+        // Unreadable metadata (no xattr support, a race) is reported as none.
+        metadata: crate::fs::metadata::read(path)
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
         // Left false on purpose: newer Python SDKs would turn it into FileType.SYMLINK, while
         // the published tests expect the target's type.
         is_symlink: false,
@@ -121,70 +120,6 @@ pub fn permissions_string(st_mode: u32) -> String {
     out
 }
 
-/// The file's `user.e2b.*` extended attributes, prefix stripped (follows symlinks).
-///
-/// Best effort: a filesystem without xattrs, a dangling link or an unreadable attribute just
-/// yields fewer entries. Attributes whose name or value is not UTF-8 (possible when set by hand
-/// with `setfattr`) are skipped, since a protobuf string map cannot carry them.
-pub fn read_metadata(path: &Path) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let Ok(names) = xattr::list_deref(path) else {
-        return out;
-    };
-    for name in names {
-        let Some(key) = name.to_str().and_then(|n| n.strip_prefix(METADATA_PREFIX)) else {
-            continue;
-        };
-        if key.is_empty() {
-            continue;
-        }
-        if let Ok(Some(value)) = xattr::get_deref(path, &name) {
-            if let Ok(value) = String::from_utf8(value) {
-                out.insert(key.to_string(), value);
-            }
-        }
-    }
-    out
-}
-
-/// Replaces the file's metadata with `metadata`: every `user.e2b.*` attribute not in the map is
-/// removed, then each pair is written. An empty map clears the metadata (an overwritten file
-/// keeps its xattrs across `O_TRUNC`, so stale metadata would otherwise survive an upload).
-///
-/// Keys and values are not validated here beyond what the kernel enforces (name ≤ 255 bytes,
-/// total size per inode); callers taking them from requests should check them first.
-pub fn write_metadata(path: &Path, metadata: &HashMap<String, String>) -> io::Result<()> {
-    let existing = match xattr::list_deref(path) {
-        Ok(names) => names.collect::<Vec<_>>(),
-        // Nothing can be stored there, so there is nothing to remove either.
-        Err(e) if is_xattr_unsupported(&e) && metadata.is_empty() => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for name in existing {
-        let Some(key) = name.to_str().and_then(|n| n.strip_prefix(METADATA_PREFIX)) else {
-            continue;
-        };
-        if metadata.contains_key(key) {
-            continue;
-        }
-        match xattr::remove_deref(path, &name) {
-            Ok(()) => {}
-            // Removed concurrently: the goal is reached anyway.
-            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    for (key, value) in metadata {
-        xattr::set_deref(path, format!("{METADATA_PREFIX}{key}"), value.as_bytes())?;
-    }
-    Ok(())
-}
-
-/// Whether `err` says the filesystem has no extended attributes (e.g. /proc, some tmpfs).
-pub fn is_xattr_unsupported(err: &io::Error) -> bool {
-    matches!(err.raw_os_error(), Some(e) if e == libc::ENOTSUP || e == libc::EOPNOTSUPP)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,38 +184,6 @@ mod tests {
         assert_eq!(d.r#type, FileType::Unspecified as i32);
         assert_eq!(d.mode, 0);
         assert_eq!(d.symlink_target.as_deref(), dangling.to_str());
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn metadata_is_replaced_not_merged() {
-        let dir = std::env::temp_dir().join(format!("warren-meta-{}", uuid::Uuid::new_v4()));
-        fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("f");
-        fs::write(&file, b"").unwrap();
-        if let Err(e) = xattr::set(&file, "user.other", b"keep") {
-            assert!(is_xattr_unsupported(&e), "{e}");
-            eprintln!("skipping: no user xattrs on {}", dir.display());
-            fs::remove_dir_all(&dir).unwrap();
-            return;
-        }
-        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        write_metadata(&file, &map(&[("a", "1"), ("b", "2")])).unwrap();
-        assert_eq!(read_metadata(&file), map(&[("a", "1"), ("b", "2")]));
-        write_metadata(&file, &map(&[("b", "3")])).unwrap();
-        assert_eq!(read_metadata(&file), map(&[("b", "3")]));
-        write_metadata(&file, &HashMap::new()).unwrap();
-        assert!(read_metadata(&file).is_empty());
-        // Attributes outside our namespace are left alone.
-        assert_eq!(
-            xattr::get(&file, "user.other").unwrap().as_deref(),
-            Some(&b"keep"[..])
-        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -604,13 +604,13 @@ fn ensure_dirs(dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
 /// Replaces the file's metadata and reads it back for the response. Filesystems without
 /// xattrs (some virtual ones) keep the upload and just report no metadata.
 fn finish_metadata(path: &Path, wanted: &Metadata) -> Result<Metadata> {
-    match xattrs::replace(path, wanted) {
+    match crate::fs::metadata::replace(path, wanted) {
         Ok(()) => {}
-        Err(e) if xattrs::unsupported(&e) => {
+        Err(e) if crate::fs::metadata::unsupported(&e) => {
             tracing::warn!(path = %path.display(), "filesystem has no xattrs; metadata dropped");
             return Ok(Metadata::new());
         }
         Err(e) => return Err(Failure::io("error writing file metadata", &e)),
     }
-    xattrs::read(path).map_err(|e| Failure::io("error reading file metadata", &e))
+    crate::fs::metadata::read(path).map_err(|e| Failure::io("error reading file metadata", &e))
 }

@@ -1,19 +1,10 @@
-//! User metadata of uploaded files: `X-Metadata-<key>: <value>` request headers, stored as
-//! `user.e2b.<key>` extended attributes.
-//!
-//! Kept private to the `/files` endpoint for now; `fs::entry` has the same logic for
-//! `EntryInfo.metadata`, and the two are meant to be merged.
-
-use std::collections::BTreeMap;
-use std::ffi::OsStr;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+//! Metadata of uploads as `X-Metadata-<key>: <value>` request headers; stored by
+//! `crate::fs::metadata`.
 
 use axum::http::HeaderMap;
 
-/// Namespace of the metadata attributes.
-pub const XATTR_PREFIX: &str = "user.e2b.";
+pub use crate::fs::metadata::{Metadata, XATTR_PREFIX};
+
 /// Request-header prefix (header names arrive lowercased).
 const HEADER_PREFIX: &str = "x-metadata-";
 /// Linux caps attribute names at 255 bytes; minus the namespace prefix.
@@ -21,9 +12,6 @@ pub const MAX_KEY_BYTES: usize = 255 - XATTR_PREFIX.len();
 /// Upper bound on the sum of key and value lengths, so everything fits one inode's xattr
 /// space on ext4.
 pub const MAX_TOTAL_BYTES: usize = 4096;
-
-/// File metadata, ordered so responses are deterministic.
-pub type Metadata = BTreeMap<String, String>;
 
 /// The metadata a request carries, validated. When a header repeats, its first value counts.
 pub fn from_headers(headers: &HeaderMap) -> Result<Metadata, String> {
@@ -73,60 +61,6 @@ pub fn validate(metadata: &Metadata) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Whether an xattr error means the filesystem has no (user) xattrs at all.
-pub fn unsupported(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::ENOTSUP)
-}
-
-/// The metadata stored on `path` (following symlinks). Empty when the filesystem has no xattrs.
-pub fn read(path: &Path) -> io::Result<Metadata> {
-    let mut out = Metadata::new();
-    let names = match xattr::list_deref(path) {
-        Ok(n) => n,
-        Err(e) if unsupported(&e) => return Ok(out),
-        Err(e) => return Err(e),
-    };
-    for name in names {
-        let Some(key) = metadata_key(&name) else {
-            continue;
-        };
-        // An attribute removed between list and get simply is not reported.
-        if let Some(value) = xattr::get_deref(path, &name)? {
-            out.insert(key, String::from_utf8_lossy(&value).into_owned());
-        }
-    }
-    Ok(out)
-}
-
-/// Makes `metadata` the complete metadata of `path`: other `user.e2b.*` attributes are removed
-/// (an overwritten file keeps its xattrs across `O_TRUNC`), other namespaces are untouched.
-pub fn replace(path: &Path, metadata: &Metadata) -> io::Result<()> {
-    let names = xattr::list_deref(path)?;
-    for name in names {
-        let Some(key) = metadata_key(&name) else {
-            continue;
-        };
-        if !metadata.contains_key(&key) {
-            match xattr::remove_deref(path, &name) {
-                Ok(()) => {}
-                // Already gone (a concurrent writer): that is the state we want.
-                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    for (key, value) in metadata {
-        xattr::set_deref(path, format!("{XATTR_PREFIX}{key}"), value.as_bytes())?;
-    }
-    Ok(())
-}
-
-/// The metadata key of an attribute name, if it is in our namespace.
-fn metadata_key(name: &OsStr) -> Option<String> {
-    let rest = name.as_bytes().strip_prefix(XATTR_PREFIX.as_bytes())?;
-    (!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into_owned())
 }
 
 #[cfg(test)]
