@@ -1,0 +1,50 @@
+//! Template root filesystem images, shared by every Warren runtime.
+//!
+//! A template image is described by a [`Recipe`] (Debian suite, variant, packages, post-steps),
+//! built on first use with `mmdebstrap` and packed into a read-only erofs file with
+//! `mkfs.erofs`, and cached under `<data_dir>/images/<name>-<hash12>/` keyed by a content hash
+//! of the recipe. Every sandbox of the template reuses that one file:
+//!
+//! * the `ns` runtime mounts it read-only (erofs mounts straight from a file) and stacks the
+//!   agent layer ([`ensure_agent_layer`]) and a per-sandbox writable upper directory on top with
+//!   overlayfs;
+//! * the `vm` runtime hands the same file to QEMU as a read-only disk.
+//!
+//! The guest agent is not part of any image; see [`agent_layer`] for why and how it is added.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use warren_image::{ensure_image, Recipe, StderrProgress};
+//!
+//! let image = ensure_image(&Recipe::base(), Path::new("/var/lib/warren"), &mut StderrProgress::new())?;
+//! println!("rootfs at {}", image.image.display());
+//! # Ok::<(), warren_image::ImageError>(())
+//! ```
+//!
+//! This crate does no HTTP and needs no async runtime: builds are long, blocking, and run on
+//! whatever thread the caller dedicates to them. See docs/images.md for the design.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod agent_layer;
+mod build;
+mod command;
+mod erofs;
+mod error;
+mod fsutil;
+mod manifest;
+mod progress;
+mod recipe;
+mod steps;
+
+pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
+pub use build::{cached_image, ensure_image, images_dir, ImagePath};
+pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};
+pub use error::{ImageError, Result};
+pub use manifest::{Manifest, IMAGE_FILE, MANIFEST_FILE};
+pub use progress::{BuildPhase, BuildProgress, SilentProgress, StderrProgress};
+pub use recipe::{
+    host_debian_arch, Compression, PostStep, Recipe, DEBIAN_MIRROR, FORMAT_VERSION, SHORT_HASH_LEN,
+    USER_HOME,
+};
