@@ -1,0 +1,303 @@
+//! The manager's side of a namespace sandbox: start, stop, and clean up after a crash.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::mount::{umount2, MntFlags};
+
+use crate::cgroup::{self, Limits, SandboxCgroup};
+use crate::config::{InitConfig, Report, CONFIG_ENV, ID_COUNT, STATUS_FD, SYNC_FD};
+
+/// Host-wide settings of the runtime.
+#[derive(Debug, Clone)]
+pub struct NsConfig {
+    /// Directory of per-sandbox mount points and state (`<state_dir>/<id>/`).
+    pub state_dir: PathBuf,
+    /// The `warren-nsinit` helper binary.
+    pub nsinit_bin: PathBuf,
+    /// The guest agent binary, bound into every sandbox.
+    pub agent_bin: PathBuf,
+    /// First host uid/gid of the range sandbox ids map onto.
+    pub id_base: u32,
+    /// Parent cgroup of all sandboxes (relative to each hierarchy's root).
+    pub cgroup_parent: String,
+}
+
+/// One sandbox to start.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub id: String,
+    /// Where the template image is mounted on the host (read-only, owned by host root).
+    pub image_root: PathBuf,
+    /// The network namespace to run in (e.g. `/run/netns/<slot>`).
+    pub netns: PathBuf,
+    pub resolv_conf: String,
+    pub limits: Limits,
+    pub writable_bytes: u64,
+    pub agent_args: Vec<String>,
+}
+
+/// A started sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub id: String,
+    /// Host pid of the sandbox's PID 1.
+    pub pid1: u32,
+    pub cgroup: SandboxCgroup,
+    pub dir: PathBuf,
+    /// The `warren-nsinit` parent of PID 1 (absent after the manager restarted).
+    shim: Option<tokio::process::Child>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("invalid sandbox id {0:?}")]
+    InvalidId(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("sandbox did not start: {0}")]
+    Init(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+    let what = what.into();
+    move |source| LaunchError::Io { what, source }
+}
+
+fn nix_io(what: &str) -> impl FnOnce(nix::errno::Errno) -> LaunchError + '_ {
+    move |e| LaunchError::Io {
+        what: what.to_string(),
+        source: e.into(),
+    }
+}
+
+/// Sandbox ids become paths and cgroup names: keep them to DNS-label characters.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Starts a sandbox and returns once its PID 1 is about to exec the agent.
+pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, LaunchError> {
+    if !valid_id(&spec.id) {
+        return Err(LaunchError::InvalidId(spec.id.clone()));
+    }
+    let dir = cfg.state_dir.join(&spec.id);
+    for sub in ["lower", "rw", "root"] {
+        fs::create_dir_all(dir.join(sub))
+            .map_err(io(format!("create {}", dir.join(sub).display())))?;
+    }
+    let cg = SandboxCgroup::create(&cfg.cgroup_parent, &spec.id, spec.limits)
+        .map_err(io("create cgroup"))?;
+    match start(cfg, spec, &dir, cg.clone()).await {
+        Ok(sbx) => Ok(sbx),
+        Err(e) => {
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+            let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+            let _ = fs::remove_dir_all(&dir);
+            Err(e)
+        }
+    }
+}
+
+async fn start(
+    cfg: &NsConfig,
+    spec: &LaunchSpec,
+    dir: &Path,
+    cg: SandboxCgroup,
+) -> Result<Sandbox, LaunchError> {
+    let init = InitConfig {
+        sandbox_id: spec.id.clone(),
+        sandbox_dir: dir.to_path_buf(),
+        writable_bytes: spec.writable_bytes,
+        agent_bin: cfg.agent_bin.clone(),
+        agent_args: spec.agent_args.clone(),
+        resolv_conf: spec.resolv_conf.clone(),
+    };
+    let json = serde_json::to_string(&init).map_err(|e| LaunchError::Init(e.to_string()))?;
+    let netns: OwnedFd = fs::File::open(&spec.netns)
+        .map_err(io(format!("open {}", spec.netns.display())))?
+        .into();
+    let (sync_r, sync_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(nix_io("pipe"))?;
+    let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(nix_io("pipe"))?;
+    let log = fs::File::create(dir.join("nsinit.log")).map_err(io("create nsinit.log"))?;
+
+    let mut cmd = tokio::process::Command::new(&cfg.nsinit_bin);
+    cmd.env_clear()
+        .env(CONFIG_ENV, json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    let (sr, sw, nfd) = (sync_r.as_raw_fd(), status_w.as_raw_fd(), netns.as_raw_fd());
+    // SAFETY: runs in the forked child before exec and makes only async-signal-safe system
+    // calls (fcntl, dup2, setns, unshare) on descriptors that stay open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Move the pipe ends to fixed numbers, via high numbers so neither clobbers the other.
+            let a = libc::fcntl(sr, libc::F_DUPFD_CLOEXEC, 10);
+            let b = libc::fcntl(sw, libc::F_DUPFD_CLOEXEC, 10);
+            if a < 0 || b < 0 || libc::dup2(a, SYNC_FD) < 0 || libc::dup2(b, STATUS_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The network namespace first: joining it needs the host's privileges, which the
+            // new user namespace takes away.
+            if libc::setns(nfd, libc::CLONE_NEWNET) < 0 || libc::unshare(libc::CLONE_NEWUSER) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let shim = cmd
+        .spawn()
+        .map_err(io(format!("start {}", cfg.nsinit_bin.display())))?;
+    drop((sync_r, status_w, netns));
+    let shim_pid = shim
+        .id()
+        .ok_or_else(|| LaunchError::Init("nsinit exited at once".into()))?;
+    let mut sbx = Sandbox {
+        id: spec.id.clone(),
+        pid1: 0,
+        cgroup: cg,
+        dir: dir.to_path_buf(),
+        shim: Some(shim),
+    };
+
+    let map = format!("0 {} {ID_COUNT}\n", cfg.id_base);
+    fs::write(format!("/proc/{shim_pid}/uid_map"), &map).map_err(io("write uid_map"))?;
+    fs::write(format!("/proc/{shim_pid}/gid_map"), &map).map_err(io("write gid_map"))?;
+    sbx.cgroup.add(shim_pid).map_err(io("join cgroup"))?;
+    // The template image, with host root's files shown as the sandbox's root.
+    let userns: OwnedFd = fs::File::open(format!("/proc/{shim_pid}/ns/user"))
+        .map_err(io("open the sandbox's user namespace"))?
+        .into();
+    crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(
+        format!("id-mapped mount of {}", spec.image_root.display()),
+    ))?;
+    fs::File::from(sync_w)
+        .write_all(b"1")
+        .map_err(io("signal nsinit"))?;
+
+    let reports = tokio::task::spawn_blocking(move || read_reports(status_r));
+    let outcome = tokio::time::timeout(Duration::from_secs(30), reports).await;
+    // The sandbox has its own copy of the image mount (its mount namespace is private by now,
+    // or the start failed); the host's copy is no longer needed either way.
+    let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    let (pid1, result) = match outcome {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(LaunchError::Init(format!("status reader: {e}"))),
+        Err(_) => return Err(LaunchError::Init("timed out".into())),
+    };
+    sbx.pid1 = pid1.unwrap_or(0);
+    match result {
+        Ok(()) => Ok(sbx),
+        Err(msg) => {
+            let log = fs::read_to_string(dir.join("nsinit.log")).unwrap_or_default();
+            Err(LaunchError::Init(format!(
+                "{msg}{}{}",
+                if log.is_empty() { "" } else { "; log: " },
+                log.trim()
+            )))
+        }
+    }
+}
+
+/// Reads nsinit's reports until `ready` or a failure.
+fn read_reports(status: OwnedFd) -> (Option<u32>, Result<(), String>) {
+    let mut pid = None;
+    for line in BufReader::new(fs::File::from(status)).lines() {
+        match line.as_deref().ok().and_then(Report::parse) {
+            Some(Report::Pid(p)) => pid = Some(p),
+            Some(Report::Ready) => return (pid, Ok(())),
+            Some(Report::Error(m)) => return (pid, Err(m)),
+            None => {}
+        }
+    }
+    (pid, Err("nsinit ended without reporting".into()))
+}
+
+impl Sandbox {
+    /// A sandbox started by an earlier manager process, found again by id and PID 1.
+    pub fn reattach(cfg: &NsConfig, id: &str, pid1: u32) -> Option<Sandbox> {
+        let cgroup = SandboxCgroup::at(&cfg.cgroup_parent, id);
+        cgroup.pids().contains(&pid1).then(|| Sandbox {
+            id: id.to_string(),
+            pid1,
+            cgroup,
+            dir: cfg.state_dir.join(id),
+            shim: None,
+        })
+    }
+
+    /// Whether PID 1 still runs.
+    pub fn is_running(&self) -> bool {
+        self.cgroup.pids().contains(&self.pid1)
+    }
+
+    /// How PID 1 ended (`exited N` / `signaled SIG`), once it has.
+    pub fn exit_status(&self) -> Option<String> {
+        fs::read_to_string(self.dir.join("exit-status"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    /// Kills everything in the sandbox and removes its cgroup and state. Idempotent.
+    pub async fn destroy(mut self) -> Result<(), LaunchError> {
+        let cg = self.cgroup.clone();
+        tokio::task::spawn_blocking(move || cg.kill_all())
+            .await
+            .map_err(|e| LaunchError::Init(e.to_string()))?
+            .map_err(io("kill the sandbox"))?;
+        if let Some(mut shim) = self.shim.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), shim.wait()).await;
+        }
+        remove_state(&self.cgroup, &self.dir)
+    }
+}
+
+fn remove_state(cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
+    cg.remove().map_err(io("remove cgroup"))?;
+    let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(LaunchError::Io {
+            what: format!("remove {}", dir.display()),
+            source: e,
+        }),
+    }
+}
+
+/// Removes every sandbox under this configuration that is not in `keep`: processes, cgroups,
+/// mounts and state left by a crashed predecessor. Returns the ids removed.
+pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
+    let mut ids: Vec<String> = cgroup::children(&cfg.cgroup_parent);
+    if let Ok(rd) = fs::read_dir(&cfg.state_dir) {
+        ids.extend(
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned()),
+        );
+    }
+    ids.sort();
+    ids.dedup();
+    ids.retain(|id| !keep.contains(id) && valid_id(id));
+    for id in &ids {
+        let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
+        let _ = cg.kill_all();
+        if let Err(e) = remove_state(&cg, &cfg.state_dir.join(id)) {
+            tracing::warn!(sandbox = %id, error = %e, "could not clean up a stale sandbox");
+        }
+    }
+    ids
+}

@@ -1,0 +1,14 @@
+//! The namespace runtime: sandboxes as Linux namespace containers, for hosts with or without
+//! hardware virtualisation.
+//!
+//! A sandbox is the guest agent as PID 1 of new user, pid, mount, net, uts, ipc and cgroup
+//! namespaces; its root is the template image (read-only, id-mapped) under a bounded writable
+//! layer; cgroups bound its CPU, memory and pids; a seccomp deny-list removes dangerous calls.
+//! `launch` is the manager's side, `nsinit` runs in the helper binary `warren-nsinit`.
+
+pub mod cgroup;
+pub mod config;
+pub mod launch;
+pub mod nsinit;
+pub mod seccomp;
+mod sys;
