@@ -270,3 +270,26 @@ pub fn children(parent: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Removes the (empty) parent cgroup from every hierarchy.
+pub fn remove_parent(parent: &str) -> io::Result<()> {
+    let dirs: Vec<PathBuf> = match detect() {
+        Version::V2 => vec![Path::new(ROOT).join(parent)],
+        Version::V1 => V1_CONTROLLERS
+            .iter()
+            .map(|c| Path::new(ROOT).join(c).join(parent))
+            .collect(),
+    };
+    for d in dirs {
+        match fs::remove_dir(&d) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("remove {}: {e}", d.display()),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -31,10 +31,12 @@ pub struct InitConfig {
     pub resolv_conf: String,
 }
 
-/// Lines nsinit writes to [`STATUS_FD`]: `pid <host pid>` once the sandbox's PID 1 exists,
-/// `ready` just before PID 1 becomes the agent, or `error <message>`.
+/// Lines nsinit writes to [`STATUS_FD`]: `userns` once it created its user namespace (the
+/// manager then writes the id maps), `pid <host pid>` once the sandbox's PID 1 exists, `ready`
+/// just before PID 1 becomes the agent, or `error <message>`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Report {
+    UserNs,
     Pid(u32),
     Ready,
     Error(String),
@@ -45,6 +47,9 @@ impl Report {
         let line = line.trim_end();
         if line == "ready" {
             return Some(Report::Ready);
+        }
+        if line == "userns" {
+            return Some(Report::UserNs);
         }
         if let Some(pid) = line.strip_prefix("pid ") {
             return pid.parse().ok().map(Report::Pid);

@@ -151,9 +151,9 @@ async fn start(
             if a < 0 || b < 0 || libc::dup2(a, SYNC_FD) < 0 || libc::dup2(b, STATUS_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The network namespace first: joining it needs the host's privileges, which the
-            // new user namespace takes away.
-            if libc::setns(nfd, libc::CLONE_NEWNET) < 0 || libc::unshare(libc::CLONE_NEWUSER) < 0 {
+            // Join the network namespace while still privileged on the host; nsinit creates
+            // the user namespace itself.
+            if libc::setns(nfd, libc::CLONE_NEWNET) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -174,6 +174,25 @@ async fn start(
         shim: Some(shim),
     };
 
+    let mut reports = BufReader::new(fs::File::from(status_r));
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        let r = reports.read_line(&mut line).map(|_| line);
+        (reports, r)
+    });
+    let (reports, first) = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .map_err(|_| LaunchError::Init("nsinit did not create its user namespace in time".into()))?
+        .map_err(|e| LaunchError::Init(e.to_string()))?;
+    match first.as_deref().ok().and_then(Report::parse) {
+        Some(Report::UserNs) => {}
+        Some(Report::Error(m)) => return Err(LaunchError::Init(m)),
+        other => {
+            return Err(LaunchError::Init(format!(
+                "unexpected report from nsinit: {other:?}"
+            )))
+        }
+    }
     let map = format!("0 {} {ID_COUNT}\n", cfg.id_base);
     fs::write(format!("/proc/{shim_pid}/uid_map"), &map).map_err(io("write uid_map"))?;
     fs::write(format!("/proc/{shim_pid}/gid_map"), &map).map_err(io("write gid_map"))?;
@@ -189,7 +208,7 @@ async fn start(
         .write_all(b"1")
         .map_err(io("signal nsinit"))?;
 
-    let reports = tokio::task::spawn_blocking(move || read_reports(status_r));
+    let reports = tokio::task::spawn_blocking(move || read_reports(reports));
     let outcome = tokio::time::timeout(Duration::from_secs(30), reports).await;
     // The sandbox has its own copy of the image mount (its mount namespace is private by now,
     // or the start failed); the host's copy is no longer needed either way.
@@ -214,14 +233,14 @@ async fn start(
 }
 
 /// Reads nsinit's reports until `ready` or a failure.
-fn read_reports(status: OwnedFd) -> (Option<u32>, Result<(), String>) {
+fn read_reports(status: BufReader<fs::File>) -> (Option<u32>, Result<(), String>) {
     let mut pid = None;
-    for line in BufReader::new(fs::File::from(status)).lines() {
+    for line in status.lines() {
         match line.as_deref().ok().and_then(Report::parse) {
             Some(Report::Pid(p)) => pid = Some(p),
             Some(Report::Ready) => return (pid, Ok(())),
             Some(Report::Error(m)) => return (pid, Err(m)),
-            None => {}
+            Some(Report::UserNs) | None => {}
         }
     }
     (pid, Err("nsinit ended without reporting".into()))
@@ -300,4 +319,14 @@ pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
         }
     }
     ids
+}
+
+/// Removes the (empty) state directory and parent cgroups of this configuration, e.g. when a
+/// manager shuts down for good. Fails if sandboxes still exist.
+pub fn remove_empty_parents(cfg: &NsConfig) -> std::io::Result<()> {
+    match fs::remove_dir(&cfg.state_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    cgroup::remove_parent(&cfg.cgroup_parent)
 }

@@ -1,8 +1,9 @@
 //! `warren-nsinit`: turns a freshly spawned process into a sandbox.
 //!
-//! The manager starts it already inside the sandbox's network namespace and a new, still
-//! unmapped user namespace. nsinit waits until the manager has written the id maps and placed
-//! it in the sandbox's cgroups, becomes root of the user namespace, creates the remaining
+//! The manager starts it already inside the sandbox's network namespace. nsinit creates its
+//! user namespace (it must be the creator, not an exec'd child of one, to hold capabilities
+//! there), waits until the manager has written the id maps and placed it in the sandbox's
+//! cgroups, becomes root of the user namespace, creates the remaining
 //! namespaces (mount, uts, ipc, cgroup, pid) and forks PID 1. PID 1 builds the root filesystem
 //! (overlay of the template image and a bounded tmpfs), a minimal `/dev`, `/proc`, `/tmp`,
 //! pivots into it, installs the seccomp filter and becomes the guest agent. nsinit itself stays
@@ -52,6 +53,8 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
     let raw = std::env::var(CONFIG_ENV).map_err(|_| format!("{CONFIG_ENV} is not set"))?;
     let cfg: InitConfig = serde_json::from_str(&raw).map_err(|e| format!("bad config: {e}"))?;
 
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare user namespace: {e}"))?;
+    writeln!(status, "userns").map_err(|e| format!("report: {e}"))?;
     let mut go = [0u8; 1];
     sync.read_exact(&mut go)
         .map_err(|e| format!("waiting for the manager: {e}"))?;

@@ -54,8 +54,15 @@ fn image_root() -> &'static Path {
             &mut warren_image::StderrProgress::new(),
         )
         .expect("build or find the base image");
-        let mnt = PathBuf::from(format!("/run/warren-test-image-{}", std::process::id()));
+        // One shared read-only mount, reused by later test runs (like a server's template mount).
+        let mnt = PathBuf::from(format!("/run/warren-test-image-{}", recipe.cache_key()));
         std::fs::create_dir_all(&mnt).unwrap();
+        if std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&format!(" {} ", mnt.display()))
+        {
+            return mnt;
+        }
         let out = Command::new("mount")
             .args(["-t", "erofs", "-o", "ro"])
             .arg(&image.image)
@@ -100,22 +107,26 @@ impl Drop for NetNs {
     }
 }
 
-fn config() -> NsConfig {
+/// Each test has its own state dir and cgroup parent, so sweeping stale sandboxes in one test
+/// never touches another test's.
+fn config_for(test: &str) -> NsConfig {
     NsConfig {
-        state_dir: PathBuf::from(format!("/run/warren-test-ns-{}", std::process::id())),
+        state_dir: PathBuf::from(format!("/run/warren-test-ns-{}-{test}", std::process::id())),
         nsinit_bin: PathBuf::from(env!("CARGO_BIN_EXE_warren-nsinit")),
         agent_bin: agent_bin(),
         id_base: 100_000,
-        cgroup_parent: format!("warren-test-{}", std::process::id()),
+        cgroup_parent: format!("warren-test-{}-{test}", std::process::id()),
     }
 }
 
 struct Running {
     sbx: Option<Sandbox>,
     net: NetNs,
+    cfg: NsConfig,
 }
 
-async fn start(limits: Limits, writable: u64) -> Running {
+async fn start(test: &str, limits: Limits, writable: u64) -> Running {
+    let cfg = config_for(test);
     require_root();
     let net = NetNs::new();
     let id = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
@@ -128,10 +139,11 @@ async fn start(limits: Limits, writable: u64) -> Running {
         writable_bytes: writable,
         agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
     };
-    let sbx = launch::launch(&config(), &spec).await.expect("launch");
+    let sbx = launch::launch(&cfg, &spec).await.expect("launch");
     let r = Running {
         sbx: Some(sbx),
         net,
+        cfg,
     };
     r.wait_healthy();
     r
@@ -223,6 +235,11 @@ impl Running {
             }
             rest = &rest[5 + len..];
         }
+        assert!(
+            code != i64::MIN,
+            "no end event for {cmd:?}; response: {}",
+            String::from_utf8_lossy(&resp)
+        );
         (code, out)
     }
 
@@ -232,11 +249,13 @@ impl Running {
 
     async fn destroy(mut self) -> (Sandbox, NsConfig) {
         let sbx = self.sbx.take().unwrap();
-        let leftover = Sandbox::reattach(&config(), &sbx.id, sbx.pid1);
+        let leftover = Sandbox::reattach(&self.cfg, &sbx.id, sbx.pid1);
         sbx.destroy().await.expect("destroy");
+        // Each test owns its parents; they are empty once its last sandbox is gone.
+        let _ = launch::remove_empty_parents(&self.cfg);
         (
             leftover.expect("reattach finds a running sandbox"),
-            config(),
+            self.cfg.clone(),
         )
     }
 }
@@ -278,7 +297,7 @@ fn limits() -> Limits {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_is_an_isolated_debian_system() {
-    let r = start(limits(), 256 * MIB).await;
+    let r = start("isolated", limits(), 256 * MIB).await;
     let id = r.sbx().id.clone();
     assert_eq!(r.run("hostname"), (0, format!("{id}\n")));
     assert_eq!(
@@ -324,8 +343,8 @@ async fn a_sandbox_is_an_isolated_debian_system() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_image_stays_read_only_and_sandboxes_do_not_share_files() {
-    let a = start(limits(), 128 * MIB).await;
-    let b = start(limits(), 128 * MIB).await;
+    let a = start("shared-a", limits(), 128 * MIB).await;
+    let b = start("shared-b", limits(), 128 * MIB).await;
     assert_eq!(
         a.run("echo secret > /home/user/secret && echo x > /usr/bin/planted && echo ok")
             .0,
@@ -344,6 +363,7 @@ async fn the_image_stays_read_only_and_sandboxes_do_not_share_files() {
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_hold_and_the_agent_survives() {
     let r = start(
+        "limits",
         Limits {
             cpu_millis: Some(1000),
             memory_bytes: Some(256 * MIB),
@@ -388,9 +408,9 @@ async fn limits_hold_and_the_agent_survives() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
-    let r = start(limits(), 64 * MIB).await;
+    let r = start("sweep", limits(), 64 * MIB).await;
     let id = r.sbx().id.clone();
-    let dir = config().state_dir.join(&id);
+    let dir = r.cfg.state_dir.join(&id);
     let pid1 = r.sbx().pid1;
     let (leftover, cfg) = r.destroy().await;
     assert!(!leftover.cgroup.exists(), "cgroup removed");
@@ -405,7 +425,7 @@ async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
     assert!(!mounts.contains(dir.to_str().unwrap()), "no mounts left");
 
     // A manager that crashed leaves a running sandbox behind: cleanup_stale removes it.
-    let mut crashed = start(limits(), 64 * MIB).await;
+    let mut crashed = start("sweep", limits(), 64 * MIB).await;
     let stale = crashed.sbx.take().unwrap();
     let stale_dir = stale.dir.clone();
     let stale_cg = stale.cgroup.clone();
@@ -420,4 +440,5 @@ async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
     ));
     assert!(!stale_cg.exists());
     assert!(!stale_dir.exists());
+    launch::remove_empty_parents(&cfg).expect("nothing left under the test's parents");
 }
