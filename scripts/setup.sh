@@ -10,8 +10,16 @@ need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
-python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# Template images: Debian bootstrap and the read-only image format.
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
+[ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
+# Network slots (NAT, isolation) and the benchmark baseline.
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
