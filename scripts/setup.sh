@@ -19,6 +19,7 @@ command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
 # Network slots (NAT, isolation) and the benchmark baseline.
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"

@@ -1,0 +1,49 @@
+//! Network slots for Warren sandboxes.
+//!
+//! A **slot** is a named network namespace (`<prefix>-<index>`) joined to the host by a veth
+//! pair. Inside, the sandbox always sees the same address ([`SANDBOX_ADDR`] on
+//! [`SANDBOX_IFACE`], gateway [`SANDBOX_GATEWAY`]), so a VM snapshot restores into any slot.
+//! The host reaches each slot at a unique *host-side address* from a configurable pool;
+//! nftables NAT inside the slot maps one to the other. Host-wide nftables rules in the table
+//! `inet <prefix>` give slots NAT egress through the host's routes, cut egress per slot
+//! (`allow_internet_access = false`), and keep slots away from each other and from the
+//! host's own services. The address plan and rules are described in docs/networking.md.
+//!
+//! [`NetPool`] builds slots ahead of demand and recycles them:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), warren_net::Error> {
+//! let pool = warren_net::NetPool::start(warren_net::NetConfig::default()).await?;
+//! let slot = pool.acquire(true).await?;
+//! // Start the sandbox inside `slot.netns_path()`, write `slot.resolv_conf()` into its
+//! // /etc/resolv.conf, reach its agent at `slot.agent_endpoint()`...
+//! pool.release(slot).await?;
+//! pool.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Everything here needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for namespaces) and the
+//! `ip` (iproute2) and `nft` (nftables) tools; `conntrack` (conntrack) is optional.
+
+mod addr;
+mod cleanup;
+mod cmd;
+mod config;
+mod dns;
+mod error;
+mod host;
+pub mod netns;
+mod pool;
+mod rules;
+mod slot;
+
+pub use addr::{
+    slot_capacity, Ipv4Cidr, ParseCidrError, SlotAddrs, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR,
+    SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
+};
+pub use cleanup::{cleanup_stale, CleanupReport};
+pub use config::{default_blocked, DnsSource, NetConfig};
+pub use dns::{parse_nameservers, DnsConfig};
+pub use error::{Error, Result};
+pub use pool::{NetPool, PoolStats};
+pub use slot::Slot;

@@ -1,0 +1,203 @@
+//! One network slot: what a sandbox gets, and the commands that build and remove it.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::addr::{SlotAddrs, AGENT_PORT, SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE};
+use crate::cmd::{Invocation, CONNTRACK, IP, NFT};
+use crate::config::NetConfig;
+use crate::error::{Error, Result};
+use crate::netns::netns_path;
+use crate::{host, rules};
+
+/// A network slot leased from a [`crate::NetPool`].
+///
+/// Give it back with [`crate::NetPool::release`]. A slot that is dropped instead is handed
+/// to the pool's background task, which resets and recycles it the same way, so an error
+/// path that forgets to release does not leak the slot.
+#[derive(Debug)]
+pub struct Slot {
+    pub(crate) name: String,
+    pub(crate) addrs: SlotAddrs,
+    pub(crate) pool_id: u64,
+    /// `false` means "may be in the no-egress set": it is cleared *before* an nft call that
+    /// turns egress off and set only *after* one that turns it on, so an interrupted call
+    /// errs on the side of a (idempotent) reset at release.
+    pub(crate) internet: bool,
+    pub(crate) resolv_conf: Arc<str>,
+    /// Set while leased; taken by `release` so that `Drop` does nothing afterwards.
+    pub(crate) returner: Option<UnboundedSender<Returned>>,
+}
+
+/// A slot on its way back to the pool without an explicit `release`.
+#[derive(Debug)]
+pub(crate) struct Returned {
+    pub name: String,
+    pub addrs: SlotAddrs,
+    pub internet: bool,
+    /// Remove instead of recycling (its namespace vanished).
+    pub discard: bool,
+}
+
+impl Slot {
+    /// The slot's name: that of its network namespace and of its host-side link.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path to enter the slot's network namespace (`setns`, `nsenter --net=`, or
+    /// `ip netns exec <name>`).
+    pub fn netns_path(&self) -> PathBuf {
+        netns_path(&self.name)
+    }
+
+    /// Position of the slot in the pool's address range.
+    pub fn index(&self) -> u32 {
+        self.addrs.index
+    }
+
+    /// The unique address at which the host reaches the sandbox (e.g. `10.11.0.2`); the slot
+    /// translates it to [`SANDBOX_ADDR`].
+    pub fn host_side_addr(&self) -> Ipv4Addr {
+        self.addrs.host_side
+    }
+
+    /// The host's end of the veth pair: connections from the host to the sandbox come from
+    /// this address.
+    pub fn host_veth_addr(&self) -> Ipv4Addr {
+        self.addrs.host_veth
+    }
+
+    /// Addresses of this slot on the host.
+    pub fn addrs(&self) -> SlotAddrs {
+        self.addrs
+    }
+
+    /// The sandbox's address inside the slot: the same for every slot.
+    pub fn sandbox_addr(&self) -> Ipv4Addr {
+        SANDBOX_ADDR
+    }
+
+    /// The sandbox's default gateway inside the slot: the same for every slot.
+    pub fn sandbox_gateway(&self) -> Ipv4Addr {
+        SANDBOX_GATEWAY
+    }
+
+    /// The sandbox's interface inside the slot.
+    pub fn sandbox_iface(&self) -> &'static str {
+        SANDBOX_IFACE
+    }
+
+    /// Where the host reaches the guest agent: `host_side_addr():49983`.
+    pub fn agent_endpoint(&self) -> std::net::SocketAddrV4 {
+        std::net::SocketAddrV4::new(self.addrs.host_side, AGENT_PORT)
+    }
+
+    /// Whether the sandbox may reach the internet (`allow_internet_access`).
+    pub fn internet_access(&self) -> bool {
+        self.internet
+    }
+
+    /// The content of the sandbox's /etc/resolv.conf; the runtime writes it.
+    pub fn resolv_conf(&self) -> &str {
+        &self.resolv_conf
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(tx) = self.returner.take() {
+            // A closed channel means the pool is gone; its cleanup owns the slot then.
+            let _ = tx.send(Returned {
+                name: std::mem::take(&mut self.name),
+                addrs: self.addrs,
+                internet: self.internet,
+                discard: false,
+            });
+        }
+    }
+}
+
+/// Builds slot `addrs` named `name`: 3 processes (host `ip -batch`, then the slot's
+/// `ip -batch` and `nft -f` concurrently). On failure removes whatever was created.
+pub(crate) async fn create(config: &NetConfig, name: &str, addrs: &SlotAddrs) -> Result<()> {
+    let result = create_inner(config, name, addrs).await;
+    if let Err(e) = &result {
+        tracing::warn!(slot = name, error = %e, "slot creation failed; removing the remains");
+        if let Err(cleanup) = destroy(config, name, false).await {
+            tracing::warn!(slot = name, error = %cleanup, "could not remove a half-built slot");
+        }
+    }
+    result
+}
+
+async fn create_inner(config: &NetConfig, name: &str, addrs: &SlotAddrs) -> Result<()> {
+    Invocation::new(IP)
+        .args(["-batch", "-"])
+        .stdin(rules::host_create_batch(name, addrs))
+        .run()
+        .await?;
+    let ns = netns_path(name);
+    let links = Invocation::new(IP)
+        .args(["-batch", "-"])
+        .stdin(rules::slot_create_batch())
+        .in_netns(&ns)
+        .run();
+    let nat = Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(rules::slot_ruleset(&config.prefix, addrs))
+        .in_netns(&ns)
+        .run();
+    let (links, nat) = tokio::join!(links, nat);
+    links?;
+    nat?;
+    Ok(())
+}
+
+/// Adds or removes the slot from the host's no-egress set: one small, idempotent nft
+/// transaction.
+pub(crate) async fn set_egress(config: &NetConfig, name: &str, allow: bool) -> Result<()> {
+    Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(rules::egress_update(&config.prefix, name, allow))
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Forgets the host's conntrack entries that the slot's sandbox originated, so that late
+/// replies to the previous tenant's connections are dropped instead of delivered to the next
+/// one. The slot's own namespace keeps its (tiny) table: entries there only ever translate
+/// between the same two addresses.
+pub(crate) async fn flush_conntrack(addrs: &SlotAddrs) -> Result<()> {
+    Invocation::new(CONNTRACK)
+        .args(["-D", "-s", &addrs.host_side.to_string()])
+        // conntrack-tools 1.4.7 exits 1 when nothing matched.
+        .ok_codes(&[1])
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Removes the slot. With `in_no_egress_set` its element in the host's no-egress set is
+/// removed first, so that a future slot of the same name does not inherit "internet off".
+pub(crate) async fn destroy(config: &NetConfig, name: &str, in_no_egress_set: bool) -> Result<()> {
+    if in_no_egress_set {
+        set_egress(config, name, true).await?;
+    }
+    let result = Invocation::new(IP)
+        .args(["-force", "-batch", "-"])
+        .stdin(rules::destroy_batch(&[name], &[name]))
+        .run()
+        .await;
+    if host::link_exists(name) || Path::new(&netns_path(name)).exists() {
+        let err = result.err().map(|e| format!(" ({e})")).unwrap_or_default();
+        return Err(Error::Leftover {
+            what: format!("slot {name}{err}"),
+        });
+    }
+    Ok(())
+}
