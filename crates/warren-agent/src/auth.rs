@@ -43,7 +43,16 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
     if token_ok(&state, req.headers()) {
         next.run(req).await
     } else {
-        http_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
+        // Read the body first so the client's connection stays usable for its next request.
+        let complete = crate::connect::drain(req.into_body()).await;
+        let mut resp = http_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE);
+        if !complete {
+            resp.headers_mut().insert(
+                header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 

@@ -275,18 +275,55 @@ where
     }
 }
 
-/// Reads the single request message of a server-streaming call.
+/// Reads the single request message of a server-streaming call, and the request body to its
+/// end: answering before the body is complete would make the server drop the connection,
+/// which clients that pool connections see as random failures of their next call.
 pub async fn read_single<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> RpcResult<T> {
     if !is_stream_content_type(headers) {
+        drain(body).await;
         return Err(RpcError::invalid_argument(
             "streaming calls need content type application/connect+json",
         ));
     }
     let mut reader = EnvelopeReader::new(body.into_data_stream());
-    reader
-        .next()
-        .await?
-        .ok_or_else(|| RpcError::invalid_argument("stream request carried no message"))
+    let first = reader.next::<T>().await;
+    // Whatever follows the one message (normally nothing but the end of the body) is read
+    // and ignored, so the connection stays usable.
+    loop {
+        match reader.next::<serde::de::IgnoredAny>().await {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    first?.ok_or_else(|| RpcError::invalid_argument("stream request carried no message"))
+}
+
+/// Most of a request body a server reads and throws away before answering an early error, so
+/// the client's connection survives; past this the connection is closed instead.
+pub const DRAIN_LIMIT: usize = 1024 * 1024;
+
+/// Reads and discards the rest of a request body (up to [`DRAIN_LIMIT`] bytes or 5 s). Returns
+/// whether the whole body was read.
+pub async fn drain(body: Body) -> bool {
+    let mut stream = body.into_data_stream();
+    let mut seen = 0usize;
+    let read_all = async {
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(c) => {
+                    seen += c.len();
+                    if seen > DRAIN_LIMIT {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_all)
+        .await
+        .unwrap_or(false)
 }
 
 /// The sending half of a server stream. Dropping it without `finish` ends the stream cleanly.
@@ -329,6 +366,27 @@ pub fn stream_response() -> (StreamSender, Response) {
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     (StreamSender { tx }, resp)
+}
+
+/// A complete stream response: one message and the end of stream, or just the error trailer.
+pub fn stream_complete<T: Serialize>(result: RpcResult<T>) -> Response {
+    let body = match result.and_then(|msg| {
+        serde_json::to_vec(&msg).map_err(|e| RpcError::internal(format!("encode response: {e}")))
+    }) {
+        Ok(payload) => {
+            let mut b = BytesMut::new();
+            b.extend_from_slice(&envelope(0, &payload));
+            b.extend_from_slice(&end_of_stream(&Ok(())));
+            b.freeze()
+        }
+        Err(e) => end_of_stream(&Err(e)),
+    };
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+json"),
+    );
+    resp
 }
 
 /// A stream response that ends immediately with `err` (stream errors travel with HTTP 200).

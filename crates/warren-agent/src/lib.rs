@@ -52,5 +52,13 @@ pub fn router(state: AppState) -> Router {
 
 /// Serves HTTP/1.1 and h2c (prior knowledge) on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Small stream envelopes must leave at once: with Nagle's algorithm and the client's delayed
+    // ACK each one would wait ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router(state)).await
 }

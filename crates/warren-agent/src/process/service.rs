@@ -355,25 +355,32 @@ async fn forward(
     }
 }
 
+/// Client-streaming input. The answer comes only once the input has ended (as connect-go
+/// does): answering early makes HTTP/1.1 clients stop sending the rest of their input.
 async fn stream_input(state: AppState, headers: HeaderMap, body: Body) -> Response {
     if !connect::is_stream_content_type(&headers) {
+        connect::drain(body).await;
         return connect::stream_error(RpcError::invalid_argument(
             "streaming calls need content type application/connect+json",
         ));
     }
-    let (sender, resp) = connect::stream_response();
-    tokio::spawn(async move {
-        let result = consume_input(&state, body).await;
-        if result.is_ok() && !sender.send(&StreamInputResponse {}).await {
-            return;
-        }
-        sender.finish(result).await;
-    });
-    resp
+    let mut reader = connect::EnvelopeReader::new(body.into_data_stream());
+    let result = consume_input(&state, &mut reader).await;
+    if result.is_err() {
+        // Read off what is left so the connection stays usable.
+        while let Ok(Some(_)) = reader.next::<serde::de::IgnoredAny>().await {}
+    }
+    connect::stream_complete(result.map(|()| StreamInputResponse {}))
 }
 
-async fn consume_input(state: &AppState, body: Body) -> RpcResult<()> {
-    let mut reader = connect::EnvelopeReader::new(body.into_data_stream());
+async fn consume_input<S, E>(
+    state: &AppState,
+    reader: &mut connect::EnvelopeReader<S>,
+) -> RpcResult<()>
+where
+    S: futures::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
     let mut target: Option<Arc<Proc>> = None;
     while let Some(msg) = reader.next::<StreamInputRequest>().await? {
         match msg.event {
@@ -391,6 +398,11 @@ async fn consume_input(state: &AppState, body: Body) -> RpcResult<()> {
             }
             Some(InputEvent::Keepalive(_)) | None => {}
         }
+    }
+    if target.is_none() {
+        return Err(RpcError::invalid_argument(
+            "input stream carried no start event",
+        ));
     }
     Ok(())
 }
