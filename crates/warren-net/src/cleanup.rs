@@ -31,15 +31,28 @@ impl CleanupReport {
 pub async fn cleanup_stale(config: &NetConfig) -> Result<CleanupReport> {
     config.validate()?;
     let _lock = PrefixLock::acquire(config)?;
-    remove_prefix_objects(config, &HashSet::new(), false).await
+    remove_prefix_objects(config, &HashSet::new(), Tables::RemoveAll).await
 }
 
-/// Removes the prefix's objects except the slots named in `keep` and, with `keep_table`,
-/// the host table (both belong to the live pool that calls this).
+/// What [`remove_prefix_objects`] does with the nftables tables named `<prefix>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tables {
+    /// Remove them all (shutdown, standalone cleanup).
+    RemoveAll,
+    /// Keep the host table `inet <prefix>`, which the caller is about to replace atomically
+    /// (pool start: slots adopted from the previous run stay isolated throughout), and
+    /// remove any other.
+    KeepHostTable,
+    /// Keep them all (they belong to the live pool that calls this).
+    KeepAll,
+}
+
+/// Removes the prefix's objects except the slots named in `keep`, and the tables as
+/// `tables` says.
 pub(crate) async fn remove_prefix_objects(
     config: &NetConfig,
     keep: &HashSet<String>,
-    keep_table: bool,
+    tables: Tables,
 ) -> Result<CleanupReport> {
     let mut report = CleanupReport::default();
     let stale = |name: &String| config.is_slot_name(name) && !keep.contains(name);
@@ -77,9 +90,10 @@ pub(crate) async fn remove_prefix_objects(
         }
     }
 
-    if !keep_table {
+    if tables != Tables::KeepAll {
         for (family, name) in host::list_tables().await? {
-            if name == config.prefix {
+            let host_table = family == "inet" && tables == Tables::KeepHostTable;
+            if name == config.prefix && !host_table {
                 host::delete_table(&family, &name).await?;
                 report.tables.push(format!("{family} {name}"));
             }

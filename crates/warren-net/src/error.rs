@@ -77,6 +77,11 @@ pub enum Error {
     #[error("Slot `{name}` does not belong to this pool")]
     ForeignSlot { name: String },
 
+    /// A slot named for adoption is missing, damaged or not a slot of this pool; whatever
+    /// was left of it has been removed.
+    #[error("Cannot adopt network slot `{name}`: {reason}")]
+    NotAdoptable { name: String, reason: String },
+
     /// The tokio runtime shut down while a pool operation was running.
     #[error("The async runtime shut down during a network slot operation")]
     RuntimeShutdown,

@@ -26,6 +26,7 @@
 //! `ip` (iproute2) and `nft` (nftables) tools; `conntrack` (conntrack) is optional.
 
 mod addr;
+mod adopt;
 mod cleanup;
 mod cmd;
 mod config;
@@ -41,6 +42,7 @@ pub use addr::{
     slot_capacity, Ipv4Cidr, ParseCidrError, SlotAddrs, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR,
     SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
+pub use adopt::AdoptSlot;
 pub use cleanup::{cleanup_stale, CleanupReport};
 pub use config::{default_blocked, DnsSource, NetConfig};
 pub use dns::{parse_nameservers, DnsConfig};

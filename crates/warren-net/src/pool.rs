@@ -10,7 +10,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::addr::SlotAddrs;
-use crate::cleanup::{remove_prefix_objects, CleanupReport};
+use crate::adopt::{self, AdoptSlot};
+use crate::cleanup::{remove_prefix_objects, CleanupReport, Tables};
 use crate::cmd::{Invocation, CONNTRACK};
 use crate::config::NetConfig;
 use crate::dns::DnsConfig;
@@ -45,7 +46,8 @@ pub struct PoolStats {
 ///
 /// Dropping the pool stops its background task but leaves every slot, link and table in
 /// place (like a crash would): call [`NetPool::shutdown`] to remove them, or let the next
-/// pool on the same prefix clean them up when it starts.
+/// pool on the same prefix clean them up when it starts (or adopt those of sandboxes that
+/// are still running: [`NetPool::start_adopting`]).
 pub struct NetPool {
     inner: Arc<Inner>,
     worker: JoinHandle<()>,
@@ -82,14 +84,62 @@ struct State {
     shutting_down: bool,
 }
 
+impl State {
+    /// The state of a new pool whose slots `leased` are already leased (adopted).
+    fn with_leased(leased: impl IntoIterator<Item = u32>) -> Self {
+        let allocated: BTreeSet<u32> = leased.into_iter().collect();
+        let next = allocated.last().map_or(0, |i| i + 1);
+        Self {
+            free: (0..next).filter(|i| !allocated.contains(i)).collect(),
+            allocated,
+            next,
+            ..Self::default()
+        }
+    }
+}
+
 impl NetPool {
     /// Starts a pool: takes the prefix lock, removes leftovers of a crashed predecessor,
     /// checks the address pool is free, enables IPv4 forwarding, installs the host table and
     /// starts filling the pool in the background.
+    ///
+    /// The same as [`NetPool::start_adopting`] with nothing to adopt: every slot of the
+    /// prefix is removed, including those of sandboxes that are still running.
     pub async fn start(config: NetConfig) -> Result<Self> {
+        Self::start_adopting(config, Vec::new())
+            .await
+            .map(|(pool, _)| pool)
+    }
+
+    /// Starts a pool like [`NetPool::start`], but takes over the slots listed in `adopt`
+    /// (those of sandboxes that kept running while the server restarted) instead of
+    /// removing them.
+    ///
+    /// Each listed slot is checked against what slot creation builds: its netns, its host
+    /// veth (up, gateway MAC, host veth address, peer inside the netns), the permanent
+    /// neighbour entry for its host-side address and its own NAT rules. An intact slot comes
+    /// back as a leased [`Slot`], exactly like one from [`NetPool::acquire`]: its index is
+    /// never handed out again until it is released or dropped, and its egress is set to
+    /// `allow_internet_access`. Nothing inside it is touched, so the sandbox's open
+    /// connections survive. A slot that is missing, damaged, listed twice or outside the
+    /// pool gives [`Error::NotAdoptable`] and whatever is left of it is removed with the
+    /// other stale objects of the prefix.
+    ///
+    /// The returned slots are in the order of `adopt`. The host table is replaced atomically,
+    /// so adopted sandboxes stay isolated throughout. If the start itself fails, adoptable
+    /// slots are left in place for the next attempt.
+    pub async fn start_adopting(
+        config: NetConfig,
+        adopt: Vec<AdoptSlot>,
+    ) -> Result<(Self, Vec<Result<Slot>>)> {
         let max_slots = config.validate()?;
         let lock = PrefixLock::acquire(&config)?;
-        let startup_cleanup = remove_prefix_objects(&config, &HashSet::new(), false).await?;
+        let verdicts = adopt::verify(&config, max_slots, &adopt).await?;
+        let keep: HashSet<String> = verdicts
+            .iter()
+            .filter_map(|v| Some(config.slot_name(v.as_ref().ok()?.index)))
+            .collect();
+        let startup_cleanup = remove_prefix_objects(&config, &keep, Tables::KeepHostTable).await?;
         if !startup_cleanup.is_empty() {
             tracing::warn!(prefix = %config.prefix, removed = ?startup_cleanup,
                 "removed network objects left by a previous run");
@@ -107,12 +157,19 @@ impl NetPool {
             tracing::info!("enabled IPv4 forwarding (net.ipv4.ip_forward=1)");
         }
         let link_glob = config.link_glob();
+        let no_egress: Vec<String> = adopt
+            .iter()
+            .zip(&verdicts)
+            .filter(|(a, v)| v.is_ok() && !a.allow_internet_access)
+            .map(|(a, _)| config.slot_name(a.index))
+            .collect();
         host::install_table(rules::host_ruleset(&HostRules {
             table: &config.prefix,
             link_glob: &link_glob,
             pool: config.host_cidr,
             blocked: &config.blocked_destinations,
             dns_servers: &dns.servers,
+            no_egress: &no_egress,
         }))
         .await?;
 
@@ -125,21 +182,44 @@ impl NetPool {
             max_slots,
             flush_conntrack,
             config,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::with_leased(
+                verdicts.iter().filter_map(|v| Some(v.as_ref().ok()?.index)),
+            )),
             refill_lock: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             returner,
         });
+        let slots: Vec<Result<Slot>> = adopt
+            .iter()
+            .zip(verdicts)
+            .map(|(a, verdict)| {
+                let name = inner.config.slot_name(a.index);
+                match verdict {
+                    Ok(addrs) => {
+                        let mut slot = inner.slot(name, addrs);
+                        slot.internet = a.allow_internet_access;
+                        Ok(slot)
+                    }
+                    Err(reason) => {
+                        tracing::warn!(slot = %name, %reason, "could not adopt a slot");
+                        Err(Error::NotAdoptable { name, reason })
+                    }
+                }
+            })
+            .collect();
         tracing::info!(prefix = %inner.config.prefix, pool = %inner.config.host_cidr,
-            target = inner.config.pool_size, dns = ?inner.dns.servers, "network pool started");
+            target = inner.config.pool_size, dns = ?inner.dns.servers,
+            adopted = keep.len(), not_adopted = adopt.len() - keep.len(),
+            "network pool started");
         let worker = tokio::spawn(background(inner.clone(), returns));
         inner.wake.notify_one();
-        Ok(Self {
+        let pool = Self {
             inner,
             worker,
             startup_cleanup,
             _lock: lock,
-        })
+        };
+        Ok((pool, slots))
     }
 
     /// Leases a slot. O(1) when a ready slot exists; otherwise builds one on the spot
@@ -206,10 +286,12 @@ impl NetPool {
                 .map(|i| self.inner.config.slot_name(*i))
                 .collect()
         };
-        remove_prefix_objects(&self.inner.config, &keep, true).await
+        remove_prefix_objects(&self.inner.config, &keep, Tables::KeepAll).await
     }
 
-    /// What [`NetPool::start`] removed.
+    /// What [`NetPool::start`] removed (for [`NetPool::start_adopting`]: including the
+    /// remains of slots that could not be adopted). The host table is not listed: it is
+    /// replaced, not removed.
     pub fn startup_cleanup(&self) -> &CleanupReport {
         &self.startup_cleanup
     }
@@ -246,7 +328,8 @@ impl NetPool {
         self.worker.abort();
         // Wait until the task is really gone, so no creation races the removal below.
         let _ = (&mut self.worker).await;
-        let report = remove_prefix_objects(&self.inner.config, &HashSet::new(), false).await?;
+        let report =
+            remove_prefix_objects(&self.inner.config, &HashSet::new(), Tables::RemoveAll).await?;
         tracing::info!(prefix = %self.inner.config.prefix, slots = report.netns.len(),
             "network pool shut down");
         Ok(())

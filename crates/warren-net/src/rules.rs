@@ -22,6 +22,9 @@ pub(crate) struct HostRules<'a> {
     pub pool: Ipv4Cidr,
     pub blocked: &'a [Ipv4Cidr],
     pub dns_servers: &'a [Ipv4Addr],
+    /// Slot links that start in the no-egress set: adopted slots whose sandbox has internet
+    /// access off. Part of the ruleset, so replacing the table never lets them out.
+    pub no_egress: &'a [String],
 }
 
 /// The host-wide table `inet <prefix>`: isolation, egress policy and masquerade for every
@@ -44,7 +47,7 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
         "\t# Slot links whose sandbox has internet access off.
 \tset {NO_EGRESS_SET} {{
 \t\ttype ifname
-\t}}
+{no_egress}\t}}
 \t# Hook for private networks: (from, to) slot link pairs whose sandboxes may talk.
 \tset peer_links {{
 \t\ttype ifname . ifname
@@ -58,6 +61,7 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 \t\tauto-merge
 {blocked}\t}}
 ",
+        no_egress = elements(r.no_egress.iter().map(|n| format!("\"{n}\""))),
         dns = elements(r.dns_servers.iter()),
         blocked = elements(r.blocked.iter()),
     ));
@@ -214,7 +218,9 @@ mod tests {
             pool: "10.11.0.0/16".parse().unwrap(),
             blocked: &blocked,
             dns_servers: &[Ipv4Addr::new(10, 255, 255, 53)],
+            no_egress: &["warren-3".into(), "warren-7".into()],
         });
+        assert!(text.contains("elements = { \"warren-3\", \"warren-7\" }"));
         assert!(text.starts_with("table inet warren\ndelete table inet warren\n"));
         assert!(text.contains("elements = { 10.255.255.53 }"));
         assert!(text.contains("elements = { 10.0.0.0/8 }"));
@@ -234,6 +240,7 @@ mod tests {
             pool: "10.11.0.0/16".parse().unwrap(),
             blocked: &[],
             dns_servers: &[],
+            no_egress: &[],
         });
         assert!(!text.contains("elements"));
     }
