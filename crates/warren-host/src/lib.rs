@@ -1,0 +1,486 @@
+//! The host manager: sandboxes on this machine with the namespace runtime.
+//!
+//! [`NsRuntime`] ties together the template images (`warren-image`, mounted once per host),
+//! pooled network slots (`warren-net`) and namespace sandboxes (`warren-runtime-ns`), and
+//! implements [`SandboxRuntime`] for the control plane. It makes itself a child subreaper so
+//! that no sandbox process is ever left unreaped, and on its first `reattach` removes whatever
+//! a crashed predecessor left behind.
+
+mod agent;
+mod templates;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, OnceCell};
+use warren_net::{AdoptSlot, NetConfig, NetPool, Slot};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+};
+use warren_runtime_ns::cgroup::Limits;
+use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
+
+pub use templates::recipe;
+
+/// Settings of the host manager.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Persistent data: template images (`<data_dir>/images`).
+    pub data_dir: PathBuf,
+    /// Runtime state that dies with the host: per-sandbox directories.
+    pub run_dir: PathBuf,
+    /// Where template images are mounted (read-only, shared by every sandbox; kept mounted
+    /// across server restarts).
+    pub templates_dir: PathBuf,
+    pub agent_bin: PathBuf,
+    pub nsinit_bin: PathBuf,
+    /// First host uid of the range sandbox ids map to.
+    pub id_base: u32,
+    /// Parent cgroup of all sandboxes.
+    pub cgroup_parent: String,
+    pub net: NetConfig,
+    /// How long a new sandbox's agent may take to answer.
+    pub ready_timeout: Duration,
+}
+
+impl HostConfig {
+    /// Defaults for a host whose persistent data lives in `data_dir`; helper binaries are
+    /// looked up next to the running executable.
+    pub fn new(data_dir: PathBuf) -> Self {
+        let bin_dir = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/usr/local/bin"));
+        Self {
+            data_dir,
+            run_dir: PathBuf::from("/run/warren"),
+            templates_dir: PathBuf::from("/run/warren/templates"),
+            agent_bin: bin_dir.join("warren-agent"),
+            nsinit_bin: bin_dir.join("warren-nsinit"),
+            id_base: 100_000,
+            cgroup_parent: "warren".into(),
+            net: NetConfig::default(),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn ns(&self) -> NsConfig {
+        NsConfig {
+            state_dir: self.run_dir.join("sandboxes"),
+            nsinit_bin: self.nsinit_bin.clone(),
+            agent_bin: self.agent_bin.clone(),
+            id_base: self.id_base,
+            cgroup_parent: self.cgroup_parent.clone(),
+        }
+    }
+}
+
+/// What the control plane persists for each sandbox so a restarted server can take it back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    pid1: u32,
+    slot: u32,
+    allow_internet_access: bool,
+}
+
+struct Live {
+    sandbox: Sandbox,
+    slot: Slot,
+}
+
+/// Sandboxes as namespace containers on this host.
+pub struct NsRuntime {
+    cfg: HostConfig,
+    ns: NsConfig,
+    net: OnceCell<NetPool>,
+    templates: Arc<templates::Templates>,
+    live: Mutex<HashMap<String, Live>>,
+    client: reqwest::Client,
+}
+
+impl NsRuntime {
+    /// Prepares the runtime; the network pool and crash cleanup start with the first
+    /// `reattach` (or the first `create`).
+    pub async fn start(cfg: HostConfig) -> Result<Arc<Self>, RuntimeError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(RuntimeError::Failed(
+                "the namespace runtime needs root".into(),
+            ));
+        }
+        for bin in [&cfg.agent_bin, &cfg.nsinit_bin] {
+            if !bin.exists() {
+                return Err(RuntimeError::Failed(format!(
+                    "{} is missing",
+                    bin.display()
+                )));
+            }
+        }
+        // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| RuntimeError::Failed(format!("http client: {e}")))?;
+        let rt = Arc::new(Self {
+            ns: cfg.ns(),
+            cfg,
+            net: OnceCell::new(),
+            templates: Arc::new(templates::Templates::default()),
+            live: Mutex::new(HashMap::new()),
+            client,
+        });
+        tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
+        Ok(rt)
+    }
+
+    /// Kills every sandbox and removes everything this runtime created on the host (network
+    /// slots and rules, cgroups, state). For decommissioning a host and for tests; a server
+    /// that merely restarts must not call it.
+    pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
+        let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
+        for id in ids {
+            self.kill(&id).await?;
+        }
+        let this = Arc::try_unwrap(self)
+            .map_err(|_| RuntimeError::Failed("runtime still in use".into()))?;
+        if let Some(pool) = this.net.into_inner() {
+            pool.shutdown()
+                .await
+                .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))?;
+        }
+        launch::remove_empty_parents(&this.ns).map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
+        Ok(())
+    }
+
+    /// The network pool, started (with crash cleanup) on first use when `reattach` did not
+    /// start it.
+    async fn pool(&self) -> Result<&NetPool, RuntimeError> {
+        self.net
+            .get_or_try_init(|| async {
+                let removed = launch::cleanup_stale(&self.ns, &[]);
+                if !removed.is_empty() {
+                    tracing::warn!(?removed, "removed sandboxes left by a previous run");
+                }
+                NetPool::start(self.cfg.net.clone())
+                    .await
+                    .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))
+            })
+            .await
+    }
+
+    /// Takes back one sandbox of an earlier run whose slot was adopted.
+    fn adopt(
+        &self,
+        r: &RuntimeSandbox,
+        record: &Record,
+        slot: Slot,
+    ) -> Result<(Live, RuntimeSandbox), (Slot, RuntimeError)> {
+        match Sandbox::reattach(&self.ns, &r.id, record.pid1) {
+            Some(sandbox) => {
+                let out = RuntimeSandbox {
+                    id: r.id.clone(),
+                    agent: SocketAddr::V4(slot.agent_endpoint()),
+                    record: r.record.clone(),
+                };
+                Ok((Live { sandbox, slot }, out))
+            }
+            None => Err((
+                slot,
+                RuntimeError::Failed(
+                    "the sandbox's processes ended while the server was down".into(),
+                ),
+            )),
+        }
+    }
+
+    async fn start_sandbox(
+        &self,
+        spec: &CreateSpec,
+        slot: &Slot,
+        image_root: PathBuf,
+    ) -> Result<Sandbox, RuntimeError> {
+        let launch_spec = LaunchSpec {
+            id: spec.id.clone(),
+            image_root,
+            netns: slot.netns_path(),
+            resolv_conf: slot.resolv_conf().to_string(),
+            limits: Limits {
+                cpu_millis: Some(spec.cpu_count.max(1) * 1000),
+                memory_bytes: Some(u64::from(spec.memory_mb.max(64)) << 20),
+                pids: Some(4096),
+            },
+            writable_bytes: u64::from(spec.disk_mb.max(64)) << 20,
+            agent_args: vec![
+                "--listen".into(),
+                "0.0.0.0:49983".into(),
+                "--default-user".into(),
+                "user".into(),
+            ],
+        };
+        let sandbox = launch::launch(&self.ns, &launch_spec)
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
+        env.insert("E2B_SANDBOX".into(), "true".into());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let agent = SocketAddr::V4(slot.agent_endpoint());
+        if let Err(e) = agent::wait_and_init(
+            &self.client,
+            agent,
+            &env,
+            spec.access_token.as_deref(),
+            self.cfg.ready_timeout,
+        )
+        .await
+        {
+            let why = sandbox.exit_status();
+            let _ = sandbox.destroy().await;
+            return Err(RuntimeError::Failed(match why {
+                Some(w) => format!("{e} (sandbox {w})"),
+                None => e.to_string(),
+            }));
+        }
+        Ok(sandbox)
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for NsRuntime {
+    fn name(&self) -> &'static str {
+        "ns"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        if self.live.lock().await.contains_key(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
+        let image_root = {
+            let (data, run, name) = (
+                self.cfg.data_dir.clone(),
+                self.cfg.templates_dir.clone(),
+                spec.template.clone(),
+            );
+            let templates = self.templates.clone();
+            // Building an image the first time is slow and blocking; keep it off the runtime.
+            tokio::task::spawn_blocking(move || templates.root(&name, &data, &run))
+                .await
+                .map_err(|e| RuntimeError::Failed(e.to_string()))??
+        };
+        let pool = self.pool().await?;
+        let slot = pool
+            .acquire(spec.allow_internet_access)
+            .await
+            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        let sandbox = match self.start_sandbox(&spec, &slot, image_root).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = pool.release(slot).await;
+                return Err(e);
+            }
+        };
+        let record = Record {
+            pid1: sandbox.pid1,
+            slot: slot.index(),
+            allow_internet_access: spec.allow_internet_access,
+        };
+        let out = RuntimeSandbox {
+            id: spec.id.clone(),
+            agent: SocketAddr::V4(slot.agent_endpoint()),
+            record: serde_json::to_value(&record)
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+        };
+        self.live
+            .lock()
+            .await
+            .insert(spec.id, Live { sandbox, slot });
+        Ok(out)
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        let live = self
+            .live
+            .lock()
+            .await
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let result = live
+            .sandbox
+            .destroy()
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()));
+        if let Some(pool) = self.net.get() {
+            if let Err(e) = pool.release(live.slot).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
+            }
+        }
+        result
+    }
+
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        let live = self.live.lock().await;
+        let l = live
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        if l.sandbox.is_running() {
+            return Ok(None);
+        }
+        let mut reason = l
+            .sandbox
+            .exit_status()
+            .unwrap_or_else(|| "sandbox process ended".into());
+        if l.sandbox.cgroup.oom_kills() > 0 {
+            reason.push_str(" (out of memory)");
+        }
+        Ok(Some(Exit { reason }))
+    }
+
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
+            .into_iter()
+            .map(|r| {
+                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
+                (r, rec)
+            })
+            .collect();
+        let adopt: Vec<AdoptSlot> = parsed
+            .iter()
+            .filter_map(|(_, rec)| {
+                rec.as_ref().map(|r| AdoptSlot {
+                    index: r.slot,
+                    allow_internet_access: r.allow_internet_access,
+                })
+            })
+            .collect();
+        // Sandboxes whose processes still run keep their cgroups; everything else goes.
+        let keep: Vec<String> = parsed
+            .iter()
+            .filter(|(r, rec)| {
+                rec.as_ref()
+                    .is_some_and(|rec| Sandbox::reattach(&self.ns, &r.id, rec.pid1).is_some())
+            })
+            .map(|(r, _)| r.id.clone())
+            .collect();
+        let removed = launch::cleanup_stale(&self.ns, &keep);
+        if !removed.is_empty() {
+            tracing::warn!(?removed, "removed sandboxes left by a previous run");
+        }
+        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
+            Ok((pool, slots)) => {
+                let _ = self.net.set(pool);
+                slots.into_iter()
+            }
+            Err(e) => {
+                let why = format!("network pool did not start: {e}");
+                tracing::error!("{why}");
+                return parsed
+                    .into_iter()
+                    .map(|(r, _)| (r.id, Err(RuntimeError::Failed(why.clone()))))
+                    .collect();
+            }
+        };
+        let mut out = Vec::new();
+        let mut live = self.live.lock().await;
+        for (r, rec) in parsed {
+            let Some(rec) = rec else {
+                out.push((
+                    r.id,
+                    Err(RuntimeError::Failed("unreadable runtime record".into())),
+                ));
+                continue;
+            };
+            let result = match slots.next() {
+                Some(Ok(slot)) => match self.adopt(&r, &rec, slot) {
+                    Ok((l, sbx)) => {
+                        live.insert(r.id.clone(), l);
+                        Ok(sbx)
+                    }
+                    Err((slot, e)) => {
+                        if let Some(pool) = self.net.get() {
+                            let _ = pool.release(slot).await;
+                        }
+                        let _ = SandboxCleanup::run(&self.ns, &r.id);
+                        Err(e)
+                    }
+                },
+                Some(Err(e)) => {
+                    let _ = SandboxCleanup::run(&self.ns, &r.id);
+                    Err(RuntimeError::Failed(format!(
+                        "the sandbox's network could not be kept: {e}"
+                    )))
+                }
+                None => Err(RuntimeError::Failed("no slot result".into())),
+            };
+            out.push((r.id, result));
+        }
+        out
+    }
+}
+
+/// Removes one sandbox's processes, cgroup and state by id.
+struct SandboxCleanup;
+
+impl SandboxCleanup {
+    fn run(ns: &NsConfig, id: &str) -> Vec<String> {
+        let others: Vec<String> = warren_runtime_ns::cgroup::children(&ns.cgroup_parent)
+            .into_iter()
+            .filter(|c| c != id)
+            .collect();
+        launch::cleanup_stale(ns, &others)
+    }
+}
+
+/// Reaps sandbox PID 1s that became our children (their `warren-nsinit` parent died), so none
+/// lingers as a zombie. Only known pids are waited for: tokio reaps its own children.
+async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut sigchld) = signal(SignalKind::child()) else {
+        return;
+    };
+    while sigchld.recv().await.is_some() {
+        let Some(rt) = rt.upgrade() else { return };
+        let pids: Vec<u32> = rt
+            .live
+            .lock()
+            .await
+            .values()
+            .map(|l| l.sandbox.pid1)
+            .collect();
+        for pid in pids {
+            let _ = nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(pid as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+        }
+    }
+}

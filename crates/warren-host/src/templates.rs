@@ -1,0 +1,76 @@
+//! Template images, mounted read-only once per host and shared by every sandbox.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use warren_image::Recipe;
+use warren_runtime::RuntimeError;
+
+/// Known templates by name.
+pub fn recipe(name: &str) -> Option<Recipe> {
+    match name {
+        "base" => Some(Recipe::base()),
+        _ => None,
+    }
+}
+
+/// Mounted template roots, by template name.
+#[derive(Default)]
+pub struct Templates {
+    mounted: std::sync::Mutex<HashMap<String, PathBuf>>,
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let needle = format!(" {} ", path.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| m.contains(&needle))
+        .unwrap_or(false)
+}
+
+impl Templates {
+    /// The mounted root of template `name`, building its image on first use.
+    pub fn root(
+        &self,
+        name: &str,
+        data_dir: &Path,
+        templates_dir: &Path,
+    ) -> Result<PathBuf, RuntimeError> {
+        if let Some(p) = self
+            .mounted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return Ok(p.clone());
+        }
+        let recipe = recipe(name).ok_or_else(|| RuntimeError::UnknownTemplate(name.to_string()))?;
+        let image =
+            warren_image::ensure_image(&recipe, data_dir, &mut warren_image::StderrProgress::new())
+                .map_err(|e| RuntimeError::Failed(format!("template {name}: {e}")))?;
+        let mnt = templates_dir.join(recipe.cache_key());
+        std::fs::create_dir_all(&mnt)
+            .map_err(|e| RuntimeError::Failed(format!("create {}: {e}", mnt.display())))?;
+        // Mounts outlive the server (sandboxes keep using them); a restarted server reuses it.
+        if !is_mounted(&mnt) {
+            let out = Command::new("mount")
+                .args(["-t", "erofs", "-o", "ro"])
+                .arg(&image.image)
+                .arg(&mnt)
+                .output()
+                .map_err(|e| RuntimeError::Failed(format!("run mount: {e}")))?;
+            if !out.status.success() {
+                return Err(RuntimeError::Failed(format!(
+                    "mount {}: {}",
+                    image.image.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        self.mounted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), mnt.clone());
+        Ok(mnt)
+    }
+}
