@@ -85,5 +85,8 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// After a control-plane restart: takes back every sandbox in `records` that still runs
     /// and removes everything else this host's runtime owns (processes, mounts, cgroups,
     /// slots). Returns, per record, the reattached sandbox or why it could not be.
-    async fn reattach(&self, records: Vec<RuntimeSandbox>) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)>;
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)>;
 }
