@@ -15,11 +15,18 @@ fn client() -> reqwest::Client {
 }
 
 fn b64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap()
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap())
+        .unwrap()
 }
 
 /// Runs a server-streaming call to completion and returns its envelopes.
-async fn stream_call(agent: &Agent, method: &str, msg: Value, headers: &[(&str, &str)]) -> Vec<(u8, Value)> {
+async fn stream_call(
+    agent: &Agent,
+    method: &str,
+    msg: Value,
+    headers: &[(&str, &str)],
+) -> Vec<(u8, Value)> {
     let mut req = client()
         .post(agent.url(&format!("/process.Process/{method}")))
         .header("content-type", STREAM)
@@ -59,12 +66,23 @@ struct Run {
 }
 
 fn collect(envs: Vec<(u8, Value)>) -> Run {
-    assert!(envs.len() >= 2, "at least start and end-of-stream: {envs:?}");
+    assert!(
+        envs.len() >= 2,
+        "at least start and end-of-stream: {envs:?}"
+    );
     assert_eq!(envs[0].0, 0);
-    assert!(envs[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0, "first event is start: {envs:?}");
+    assert!(
+        envs[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0,
+        "first event is start: {envs:?}"
+    );
     let (last_flags, trailer) = envs.last().unwrap().clone();
     assert_eq!(last_flags, 2, "stream ends with an end-of-stream envelope");
-    let mut run = Run { stdout: vec![], stderr: vec![], end: Value::Null, trailer };
+    let mut run = Run {
+        stdout: vec![],
+        stderr: vec![],
+        end: Value::Null,
+        trailer,
+    };
     let mut ends = 0;
     for (flags, msg) in &envs[1..envs.len() - 1] {
         assert_eq!(*flags, 0);
@@ -89,7 +107,8 @@ fn collect(envs: Vec<(u8, Value)>) -> Run {
 #[tokio::test]
 async fn start_streams_start_output_and_one_end() {
     let agent = Agent::start();
-    let run = collect(stream_call(&agent, "Start", bash("echo hi; echo oops >&2; exit 3"), &[]).await);
+    let run =
+        collect(stream_call(&agent, "Start", bash("echo hi; echo oops >&2; exit 3"), &[]).await);
     assert_eq!(run.stdout, b"hi\n");
     assert_eq!(run.stderr, b"oops\n");
     assert_eq!(run.end["exitCode"], 3);
@@ -99,7 +118,11 @@ async fn start_streams_start_output_and_one_end() {
     assert_eq!(run.trailer, json!({}));
 
     let ok = collect(stream_call(&agent, "Start", bash("true"), &[]).await);
-    assert!(ok.end.get("exitCode").is_none(), "zero exit code is omitted: {}", ok.end);
+    assert!(
+        ok.end.get("exitCode").is_none(),
+        "zero exit code is omitted: {}",
+        ok.end
+    );
     assert!(ok.end.get("error").is_none());
 }
 
@@ -116,7 +139,10 @@ async fn runs_as_the_requested_user_with_a_login_environment() {
 
     let root = basic("root");
     let run = collect(stream_call(&agent, "Start", msg, &[("authorization", &root)]).await);
-    assert_eq!(String::from_utf8(run.stdout).unwrap(), "root\n/root\nroot\n/root\nbar\ntrue\n");
+    assert_eq!(
+        String::from_utf8(run.stdout).unwrap(),
+        "root\n/root\nroot\n/root\nbar\ntrue\n"
+    );
 }
 
 #[tokio::test]
@@ -132,7 +158,10 @@ async fn cwd_is_honoured_and_a_missing_cwd_is_invalid_argument() {
     assert_eq!(envs.len(), 1);
     assert_eq!(envs[0].0, 2);
     assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
-    assert_eq!(envs[0].1["error"]["message"], "cwd '/does/not/exist' does not exist");
+    assert_eq!(
+        envs[0].1["error"]["message"],
+        "cwd '/does/not/exist' does not exist"
+    );
 }
 
 #[tokio::test]
@@ -141,9 +170,18 @@ async fn unknown_user_and_bad_command_fail_in_the_trailer() {
     let nobody = basic("no-such-user");
     let envs = stream_call(&agent, "Start", bash("true"), &[("authorization", &nobody)]).await;
     assert_eq!(envs[0].1["error"]["code"], "unauthenticated");
-    assert_eq!(envs[0].1["error"]["message"], "invalid username: 'no-such-user'");
+    assert_eq!(
+        envs[0].1["error"]["message"],
+        "invalid username: 'no-such-user'"
+    );
 
-    let envs = stream_call(&agent, "Start", json!({"process": {"cmd": "/no/such/binary"}}), &[]).await;
+    let envs = stream_call(
+        &agent,
+        "Start",
+        json!({"process": {"cmd": "/no/such/binary"}}),
+        &[],
+    )
+    .await;
     assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
 }
 
@@ -157,7 +195,13 @@ async fn stdin_false_reads_eof() {
 #[tokio::test]
 async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
     let agent = Agent::start();
-    let envs = stream_call(&agent, "Start", bash("sleep 30"), &[("connect-timeout-ms", "500")]).await;
+    let envs = stream_call(
+        &agent,
+        "Start",
+        bash("sleep 30"),
+        &[("connect-timeout-ms", "500")],
+    )
+    .await;
     let (flags, trailer) = envs.last().unwrap();
     assert_eq!(*flags, 2);
     assert_eq!(trailer["error"]["code"], "deadline_exceeded");
@@ -170,8 +214,17 @@ async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
 #[tokio::test]
 async fn keepalives_are_sent_when_idle() {
     let agent = Agent::start();
-    let envs = stream_call(&agent, "Start", bash("sleep 2.5; echo x"), &[("keepalive-ping-interval", "1")]).await;
-    let keepalives = envs.iter().filter(|(_, m)| m["event"].get("keepalive").is_some()).count();
+    let envs = stream_call(
+        &agent,
+        "Start",
+        bash("sleep 2.5; echo x"),
+        &[("keepalive-ping-interval", "1")],
+    )
+    .await;
+    let keepalives = envs
+        .iter()
+        .filter(|(_, m)| m["event"].get("keepalive").is_some())
+        .count();
     assert!(keepalives >= 1, "expected keepalive events: {envs:?}");
 }
 
@@ -212,8 +265,12 @@ async fn background_process_list_connect_input_signal() {
     assert_eq!(first["event"]["start"]["pid"], pid);
 
     let input = base64::engine::general_purpose::STANDARD.encode("hello\n");
-    let (status, _) =
-        unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"stdin": input}})).await;
+    let (status, _) = unary(
+        &agent,
+        "SendInput",
+        json!({"process": {"pid": pid}, "input": {"stdin": input}}),
+    )
+    .await;
     assert_eq!(status, 200);
     for s in [&mut start_stream, &mut connected] {
         let (_, m) = s.next().await.unwrap();
@@ -223,9 +280,15 @@ async fn background_process_list_connect_input_signal() {
     // Client-streaming input, in order, on one chunked request body.
     let frames: Vec<Vec<u8>> = vec![
         envelope(0, &json!({"start": {"process": {"pid": pid}}})),
-        envelope(0, &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("a\n")}}})),
+        envelope(
+            0,
+            &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("a\n")}}}),
+        ),
         envelope(0, &json!({"keepalive": {}})),
-        envelope(0, &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("b\n")}}})),
+        envelope(
+            0,
+            &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("b\n")}}}),
+        ),
     ];
     let body = reqwest::Body::wrap_stream(futures::stream::iter(
         frames.into_iter().map(Ok::<_, std::io::Error>),
@@ -272,7 +335,12 @@ async fn background_process_list_connect_input_signal() {
     assert_eq!(envs.len(), 3, "{envs:?}");
     assert_eq!(envs[1].1["event"]["end"]["exited"], true);
     // But it is no longer running.
-    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})).await;
+    let (status, err) = unary(
+        &agent,
+        "SendSignal",
+        json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+    )
+    .await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
 }
 
@@ -291,10 +359,19 @@ async fn sigkill_reaches_the_whole_process_group() {
     let (_, first) = s.next().await.unwrap();
     let pid = first["event"]["start"]["pid"].as_u64().unwrap();
     let (_, out) = s.next().await.unwrap();
-    let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"])).unwrap().trim().parse().unwrap();
+    let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"]))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(std::path::Path::new(&format!("/proc/{child}")).exists());
 
-    let (status, _) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})).await;
+    let (status, _) = unary(
+        &agent,
+        "SendSignal",
+        json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+    )
+    .await;
     assert_eq!(status, 200);
     let mut end = Value::Null;
     while let Some((flags, m)) = s.next().await {
@@ -309,15 +386,29 @@ async fn sigkill_reaches_the_whole_process_group() {
     assert_eq!(end["status"], "signal: killed");
     // The grandchild in the same group died too (poll: reaping is asynchronous).
     let gone = async {
-        while std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+        while std::fs::read_to_string(format!("/proc/{child}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), gone).await.expect("grandchild killed");
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("grandchild killed");
 
-    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": 999_999}, "signal": "SIGNAL_SIGKILL"})).await;
+    let (status, err) = unary(
+        &agent,
+        "SendSignal",
+        json!({"process": {"pid": 999_999}, "signal": "SIGNAL_SIGKILL"}),
+    )
+    .await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
-    let (status, err) = unary(&agent, "SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_UNSPECIFIED"})).await;
+    let (status, err) = unary(
+        &agent,
+        "SendSignal",
+        json!({"process": {"pid": pid}, "signal": "SIGNAL_UNSPECIFIED"}),
+    )
+    .await;
     assert!(status == 404 || status == 501, "{status} {err}");
 }
 
@@ -348,26 +439,42 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(20), wait).await.unwrap_or_else(|_| panic!("no {needle:?} in {seen:?}"));
+        tokio::time::timeout(Duration::from_secs(20), wait)
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} in {seen:?}"));
         seen
     }
 
     let send = |text: &str| {
         let input = base64::engine::general_purpose::STANDARD.encode(text);
-        unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"pty": input}}))
+        unary(
+            &agent,
+            "SendInput",
+            json!({"process": {"pid": pid}, "input": {"pty": input}}),
+        )
     };
     let (status, _) = send("tty; stty size\n").await;
     assert_eq!(status, 200);
     let out = until(&mut s, "30 100").await;
     assert!(out.contains("/dev/pts/"), "{out}");
 
-    let (status, _) = unary(&agent, "Update", json!({"process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}})).await;
+    let (status, _) = unary(
+        &agent,
+        "Update",
+        json!({"process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}}),
+    )
+    .await;
     assert_eq!(status, 200);
     send("stty size\n").await;
     until(&mut s, "40 120").await;
 
     // stdin bytes to a pty process and CloseStdin are refused.
-    let (status, _) = unary(&agent, "SendInput", json!({"process": {"pid": pid}, "input": {"stdin": "eA=="}})).await;
+    let (status, _) = unary(
+        &agent,
+        "SendInput",
+        json!({"process": {"pid": pid}, "input": {"stdin": "eA=="}}),
+    )
+    .await;
     assert_eq!(status, 500);
     let (status, _) = unary(&agent, "CloseStdin", json!({"process": {"pid": pid}})).await;
     assert_eq!(status, 500);
@@ -390,25 +497,51 @@ async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
     let agent = Agent::start();
     let c = client();
     // Malformed JSON on a unary call.
-    let resp = c.post(agent.url("/process.Process/List")).header("content-type", "application/json").body("{nope").send().await.unwrap();
+    let resp = c
+        .post(agent.url("/process.Process/List"))
+        .header("content-type", "application/json")
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["code"], "invalid_argument");
     // Unknown method.
-    let resp = c.post(agent.url("/process.Process/Nope")).header("content-type", "application/json").body("{}").send().await.unwrap();
+    let resp = c
+        .post(agent.url("/process.Process/Nope"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["code"], "unimplemented");
     // Unknown pid / tag / missing selector.
-    let (s, v) = unary(&agent, "SendInput", json!({"process": {"tag": "ghost"}, "input": {"stdin": ""}})).await;
+    let (s, v) = unary(
+        &agent,
+        "SendInput",
+        json!({"process": {"tag": "ghost"}, "input": {"stdin": ""}}),
+    )
+    .await;
     assert_eq!((s, v["code"].as_str()), (404, Some("not_found")));
     let (s, v) = unary(&agent, "CloseStdin", json!({})).await;
     assert_eq!((s, v["code"].as_str()), (501, Some("unimplemented")));
     let envs = stream_call(&agent, "Connect", json!({"process": {"pid": 424242}}), &[]).await;
     assert_eq!(envs[0].1["error"]["code"], "not_found");
     // A garbage envelope (huge declared length) and a truncated one.
-    for body in [vec![0u8, 0xff, 0xff, 0xff, 0xff, b'{'], vec![0u8, 0, 0, 0, 10, b'{']] {
-        let resp = c.post(agent.url("/process.Process/Start")).header("content-type", STREAM).body(body).send().await.unwrap();
+    for body in [
+        vec![0u8, 0xff, 0xff, 0xff, 0xff, b'{'],
+        vec![0u8, 0, 0, 0, 10, b'{'],
+    ] {
+        let resp = c
+            .post(agent.url("/process.Process/Start"))
+            .header("content-type", STREAM)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
         let envs = parse_envelopes(&resp.bytes().await.unwrap());
         assert_eq!(envs[0].0, 2);
@@ -426,7 +559,13 @@ async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
 async fn access_token_is_enforced_once_set() {
     let agent = Agent::start_with(&["--access-token", "s3cret"]);
     let c = client();
-    let resp = c.post(agent.url("/process.Process/List")).header("content-type", "application/json").body("{}").send().await.unwrap();
+    let resp = c
+        .post(agent.url("/process.Process/List"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 401);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["code"], 401);
@@ -449,7 +588,10 @@ async fn access_token_is_enforced_once_set() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     // Health stays open.
-    assert_eq!(c.get(agent.url("/health")).send().await.unwrap().status(), 204);
+    assert_eq!(
+        c.get(agent.url("/health")).send().await.unwrap().status(),
+        204
+    );
 }
 
 #[tokio::test]
@@ -465,22 +607,50 @@ async fn init_sets_env_vars_default_user_and_token() {
     assert_eq!(resp.status(), 204);
     assert_eq!(resp.headers()["x-envd-version"], "0.6.13");
     let run = collect(
-        stream_call(&agent, "Start", bash("echo $SANDBOX_WIDE; id -un"), &[("x-access-token", "tok")]).await,
+        stream_call(
+            &agent,
+            "Start",
+            bash("echo $SANDBOX_WIDE; id -un"),
+            &[("x-access-token", "tok")],
+        )
+        .await,
     );
     assert_eq!(run.stdout, b"yes\nroot\n");
-    let envs: Value = c.get(agent.url("/envs")).header("x-access-token", "tok").send().await.unwrap().json().await.unwrap();
+    let envs: Value = c
+        .get(agent.url("/envs"))
+        .header("x-access-token", "tok")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(envs["SANDBOX_WIDE"], "yes");
     // Malformed init body: clear error, nothing changed.
-    let resp = c.post(agent.url("/init")).header("x-access-token", "tok").body("[").send().await.unwrap();
+    let resp = c
+        .post(agent.url("/init"))
+        .header("x-access-token", "tok")
+        .body("[")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
-    let resp = c.get(agent.url("/envs")).header("x-access-token", "tok").send().await.unwrap();
+    let resp = c
+        .get(agent.url("/envs"))
+        .header("x-access-token", "tok")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
 }
 
 #[tokio::test]
 async fn h2c_prior_knowledge_works() {
     let agent = Agent::start();
-    let c = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let resp = c
         .post(agent.url("/process.Process/Start"))
         .header("content-type", STREAM)
@@ -518,5 +688,8 @@ async fn large_output_streams_in_bounded_memory() {
     assert!(ended);
     assert_eq!(total, 200_000_000);
     let peak_mib = agent.peak_rss_kib() / 1024;
-    assert!(peak_mib < 100, "agent peak RSS {peak_mib} MiB after streaming 200 MB");
+    assert!(
+        peak_mib < 100,
+        "agent peak RSS {peak_mib} MiB after streaming 200 MB"
+    );
 }

@@ -15,7 +15,10 @@ pub struct Timestamp {
 impl Timestamp {
     pub fn from_system_time(t: std::time::SystemTime) -> Self {
         let dt: DateTime<Utc> = t.into();
-        Self { seconds: dt.timestamp(), nanos: dt.timestamp_subsec_nanos() as i32 }
+        Self {
+            seconds: dt.timestamp(),
+            nanos: dt.timestamp_subsec_nanos() as i32,
+        }
     }
 }
 
@@ -31,6 +34,9 @@ impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
         let dt = DateTime::parse_from_rfc3339(&text).map_err(de::Error::custom)?;
-        Ok(Self { seconds: dt.timestamp(), nanos: dt.timestamp_subsec_nanos() as i32 })
+        Ok(Self {
+            seconds: dt.timestamp(),
+            nanos: dt.timestamp_subsec_nanos() as i32,
+        })
     }
 }

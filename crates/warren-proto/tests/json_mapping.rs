@@ -3,7 +3,7 @@
 use serde_json::json;
 use warren_proto::filesystem::{EntryInfo, FileType};
 use warren_proto::process::process_event::{data_event, DataEvent, EndEvent, Event};
-use warren_proto::process::{ProcessEvent, Signal, SendSignalRequest, StartRequest, StartResponse};
+use warren_proto::process::{ProcessEvent, SendSignalRequest, Signal, StartRequest, StartResponse};
 
 #[test]
 fn start_request_as_the_python_sdk_sends_it() {
@@ -17,7 +17,11 @@ fn start_request_as_the_python_sdk_sends_it() {
     assert_eq!(p.cmd, "/bin/bash");
     assert_eq!(p.envs["A"], "1");
     assert_eq!(p.cwd.as_deref(), Some("/tmp"));
-    assert_eq!(req.stdin, Some(false), "optional false is kept, not defaulted away");
+    assert_eq!(
+        req.stdin,
+        Some(false),
+        "optional false is kept, not defaulted away"
+    );
     // Re-encoding keeps the explicitly set optional.
     assert_eq!(serde_json::to_value(&req).unwrap()["stdin"], json!(false));
 }
@@ -26,14 +30,24 @@ fn start_request_as_the_python_sdk_sends_it() {
 fn events_use_camel_case_base64_and_omit_defaults() {
     let data = StartResponse {
         event: Some(ProcessEvent {
-            event: Some(Event::Data(DataEvent { output: Some(data_event::Output::Stdout(b"hi\n".to_vec())) })),
+            event: Some(Event::Data(DataEvent {
+                output: Some(data_event::Output::Stdout(b"hi\n".to_vec())),
+            })),
         }),
     };
-    assert_eq!(serde_json::to_value(&data).unwrap(), json!({"event": {"data": {"stdout": "aGkK"}}}));
+    assert_eq!(
+        serde_json::to_value(&data).unwrap(),
+        json!({"event": {"data": {"stdout": "aGkK"}}})
+    );
 
     let end = StartResponse {
         event: Some(ProcessEvent {
-            event: Some(Event::End(EndEvent { exit_code: 0, exited: true, status: "exit status 0".into(), error: None })),
+            event: Some(Event::End(EndEvent {
+                exit_code: 0,
+                exited: true,
+                status: "exit status 0".into(),
+                error: None,
+            })),
         }),
     };
     assert_eq!(
@@ -57,7 +71,10 @@ fn enums_are_names_and_int64_is_a_string() {
         permissions: "-rw-r--r--".into(),
         owner: "user".into(),
         group: "user".into(),
-        modified_time: Some(warren_proto::Timestamp { seconds: 1_735_732_800, nanos: 1 }),
+        modified_time: Some(warren_proto::Timestamp {
+            seconds: 1_735_732_800,
+            nanos: 1,
+        }),
         symlink_target: None,
         metadata: Default::default(),
         is_symlink: false,
@@ -70,7 +87,9 @@ fn enums_are_names_and_int64_is_a_string() {
     assert!(v.get("isSymlink").is_none());
     assert!(v.get("symlinkTarget").is_none());
     // Numbers are accepted for int64 on input, and snake_case names too.
-    let back: EntryInfo = serde_json::from_value(json!({"size": 5, "modified_time": "2025-01-01T12:00:00Z"})).unwrap();
+    let back: EntryInfo =
+        serde_json::from_value(json!({"size": 5, "modified_time": "2025-01-01T12:00:00Z"}))
+            .unwrap();
     assert_eq!(back.size, 5);
 }
 
