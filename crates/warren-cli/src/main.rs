@@ -1,0 +1,141 @@
+//! `warren`: runs the server and drives it. Thin: parsing here, work in the modules.
+
+#![forbid(unsafe_code)]
+
+mod client;
+mod keys;
+mod sandbox;
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/warren";
+/// File in the data dir holding the key created on first start (mode 0600), for local CLI use.
+pub const KEY_FILE: &str = "api-key";
+
+#[derive(Parser)]
+#[command(
+    name = "warren",
+    version,
+    about = "Warren: sandboxes for AI agents, E2B-compatible"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum RuntimeKind {
+    /// The best available: `ns` for now.
+    Auto,
+    /// Namespace containers (needs root).
+    Ns,
+    /// microVMs.
+    Vm,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct ClientArgs {
+    /// Server URL.
+    #[arg(
+        long,
+        env = "WARREN_URL",
+        default_value = "http://127.0.0.1:3000",
+        global = true
+    )]
+    pub server: String,
+    /// Data dir whose key file is used when WARREN_API_KEY is unset.
+    #[arg(long, env = "WARREN_DATA_DIR", default_value = DEFAULT_DATA_DIR, global = true)]
+    pub data_dir: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the API server and sandbox proxy.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: SocketAddr,
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        runtime: RuntimeKind,
+        /// Live sandboxes allowed at once (more get 429).
+        #[arg(long, default_value_t = 100)]
+        max_sandboxes: usize,
+        /// Domain for `{port}-{id}.{domain}` routing.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Creates, lists, inspects, runs commands in and kills sandboxes.
+    Sandbox {
+        #[command(subcommand)]
+        command: sandbox::SandboxCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Manages API keys in a data dir (works whether or not the server runs).
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Serve {
+                listen,
+                data_dir,
+                runtime,
+                max_sandboxes,
+                domain,
+            } => serve::run(serve::ServeArgs {
+                listen,
+                data_dir,
+                runtime,
+                max_sandboxes,
+                domain,
+            })
+            .await
+            .map(|()| 0),
+            Command::Sandbox { command, client } => sandbox::run(command, client).await,
+            Command::Keys {
+                command,
+                data_dir,
+                json,
+            } => keys::run(command, &data_dir, json).await.map(|()| 0),
+        }
+    });
+    match result {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! `warren serve`: store, runtime, recovery, then the HTTP listener.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use warren_control::{Config, Control};
+use warren_runtime::SandboxRuntime;
+use warren_server::ServerConfig;
+use warren_store::SqliteStore;
+
+use crate::{RuntimeKind, KEY_FILE};
+
+pub struct ServeArgs {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub runtime: RuntimeKind,
+    pub max_sandboxes: usize,
+    pub domain: Option<String>,
+}
+
+async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
+    match kind {
+        RuntimeKind::Vm => bail!("the vm runtime is not available yet; use --runtime ns"),
+        RuntimeKind::Auto | RuntimeKind::Ns => {
+            let cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
+            let rt = warren_host::NsRuntime::start(cfg)
+                .await
+                .context("starting the namespace runtime (it needs root)")?;
+            Ok(rt)
+        }
+    }
+}
+
+/// Opens the store, seeds keys, reattaches sandboxes, serves until Ctrl-C / SIGTERM.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
+    let store =
+        Arc::new(SqliteStore::open(&args.data_dir.join("warren.db")).context("opening the store")?);
+    // Bind before starting sandboxes' recovery so a port clash fails fast.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let runtime = runtime(args.runtime, &args.data_dir).await?;
+    let config = Config {
+        max_concurrent: args.max_sandboxes,
+        domain: args.domain.clone(),
+        ..Config::default()
+    };
+    let control = Control::start(store, runtime, config)
+        .await
+        .context("recovering sandboxes")?;
+    ensure_key(&control, &args.data_dir).await?;
+
+    let app = warren_server::app(
+        control.clone(),
+        ServerConfig {
+            domain: args.domain,
+            ..Default::default()
+        },
+    );
+    tracing::info!(listen = %args.listen, "warren serving API and sandbox proxy");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving")?;
+    control.shutdown();
+    Ok(())
+}
+
+/// `WARREN_API_KEY` seeds a known key; otherwise a first start creates one, prints it once and
+/// leaves it (0600) in the data dir for the local CLI.
+async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
+    if let Ok(secret) = std::env::var("WARREN_API_KEY") {
+        if !secret.is_empty() {
+            control
+                .seed_api_key("WARREN_API_KEY", &secret)
+                .await
+                .context("seeding WARREN_API_KEY")?;
+            return Ok(());
+        }
+    }
+    let active = control
+        .api_keys()
+        .await?
+        .iter()
+        .filter(|k| k.revoked_at.is_none())
+        .count();
+    if active > 0 {
+        return Ok(());
+    }
+    let new = control.create_api_key("initial").await?;
+    let path = data_dir.join(KEY_FILE);
+    crate::keys::write_key_file(&path, &new.secret)?;
+    // Printed once, on purpose, to the terminal of whoever started the server; never logged.
+    eprintln!(
+        "\nCreated API key (shown once; also saved to {}):\n\n    {}\n",
+        path.display(),
+        new.secret
+    );
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down; sandboxes keep running and are reattached on the next start");
+}

@@ -1,0 +1,543 @@
+//! The control plane's operations: create, connect, get, list, kill, set-timeout, keys.
+//!
+//! Live sandboxes (pending, running, paused, stopping) are kept in memory, each behind its own
+//! async mutex, so operations on one sandbox are serialised (a kill never races a set-timeout)
+//! while different sandboxes proceed in parallel. Every change is written to the [`Store`]
+//! before the operation returns: what the API acknowledged survives a crash.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
+use tokio_util::sync::CancellationToken;
+use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
+
+use crate::error::ControlError;
+use crate::keys::{self, ApiKey, NewApiKey};
+use crate::list::{self, ListQuery, Page};
+use crate::model::{Sandbox, SandboxState};
+use crate::secrets::{random_id, random_secret};
+use crate::store::Store;
+
+/// Tunables of the control plane.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Live sandboxes allowed at once; creating one more is `ResourceExhausted`.
+    pub max_concurrent: usize,
+    /// Suggested wait when the limit is hit.
+    pub retry_after: Duration,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    /// envd version reported to SDKs (`e2b-compat.md` §6: ≥ 0.6.4 gates nothing off).
+    pub envd_version: String,
+    /// Domain for `{port}-{id}.{domain}` hosts, returned to SDKs when set.
+    pub domain: Option<String>,
+    /// How often sandboxes that ended on their own are looked for.
+    pub exit_poll: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_concurrent: 100,
+            retry_after: Duration::from_secs(1),
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            cpu_count: 2,
+            memory_mb: 512,
+            disk_mb: 2048,
+            envd_version: "0.6.13".into(),
+            domain: None,
+            exit_poll: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a caller asks for when creating a sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    /// Seconds; `None` = the configured default. Signed so negative input gets a clear error.
+    pub timeout: Option<i64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub allow_internet_access: Option<bool>,
+}
+
+/// Where the proxy sends a running sandbox's traffic.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub agent: SocketAddr,
+    pub traffic_access_token: String,
+    /// Cancelled when the sandbox stops: the proxy aborts its open streams.
+    pub cancel: CancellationToken,
+}
+
+type Entry = Arc<Mutex<Sandbox>>;
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) runtime: Arc<dyn SandboxRuntime>,
+    pub(crate) config: Config,
+    live: StdMutex<HashMap<String, Entry>>,
+    routes: StdMutex<HashMap<String, Route>>,
+    pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
+    pub(crate) wake_reaper: Notify,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// The control plane. Cheap to clone.
+#[derive(Clone)]
+pub struct Control {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these short critical sections leaves plain maps behind,
+    // which are still consistent; keep serving rather than cascading the panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn not_found(id: &str) -> ControlError {
+    ControlError::NotFound(format!("sandbox {id} not found"))
+}
+
+impl Control {
+    /// Starts the control plane: reattaches to the sandboxes the store says are running
+    /// (marking the others failed with the reason), then starts the expiry and exit watchers.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        runtime: Arc<dyn SandboxRuntime>,
+        config: Config,
+    ) -> Result<Control, ControlError> {
+        let control = Control {
+            inner: Arc::new(Inner {
+                store,
+                runtime,
+                config,
+                live: StdMutex::new(HashMap::new()),
+                routes: StdMutex::new(HashMap::new()),
+                expiries: StdMutex::new(HashMap::new()),
+                wake_reaper: Notify::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        };
+        control.recover().await?;
+        crate::expiry::spawn(control.clone());
+        Ok(control)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Stops the background tasks (sandboxes keep running; a restart reattaches them).
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Registers a sandbox as live and routable (used by create and by recovery).
+    pub(crate) fn register(&self, sandbox: &Sandbox, entry: Option<Entry>) {
+        let entry = entry.unwrap_or_else(|| Arc::new(Mutex::new(sandbox.clone())));
+        lock(&self.inner.live).insert(sandbox.id.clone(), entry);
+        if let Some(rt) = &sandbox.runtime {
+            let route = Route {
+                agent: rt.agent,
+                traffic_access_token: sandbox.traffic_access_token.clone(),
+                cancel: CancellationToken::new(),
+            };
+            lock(&self.inner.routes).insert(sandbox.id.clone(), route);
+        }
+        lock(&self.inner.expiries).insert(sandbox.id.clone(), sandbox.end_at);
+        self.inner.wake_reaper.notify_one();
+    }
+
+    /// Forgets a sandbox that is no longer live and cuts its proxied streams.
+    fn unregister(&self, id: &str) {
+        self.unroute(id);
+        lock(&self.inner.live).remove(id);
+        lock(&self.inner.expiries).remove(id);
+    }
+
+    fn unroute(&self, id: &str) {
+        if let Some(route) = lock(&self.inner.routes).remove(id) {
+            route.cancel.cancel();
+        }
+    }
+
+    /// Where the proxy should send traffic for `id`, if it is running.
+    pub fn route(&self, id: &str) -> Option<Route> {
+        lock(&self.inner.routes).get(id).cloned()
+    }
+
+    fn entry(&self, id: &str) -> Option<Entry> {
+        lock(&self.inner.live).get(id).cloned()
+    }
+
+    fn timeout(&self, secs: Option<i64>) -> Result<Duration, ControlError> {
+        let Some(secs) = secs else {
+            return Ok(self.inner.config.default_timeout);
+        };
+        let max = self.inner.config.max_timeout.as_secs();
+        match u64::try_from(secs) {
+            Ok(s) if s >= 1 && s <= max => Ok(Duration::from_secs(s)),
+            _ => Err(ControlError::InvalidArgument(format!(
+                "timeout must be between 1 and {max} seconds, not {secs}"
+            ))),
+        }
+    }
+
+    /// Runs a state-changing operation on its own task: a caller that goes away (an HTTP
+    /// client disconnecting) must not abandon a sandbox half-created or half-killed.
+    async fn detached<T, F>(&self, f: impl FnOnce(Control) -> F) -> Result<T, ControlError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
+    {
+        tokio::spawn(f(self.clone()))
+            .await
+            .map_err(|e| ControlError::Internal(format!("operation task failed: {e}")))?
+    }
+
+    pub async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
+        self.detached(|c| async move { c.create_now(req).await })
+            .await
+    }
+
+    async fn create_now(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
+        let template = req.template.trim().to_string();
+        if template.is_empty() {
+            return Err(ControlError::InvalidArgument(
+                "templateID must not be empty".into(),
+            ));
+        }
+        let timeout = self.timeout(req.timeout)?;
+        if let Some(k) = req
+            .env_vars
+            .keys()
+            .find(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
+            return Err(ControlError::InvalidArgument(format!(
+                "invalid environment variable name {k:?}"
+            )));
+        }
+        let cfg = &self.inner.config;
+        let now = Utc::now();
+        let sandbox = Sandbox {
+            id: random_id("i", 20)?,
+            template,
+            state: SandboxState::Pending,
+            failure: None,
+            cpu_count: cfg.cpu_count,
+            memory_mb: cfg.memory_mb,
+            disk_mb: cfg.disk_mb,
+            allow_internet_access: req.allow_internet_access.unwrap_or(true),
+            metadata: req.metadata,
+            started_at: now,
+            end_at: now + timeout,
+            envd_access_token: random_secret("ea_")?,
+            traffic_access_token: random_secret("ta_")?,
+            runtime: None,
+        };
+
+        // Reserve a slot and hold the sandbox's lock for the whole creation, so a concurrent
+        // kill/get of this id waits for the outcome instead of seeing a half-made sandbox.
+        let entry: Entry = Arc::new(Mutex::new(sandbox.clone()));
+        let mut guard: OwnedMutexGuard<Sandbox> = entry
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| ControlError::Internal("fresh sandbox lock was taken".into()))?;
+        {
+            let mut live = lock(&self.inner.live);
+            if live.len() >= cfg.max_concurrent {
+                return Err(ControlError::ResourceExhausted {
+                    message: format!(
+                        "concurrent sandbox limit of {} reached; retry later",
+                        cfg.max_concurrent
+                    ),
+                    retry_after: cfg.retry_after,
+                });
+            }
+            live.insert(sandbox.id.clone(), entry.clone());
+        }
+        let release = |c: &Control| {
+            lock(&c.inner.live).remove(&sandbox.id);
+        };
+
+        if let Err(e) = self.inner.store.insert_sandbox(&sandbox).await {
+            release(self);
+            return Err(e.into());
+        }
+
+        let spec = CreateSpec {
+            id: sandbox.id.clone(),
+            template: sandbox.template.clone(),
+            cpu_count: sandbox.cpu_count,
+            memory_mb: sandbox.memory_mb,
+            disk_mb: sandbox.disk_mb,
+            allow_internet_access: sandbox.allow_internet_access,
+            env_vars: req.env_vars,
+            access_token: Some(sandbox.envd_access_token.clone()),
+        };
+        let created = self.inner.runtime.create(spec).await;
+        let sb = &mut *guard;
+        match created {
+            Ok(rt) => {
+                sb.runtime = Some(rt);
+                sb.transition(SandboxState::Running)
+                    .map_err(|e| ControlError::Internal(e.to_string()))?;
+                // The timeout counts from when the sandbox is usable, not from the request.
+                let now = Utc::now();
+                sb.started_at = now;
+                sb.end_at = now + timeout;
+                if let Err(e) = self.inner.store.update_sandbox(sb).await {
+                    // Not acknowledged, so it must not keep running unrecorded.
+                    if let Err(k) = self.inner.runtime.kill(&sb.id).await {
+                        tracing::error!(sandbox_id = %sb.id, error = %k, "kill after store failure");
+                    }
+                    release(self);
+                    return Err(e.into());
+                }
+                tracing::info!(sandbox_id = %sb.id, template = %sb.template, "sandbox running");
+                let out = sb.clone();
+                self.register(&out, Some(entry.clone()));
+                Ok(out)
+            }
+            Err(e) => {
+                sb.fail(format!("creation failed: {e}"));
+                if let Err(se) = self.inner.store.update_sandbox(sb).await {
+                    tracing::error!(sandbox_id = %sb.id, error = %se, "recording failed creation");
+                }
+                release(self);
+                tracing::warn!(sandbox_id = %sb.id, error = %e, "sandbox creation failed");
+                Err(match e {
+                    RuntimeError::UnknownTemplate(t) => {
+                        ControlError::NotFound(format!("template '{t}' not found"))
+                    }
+                    RuntimeError::InvalidArgument(m) => ControlError::InvalidArgument(m),
+                    RuntimeError::Exhausted(m) => ControlError::ResourceExhausted {
+                        message: format!("host capacity exhausted: {m}"),
+                        retry_after: self.inner.config.retry_after,
+                    },
+                    other => ControlError::Internal(format!("sandbox creation failed: {other}")),
+                })
+            }
+        }
+    }
+
+    /// A live sandbox's current record, or the store's for others (gone ones are 404).
+    pub async fn get(&self, id: &str) -> Result<Sandbox, ControlError> {
+        if let Some(entry) = self.entry(id) {
+            let sb = entry.lock().await;
+            if !sb.state.is_gone() {
+                return Ok(sb.clone());
+            }
+        }
+        match self.inner.store.get_sandbox(id).await? {
+            Some(sb) if !sb.state.is_gone() => Ok(sb),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    async fn locked(&self, id: &str) -> Result<OwnedMutexGuard<Sandbox>, ControlError> {
+        let entry = self.entry(id).ok_or_else(|| not_found(id))?;
+        let guard = entry.lock_owned().await;
+        if guard.state.is_gone() {
+            return Err(not_found(id));
+        }
+        Ok(guard)
+    }
+
+    /// Connects to a sandbox: extends its life to at least now + timeout. Returns the record
+    /// and whether it was resumed from pause (always `false` until a runtime can pause).
+    pub async fn connect(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+    ) -> Result<(Sandbox, bool), ControlError> {
+        let id = id.to_string();
+        self.detached(|c| async move { c.connect_now(&id, timeout).await })
+            .await
+    }
+
+    async fn connect_now(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+    ) -> Result<(Sandbox, bool), ControlError> {
+        let timeout = self.timeout(timeout)?;
+        let mut sb = self.locked(id).await?;
+        match sb.state {
+            SandboxState::Running => {}
+            SandboxState::Paused => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {id} is paused and this runtime cannot resume it"
+                )))
+            }
+            other => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {id} is {}",
+                    other.as_str()
+                )))
+            }
+        }
+        let end = Utc::now() + timeout;
+        if end > sb.end_at {
+            let mut next = sb.clone();
+            next.end_at = end;
+            self.inner.store.update_sandbox(&next).await?;
+            *sb = next;
+            lock(&self.inner.expiries).insert(id.to_string(), end);
+            self.inner.wake_reaper.notify_one();
+        }
+        Ok((sb.clone(), false))
+    }
+
+    /// Sets `end_at = now + timeout` (may shorten the sandbox's life).
+    pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
+        let id = id.to_string();
+        self.detached(|c| async move { c.set_timeout_now(&id, timeout).await })
+            .await
+    }
+
+    async fn set_timeout_now(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
+        let timeout = self.timeout(Some(timeout))?;
+        let mut sb = self.locked(id).await?;
+        if !matches!(sb.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "sandbox {id} is {}",
+                sb.state.as_str()
+            )));
+        }
+        let mut next = sb.clone();
+        next.end_at = Utc::now() + timeout;
+        self.inner.store.update_sandbox(&next).await?;
+        lock(&self.inner.expiries).insert(id.to_string(), next.end_at);
+        *sb = next;
+        self.inner.wake_reaper.notify_one();
+        Ok(())
+    }
+
+    pub async fn list(&self, query: &ListQuery) -> Result<Page, ControlError> {
+        let candidates = self
+            .inner
+            .store
+            .sandboxes_in(&query.states.stored_states())
+            .await?;
+        list::apply(query, candidates)
+    }
+
+    /// Kills a sandbox: stops routing to it (cutting open streams), has the runtime free
+    /// everything, and records it as killed.
+    pub async fn kill(&self, id: &str) -> Result<(), ControlError> {
+        let id = id.to_string();
+        self.detached(|c| async move { c.kill_now(&id).await })
+            .await
+    }
+
+    async fn kill_now(&self, id: &str) -> Result<(), ControlError> {
+        let mut guard = self.locked(id).await?;
+        let sb = &mut *guard;
+        sb.transition(SandboxState::Stopping)
+            .map_err(|e| ControlError::FailedPrecondition(e.to_string()))?;
+        // Cut traffic before the kill: clients see their streams aborted, then 502.
+        self.unroute(id);
+        // Persisted so that a crash mid-kill is finished by the next start (the runtime's
+        // reattach frees whatever it is not asked to keep).
+        self.inner.store.update_sandbox(sb).await?;
+        let result = match self.inner.runtime.kill(id).await {
+            Ok(()) | Err(RuntimeError::NotFound(_)) => {
+                sb.transition(SandboxState::Killed)
+                    .map_err(|e| ControlError::Internal(e.to_string()))?;
+                Ok(())
+            }
+            Err(e) => {
+                sb.fail(format!("kill failed: {e}"));
+                Err(ControlError::Internal(format!("kill failed: {e}")))
+            }
+        };
+        self.inner.store.update_sandbox(sb).await?;
+        self.unregister(id);
+        tracing::info!(sandbox_id = %id, state = sb.state.as_str(), "sandbox stopped");
+        result
+    }
+
+    /// Marks a running sandbox that ended on its own as failed.
+    pub(crate) async fn mark_exited(&self, id: &str, reason: String) -> Result<(), ControlError> {
+        let mut guard = self.locked(id).await?;
+        let sb = &mut *guard;
+        if sb.state != SandboxState::Running {
+            return Ok(());
+        }
+        self.unroute(id);
+        sb.fail(format!("sandbox exited: {reason}"));
+        self.inner.store.update_sandbox(sb).await?;
+        self.unregister(id);
+        tracing::warn!(sandbox_id = %id, reason = %reason, "sandbox exited on its own");
+        Ok(())
+    }
+
+    /// Ids of running sandboxes (for the exit watcher).
+    pub(crate) fn running_ids(&self) -> Vec<String> {
+        lock(&self.inner.routes).keys().cloned().collect()
+    }
+
+    // ---- API keys -------------------------------------------------------------------------
+
+    /// Checks an `X-API-KEY` value.
+    pub async fn authenticate(&self, secret: &str) -> Result<ApiKey, ControlError> {
+        if secret.is_empty() {
+            return Err(ControlError::Unauthenticated);
+        }
+        self.inner
+            .store
+            .api_key_by_hash(&keys::hash_api_key(secret))
+            .await?
+            .ok_or(ControlError::Unauthenticated)
+    }
+
+    /// Creates a key; the secret is in the result and nowhere else.
+    pub async fn create_api_key(&self, name: &str) -> Result<NewApiKey, ControlError> {
+        let new = keys::generate(name)?;
+        self.inner.store.insert_api_key(&new.key).await?;
+        Ok(new)
+    }
+
+    /// Makes sure `secret` (e.g. from `WARREN_API_KEY`) is a valid key, recording its hash.
+    pub async fn seed_api_key(&self, name: &str, secret: &str) -> Result<ApiKey, ControlError> {
+        if secret.len() < 16 {
+            return Err(ControlError::InvalidArgument(
+                "API keys must be at least 16 characters".into(),
+            ));
+        }
+        if let Some(k) = self
+            .inner
+            .store
+            .api_key_by_hash(&keys::hash_api_key(secret))
+            .await?
+        {
+            return Ok(k);
+        }
+        let key = keys::record_for(name, secret)?;
+        self.inner.store.insert_api_key(&key).await?;
+        Ok(key)
+    }
+
+    pub async fn api_keys(&self) -> Result<Vec<ApiKey>, ControlError> {
+        Ok(self.inner.store.api_keys().await?)
+    }
+
+    pub async fn revoke_api_key(&self, id: &str) -> Result<(), ControlError> {
+        if self.inner.store.revoke_api_key(id).await? {
+            Ok(())
+        } else {
+            Err(ControlError::NotFound(format!("API key {id} not found")))
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Error categories at the domain edge. `warren-server` maps each category to exactly one HTTP
+//! status; nothing below this edge knows about HTTP.
+
+use std::time::Duration;
+
+/// What went wrong, as a caller of the control plane needs to know it.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Missing, unknown or revoked API key. The message never contains the key.
+    #[error("invalid or missing API key")]
+    Unauthenticated,
+    #[error("{message}")]
+    ResourceExhausted {
+        message: String,
+        retry_after: Duration,
+    },
+    /// The sandbox exists but its state does not allow the operation.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Failure of the durable store. Implementations keep driver details in the message only.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("record is corrupt: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Backend(String),
+}

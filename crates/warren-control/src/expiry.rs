@@ -1,0 +1,88 @@
+//! Background watchers: kill sandboxes at `end_at`, notice sandboxes that ended on their own.
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::control::Control;
+
+/// Longest sleep between expiry checks even when nothing is due (clock changes, missed wakes).
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+pub(crate) fn spawn(control: Control) {
+    tokio::spawn(reaper(control.clone()));
+    tokio::spawn(exit_watcher(control));
+}
+
+async fn reaper(control: Control) {
+    let inner = &control.inner;
+    loop {
+        let now = Utc::now();
+        let (due, next) = {
+            let expiries = inner.expiries.lock().unwrap_or_else(|p| p.into_inner());
+            let due: Vec<String> = expiries
+                .iter()
+                .filter(|(_, end)| **end <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            (
+                due,
+                expiries.values().filter(|end| **end > now).min().copied(),
+            )
+        };
+        for id in due {
+            // Drop it from the schedule first: a failed kill must not spin this loop.
+            inner
+                .expiries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            let c = control.clone();
+            tokio::spawn(async move {
+                tracing::info!(sandbox_id = %id, "sandbox reached its end time");
+                if let Err(e) = c.kill(&id).await {
+                    tracing::warn!(sandbox_id = %id, error = %e, "killing expired sandbox");
+                }
+            });
+        }
+        let sleep = next
+            .and_then(|n| (n - Utc::now()).to_std().ok())
+            .map_or(MAX_SLEEP, |d| d.min(MAX_SLEEP));
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = inner.wake_reaper.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}
+
+async fn exit_watcher(control: Control) {
+    let inner = &control.inner;
+    let mut tick = tokio::time::interval(inner.config.exit_poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for id in control.running_ids() {
+            match inner.runtime.status(&id).await {
+                Ok(None) => {}
+                Ok(Some(exit)) => {
+                    if let Err(e) = control.mark_exited(&id, exit.reason).await {
+                        tracing::warn!(sandbox_id = %id, error = %e, "recording sandbox exit");
+                    }
+                }
+                Err(warren_runtime::RuntimeError::NotFound(_)) => {
+                    if let Err(e) = control
+                        .mark_exited(&id, "the runtime no longer knows it".into())
+                        .await
+                    {
+                        tracing::warn!(sandbox_id = %id, error = %e, "recording sandbox exit");
+                    }
+                }
+                Err(e) => tracing::debug!(sandbox_id = %id, error = %e, "status check failed"),
+            }
+        }
+    }
+}

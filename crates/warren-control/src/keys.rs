@@ -1,0 +1,91 @@
+//! API keys: random secrets shown once, stored only as SHA-256 hashes.
+//!
+//! A plain SHA-256 (no salt, no slow KDF) is enough here because keys are 256-bit random
+//! values, not passwords: nothing is gained by slowing down a brute force of 2^256.
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+
+use crate::error::ControlError;
+use crate::secrets::{random_id, random_secret};
+
+/// A stored API key. There is deliberately no field for the key itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub name: String,
+    /// Hex SHA-256 of the key.
+    pub hash: String,
+    /// The first characters of the key, to tell keys apart in listings.
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A freshly created key: the only moment the secret exists outside its owner's hands.
+#[derive(Clone)]
+pub struct NewApiKey {
+    pub key: ApiKey,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for NewApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret, even in debug output.
+        f.debug_struct("NewApiKey")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+pub fn hash_api_key(secret: &str) -> String {
+    let digest = Sha256::digest(secret.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+const PREFIX_LEN: usize = 10;
+
+pub(crate) fn record_for(name: &str, secret: &str) -> Result<ApiKey, ControlError> {
+    Ok(ApiKey {
+        id: random_id("k", 12)?,
+        name: name.to_string(),
+        hash: hash_api_key(secret),
+        prefix: secret.chars().take(PREFIX_LEN).collect(),
+        created_at: Utc::now(),
+        revoked_at: None,
+    })
+}
+
+pub fn generate(name: &str) -> Result<NewApiKey, ControlError> {
+    // `e2b_` keeps keys looking like the ones E2B tooling expects.
+    let secret = random_secret("e2b_")?;
+    Ok(NewApiKey {
+        key: record_for(name, &secret)?,
+        secret,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_is_sha256_hex() {
+        assert_eq!(
+            hash_api_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn generated_key_matches_its_hash() {
+        let k = generate("test").unwrap();
+        assert_eq!(k.key.hash, hash_api_key(&k.secret));
+        assert!(k.secret.starts_with(&k.key.prefix));
+        assert!(!format!("{k:?}").contains(&k.secret));
+    }
+}

@@ -1,0 +1,195 @@
+//! The sandbox record and its lifecycle state machine.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use warren_runtime::RuntimeSandbox;
+
+/// Lifecycle of a sandbox as the control plane records it.
+///
+/// ```text
+/// Pending --> Running --> Stopping --> Killed
+///    |           |  ^         |
+///    |           v  |         v
+///    +------> Failed <--------+      Paused <-> Running (reserved: no runtime pauses yet)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Recorded, the runtime is creating it. Counts against the concurrency limit.
+    Pending,
+    Running,
+    /// Reserved for pause/resume; no transition reaches it until a runtime can pause.
+    Paused,
+    /// Kill in progress: the proxy no longer routes to it.
+    Stopping,
+    Killed,
+    /// Creation, kill or reattach failed; `failure` says why.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("sandbox cannot go from {from:?} to {to:?}")]
+pub struct TransitionError {
+    pub from: SandboxState,
+    pub to: SandboxState,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Pending => "pending",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Stopping => "stopping",
+            SandboxState::Killed => "killed",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        Some(match s {
+            "pending" => SandboxState::Pending,
+            "running" => SandboxState::Running,
+            "paused" => SandboxState::Paused,
+            "stopping" => SandboxState::Stopping,
+            "killed" => SandboxState::Killed,
+            "failed" => SandboxState::Failed,
+            _ => return None,
+        })
+    }
+
+    /// The transition table. Everything not listed is refused.
+    pub fn can_become(self, to: SandboxState) -> bool {
+        use SandboxState::*;
+        matches!(
+            (self, to),
+            (Pending, Running)
+                | (Pending, Failed)
+                | (Running, Stopping)
+                | (Running, Paused)
+                | (Running, Failed)
+                | (Paused, Running)
+                | (Paused, Stopping)
+                | (Stopping, Killed)
+                | (Stopping, Failed)
+        )
+    }
+
+    /// Terminal states: the sandbox no longer exists for API callers (404).
+    pub fn is_gone(self) -> bool {
+        matches!(self, SandboxState::Killed | SandboxState::Failed)
+    }
+
+    /// Whether the sandbox holds a runtime slot (counts against the concurrency limit).
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Pending
+                | SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Stopping
+        )
+    }
+}
+
+/// One sandbox, exactly as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    pub state: SandboxState,
+    /// Why the sandbox failed (state `Failed`).
+    pub failure: Option<String>,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    pub allow_internet_access: bool,
+    pub metadata: BTreeMap<String, String>,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    /// Sent by SDKs as `X-Access-Token` to the agent; the agent checks it.
+    pub envd_access_token: String,
+    /// Sent by SDKs as `E2B-Traffic-Access-Token` to non-agent ports.
+    pub traffic_access_token: String,
+    /// What the runtime returned (agent address and its opaque record) once running.
+    pub runtime: Option<RuntimeSandbox>,
+}
+
+impl Sandbox {
+    /// Moves to `to` if the table allows it.
+    pub fn transition(&mut self, to: SandboxState) -> Result<(), TransitionError> {
+        if self.state.can_become(to) {
+            self.state = to;
+            Ok(())
+        } else {
+            Err(TransitionError {
+                from: self.state,
+                to,
+            })
+        }
+    }
+
+    /// Marks the sandbox failed from any non-terminal state (used when the runtime lost it).
+    pub fn fail(&mut self, reason: impl Into<String>) {
+        self.state = SandboxState::Failed;
+        self.failure = Some(reason.into());
+    }
+
+    /// The state the E2B API shows: `running` or `paused`.
+    pub fn api_state(&self) -> &'static str {
+        match self.state {
+            SandboxState::Paused => "paused",
+            _ => "running",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SandboxState::*;
+    use super::*;
+
+    const ALL: [SandboxState; 6] = [Pending, Running, Paused, Stopping, Killed, Failed];
+
+    #[test]
+    fn transition_table() {
+        let allowed = [
+            (Pending, Running),
+            (Pending, Failed),
+            (Running, Stopping),
+            (Running, Paused),
+            (Running, Failed),
+            (Paused, Running),
+            (Paused, Stopping),
+            (Stopping, Killed),
+            (Stopping, Failed),
+        ];
+        for from in ALL {
+            for to in ALL {
+                assert_eq!(
+                    from.can_become(to),
+                    allowed.contains(&(from, to)),
+                    "{from:?} -> {to:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_states_go_nowhere() {
+        for to in ALL {
+            assert!(!Killed.can_become(to));
+            assert!(!Failed.can_become(to));
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in ALL {
+            assert_eq!(SandboxState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(SandboxState::parse("bogus"), None);
+    }
+}

@@ -1,0 +1,81 @@
+//! Startup recovery: never forget an acknowledged sandbox, never leak one.
+
+use std::collections::HashMap;
+
+use warren_runtime::RuntimeSandbox;
+
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::model::{Sandbox, SandboxState};
+
+impl Control {
+    /// Hands the runtime every sandbox the store says is running, so it takes those back and
+    /// frees everything else it owns; records the outcome of each.
+    pub(crate) async fn recover(&self) -> Result<(), ControlError> {
+        let store = &self.inner.store;
+        let records = store
+            .sandboxes_in(&[
+                SandboxState::Pending,
+                SandboxState::Running,
+                SandboxState::Paused,
+                SandboxState::Stopping,
+            ])
+            .await?;
+
+        let mut wanted: HashMap<String, Sandbox> = HashMap::new();
+        let mut runtime_records: Vec<RuntimeSandbox> = Vec::new();
+        for mut sb in records {
+            match (sb.state, sb.runtime.clone()) {
+                (SandboxState::Running | SandboxState::Paused, Some(rt)) => {
+                    runtime_records.push(rt);
+                    wanted.insert(sb.id.clone(), sb);
+                }
+                (SandboxState::Stopping, _) => {
+                    // The kill was acknowledged to nobody yet, but it was asked for: finish
+                    // it. Not passing it to reattach makes the runtime free it.
+                    sb.transition(SandboxState::Killed)
+                        .map_err(|e| ControlError::Internal(e.to_string()))?;
+                    store.update_sandbox(&sb).await?;
+                }
+                (SandboxState::Pending, _) => {
+                    sb.fail("the control plane restarted while the sandbox was being created");
+                    store.update_sandbox(&sb).await?;
+                }
+                _ => {
+                    sb.fail("no runtime record was stored for this sandbox");
+                    store.update_sandbox(&sb).await?;
+                }
+            }
+        }
+
+        // Always called, even with nothing to keep: it is also how leftovers get cleaned.
+        let results = self.inner.runtime.reattach(runtime_records).await;
+        let mut reattached = 0usize;
+        for (id, result) in results {
+            let Some(mut sb) = wanted.remove(&id) else {
+                tracing::warn!(sandbox_id = %id, "runtime reported a sandbox that was not asked for");
+                continue;
+            };
+            match result {
+                Ok(rt) => {
+                    sb.runtime = Some(rt);
+                    store.update_sandbox(&sb).await?;
+                    self.register(&sb, None);
+                    reattached += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %id, error = %e, "sandbox lost across restart");
+                    sb.fail(format!("lost across a control-plane restart: {e}"));
+                    store.update_sandbox(&sb).await?;
+                }
+            }
+        }
+        for (id, mut sb) in wanted {
+            tracing::warn!(sandbox_id = %id, "runtime did not report on sandbox");
+            sb.fail("the runtime did not report on this sandbox after a restart");
+            store.update_sandbox(&sb).await?;
+        }
+        tracing::info!(reattached, "control plane recovered");
+        Ok(())
+    }
+}

@@ -1,0 +1,26 @@
+//! The durable store the control plane records into. Every method returns only once the change
+//! is durable, so anything the API acknowledged survives a crash.
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::keys::ApiKey;
+use crate::model::{Sandbox, SandboxState};
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Records a new sandbox. Fails if the id exists.
+    async fn insert_sandbox(&self, sandbox: &Sandbox) -> Result<(), StoreError>;
+    /// Replaces the record of an existing sandbox.
+    async fn update_sandbox(&self, sandbox: &Sandbox) -> Result<(), StoreError>;
+    async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError>;
+    /// Every sandbox in one of `states`, in no particular order.
+    async fn sandboxes_in(&self, states: &[SandboxState]) -> Result<Vec<Sandbox>, StoreError>;
+
+    async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError>;
+    /// The non-revoked key with this SHA-256 hash.
+    async fn api_key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>, StoreError>;
+    async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError>;
+    /// Revokes a key by id; `false` if no such active key.
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError>;
+}

@@ -1,0 +1,81 @@
+//! Warren's HTTP front end: the E2B-compatible control-plane REST API (`e2b-compat.md` §2) and
+//! the sandbox proxy (§3.8) on one listener.
+//!
+//! Handlers only translate: they extract input, call one [`warren_control::Control`] operation
+//! and map the result. Errors are mapped to HTTP once, in [`error`]. Requests that carry the
+//! sandbox routing headers (or a `{port}-{id}.{domain}` Host) never reach the API router; they
+//! are streamed to the sandbox by [`proxy`].
+
+#![forbid(unsafe_code)]
+
+pub mod error;
+mod extract;
+mod normalize;
+pub mod openapi;
+pub mod proxy;
+mod routes;
+pub mod types;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use warren_control::Control;
+
+/// Limit of JSON request bodies on the API (the proxy streams bodies of any size).
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub body_limit: usize,
+    /// Domain of `{port}-{id}.{domain}` hosts; `None` accepts any domain.
+    pub domain: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            body_limit: DEFAULT_BODY_LIMIT,
+            domain: None,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub control: Control,
+    pub proxy: Arc<proxy::Proxy>,
+}
+
+/// The whole application: proxy first, then the API.
+pub fn app(control: Control, config: ServerConfig) -> Router {
+    let state = AppState {
+        control,
+        proxy: Arc::new(proxy::Proxy::new(config.domain.clone())),
+    };
+    let api = Router::new()
+        .route("/health", get(routes::health))
+        .route(
+            "/v2/sandboxes",
+            post(routes::create_sandbox).get(routes::list_sandboxes),
+        )
+        .route(
+            "/v2/sandboxes/{sandbox_id}/connect",
+            post(routes::connect_sandbox),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}",
+            get(routes::get_sandbox).delete(routes::kill_sandbox),
+        )
+        .route("/sandboxes/{sandbox_id}/timeout", post(routes::set_timeout))
+        .route(
+            "/sandboxes/{sandbox_id}/metrics",
+            get(routes::sandbox_metrics),
+        )
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(config.body_limit))
+        .layer(middleware::from_fn(normalize::json_errors))
+        .with_state(state.clone());
+    api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
+}

@@ -1,0 +1,56 @@
+//! The OpenAPI document, generated from the handlers and wire types. `openapi/control.json` is
+//! this document, committed; `tests/openapi.rs` fails when the two drift.
+
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::routes;
+use crate::types::{
+    ConnectSandbox, ErrorBody, ListedSandbox, NewSandbox, SandboxCreated, SandboxDetail,
+    SandboxMetric, SetTimeout,
+};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Warren control plane", description = "E2B-compatible sandbox API."),
+    paths(
+        routes::health,
+        routes::create_sandbox,
+        routes::connect_sandbox,
+        routes::list_sandboxes,
+        routes::get_sandbox,
+        routes::kill_sandbox,
+        routes::set_timeout,
+        routes::sandbox_metrics,
+    ),
+    components(schemas(
+        ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
+        ListedSandbox, SandboxMetric
+    )),
+    modifiers(&ApiKeyAuth)
+)]
+pub struct ApiDoc;
+
+struct ApiKeyAuth;
+
+impl Modify for ApiKeyAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-KEY"))),
+        );
+    }
+}
+
+/// The document as committed: pretty JSON with a trailing newline.
+pub fn document() -> String {
+    let mut doc = ApiDoc::openapi();
+    // The crate version would make every release "drift"; the document has its own lifecycle.
+    doc.info.version = "1".into();
+    let mut out = doc
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    out.push('\n');
+    out
+}

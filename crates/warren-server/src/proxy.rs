@@ -1,0 +1,378 @@
+//! The sandbox proxy (`e2b-compat.md` §1.7, §3.8).
+//!
+//! A request is for a sandbox when it carries `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`, default
+//! 49983) or its Host is `{port}-{id}.{domain}`. It is then streamed, both directions and
+//! without buffering, to the sandbox's address on that port over a pooled HTTP/1.1 connection
+//! (clients may speak HTTP/1.1 or h2c to us). WebSocket and other upgrades are spliced. When
+//! the sandbox is killed its route's cancellation token fires and every open stream is cut
+//! abruptly, so SDKs see an aborted stream and then `502 The sandbox was not found`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Version};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
+use crate::types::{rfc3339, SandboxMetric};
+use crate::AppState;
+
+/// The agent's port inside every sandbox.
+pub const AGENT_PORT: u16 = 49983;
+
+const SANDBOX_ID: &str = "e2b-sandbox-id";
+const SANDBOX_PORT: &str = "e2b-sandbox-port";
+
+/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus h2's `te`.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+pub struct Proxy {
+    client: Client<HttpConnector, Body>,
+    domain: Option<String>,
+}
+
+/// Which sandbox and port a request is for.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    id: String,
+    port: u16,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+impl Proxy {
+    pub fn new(domain: Option<String>) -> Proxy {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Proxy { client, domain }
+    }
+
+    /// `Err` = the routing headers are present but unusable (the caller gets 400).
+    fn target(&self, headers: &HeaderMap, uri: &Uri) -> Result<Option<Target>, ApiError> {
+        if let Some(id) = headers.get(SANDBOX_ID) {
+            let id = id.to_str().ok().filter(|s| valid_id(s));
+            let id = id.ok_or_else(|| ApiError::bad_request("invalid E2b-Sandbox-Id header"))?;
+            let port = match headers.get(SANDBOX_PORT) {
+                None => AGENT_PORT,
+                Some(p) => p
+                    .to_str()
+                    .ok()
+                    .and_then(|p| p.parse().ok())
+                    .ok_or_else(|| ApiError::bad_request("invalid E2b-Sandbox-Port header"))?,
+            };
+            return Ok(Some(Target {
+                id: id.to_string(),
+                port,
+            }));
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| uri.host())
+            .unwrap_or_default();
+        Ok(self.parse_host(host))
+    }
+
+    /// `{port}-{id}.{domain}[:listen-port]`.
+    fn parse_host(&self, host: &str) -> Option<Target> {
+        let host = host.rsplit_once(':').map_or(host, |(h, p)| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        });
+        let (label, rest) = host.split_once('.')?;
+        if let Some(domain) = &self.domain {
+            if !rest.eq_ignore_ascii_case(domain) {
+                return None;
+            }
+        }
+        let (port, id) = label.split_once('-')?;
+        let port: u16 = port.parse().ok()?;
+        valid_id(id).then(|| Target {
+            id: id.to_string(),
+            port,
+        })
+    }
+
+    /// Reads the agent's `/metrics` into the API's metric item.
+    pub async fn agent_metrics(
+        &self,
+        agent: SocketAddr,
+        token: &str,
+    ) -> Result<SandboxMetric, ApiError> {
+        let unavailable = |what: String| ApiError::new(StatusCode::BAD_GATEWAY, what);
+        let req = Request::get(format!("http://{agent}/metrics"))
+            .header("x-access-token", token)
+            .body(Body::empty())
+            .map_err(|e| unavailable(format!("building metrics request: {e}")))?;
+        let resp = tokio::time::timeout(Duration::from_secs(10), self.client.request(req))
+            .await
+            .map_err(|_| unavailable("sandbox agent did not answer in time".into()))?
+            .map_err(|e| unavailable(format!("sandbox agent unreachable: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(unavailable(format!(
+                "sandbox agent answered {}",
+                resp.status()
+            )));
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unavailable(format!("reading agent metrics: {e}")))?
+            .to_bytes();
+        let m: AgentMetrics = serde_json::from_slice(&body)
+            .map_err(|e| unavailable(format!("agent metrics are malformed: {e}")))?;
+        let now = chrono::Utc::now();
+        let ts = if m.ts > 0 { m.ts } else { now.timestamp() };
+        Ok(SandboxMetric {
+            timestamp: rfc3339(chrono::DateTime::from_timestamp(ts, 0).unwrap_or(now)),
+            timestamp_unix: ts,
+            cpu_count: m.cpu_count,
+            cpu_used_pct: m.cpu_used_pct,
+            mem_used: m.mem_used,
+            mem_total: m.mem_total,
+            mem_cache: m.mem_cache,
+            disk_used: m.disk_used,
+            disk_total: m.disk_total,
+        })
+    }
+}
+
+/// The agent's `/metrics` body (envd's field names).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct AgentMetrics {
+    ts: i64,
+    cpu_count: u32,
+    cpu_used_pct: f64,
+    mem_total: u64,
+    mem_used: u64,
+    mem_cache: u64,
+    disk_used: u64,
+    disk_total: u64,
+}
+
+fn sandbox_error(status: StatusCode, id: &str, message: &str) -> Response {
+    let body = serde_json::json!({"sandboxId": id, "message": message, "code": status.as_u16()});
+    (status, Json(body)).into_response()
+}
+
+fn not_found(id: &str) -> Response {
+    sandbox_error(StatusCode::BAD_GATEWAY, id, "The sandbox was not found")
+}
+
+/// Middleware in front of the API: sandbox traffic is proxied, everything else goes on.
+pub(crate) async fn route_or_api(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    match st.proxy.target(req.headers(), req.uri()) {
+        Err(e) => e.into_response(),
+        Ok(None) => next.run(req).await,
+        Ok(Some(target)) => forward(&st, target, req).await,
+    }
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
+    let Some(route) = st.control.route(&target.id) else {
+        return not_found(&target.id);
+    };
+    // Port 49983 is "the agent", wherever the runtime put it; other ports are the sandbox's
+    // own services at the agent's address.
+    let addr = if target.port == AGENT_PORT {
+        route.agent
+    } else {
+        SocketAddr::new(route.agent.ip(), target.port)
+    };
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let Ok(uri) = format!("http://{addr}{path}").parse::<Uri>() else {
+        return ApiError::bad_request("invalid request path").into_response();
+    };
+
+    let upgrade = is_upgrade(req.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let upgrade_header = req.headers().get(header::UPGRADE).cloned();
+
+    let (mut parts, body) = req.into_parts();
+    parts.uri = uri;
+    // The pool speaks HTTP/1.1 to sandboxes whatever the client spoke to us.
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
+        parts.headers.insert(header::HOST, host);
+    }
+    if let Some(up) = upgrade_header.filter(|_| upgrade) {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, up);
+    }
+    let outbound = Request::from_parts(parts, body);
+
+    let result = tokio::select! {
+        r = st.proxy.client.request(outbound) => r,
+        _ = route.cancel.cancelled() => return not_found(&target.id),
+    };
+    let mut resp = match result {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(sandbox_id = %target.id, port = target.port, error = %e, "proxy upstream error");
+            if route.cancel.is_cancelled() || st.control.route(&target.id).is_none() {
+                return not_found(&target.id);
+            }
+            let message = if e.is_connect() {
+                "The sandbox is running but port is not open"
+            } else {
+                "The sandbox is unreachable"
+            };
+            return sandbox_error(StatusCode::BAD_GATEWAY, &target.id, message);
+        }
+    };
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let upstream = hyper::upgrade::on(&mut resp);
+            tokio::spawn(splice(client_upgrade, upstream, route.cancel.clone()));
+            let (parts, _) = resp.into_parts();
+            return Response::from_parts(parts, Body::empty());
+        }
+    }
+
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, cancellable(body, route.cancel.clone()))
+}
+
+/// The response body, streamed frame by frame; cut with an error (no clean end of stream)
+/// when the sandbox is killed.
+fn cancellable(body: hyper::body::Incoming, cancel: CancellationToken) -> Body {
+    let frames = BodyStream::new(body);
+    let stream = futures::stream::unfold(Some((frames, cancel)), |state| async move {
+        let (mut frames, cancel) = state?;
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Some((Err(std::io::Error::other("sandbox was killed")), None)),
+            next = frames.next() => match next {
+                Some(Ok(frame)) => Some((Ok::<Frame<Bytes>, std::io::Error>(frame), Some((frames, cancel)))),
+                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+                None => None,
+            },
+        }
+    });
+    Body::new(StreamBody::new(stream))
+}
+
+async fn splice(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    cancel: CancellationToken,
+) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "upgraded connection ended");
+            }
+        }
+        // Dropping both ends closes the sockets.
+        _ = cancel.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_routing() {
+        let p = Proxy::new(Some("warren.test".into()));
+        assert_eq!(
+            p.parse_host("49983-iabc123.warren.test:3000"),
+            Some(Target {
+                id: "iabc123".into(),
+                port: 49983
+            })
+        );
+        assert_eq!(p.parse_host("8080-iabc.other.test"), None);
+        assert_eq!(p.parse_host("localhost:3000"), None);
+        assert_eq!(p.parse_host("127.0.0.1:3000"), None);
+        let any = Proxy::new(None);
+        assert_eq!(
+            any.parse_host("80-xyz.example.com"),
+            Some(Target {
+                id: "xyz".into(),
+                port: 80
+            })
+        );
+        assert_eq!(any.parse_host("80-XYZ.example.com"), None);
+        assert_eq!(any.parse_host("api.example.com"), None);
+    }
+}

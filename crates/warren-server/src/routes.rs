@@ -1,0 +1,255 @@
+//! Handlers: extract, call one control-plane operation, map the result. Nothing else.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use chrono::DateTime;
+use warren_control::{parse_metadata_query, CreateRequest, ListQuery, ListStates, Order};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, Authed, OptionalJson};
+use crate::types::{
+    ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NewSandbox, SandboxCreated,
+    SandboxDetail, SandboxMetric, SetTimeout,
+};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Liveness of the API server.
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "Healthy", body = String)))]
+pub(crate) async fn health() -> &'static str {
+    "Health check successful"
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+/// Creates a sandbox from a template.
+#[utoipa::path(
+    post, path = "/v2/sandboxes", request_body = NewSandbox,
+    responses(
+        (status = 201, description = "Sandbox created", body = SandboxCreated),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, description = "Unknown template", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 429, description = "Concurrency limit reached; see Retry-After", body = ErrorBody),
+        (status = 500, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn create_sandbox(
+    State(st): State<AppState>,
+    _: Authed,
+    ApiJson(body): ApiJson<NewSandbox>,
+) -> ApiResult<impl IntoResponse> {
+    if body.auto_pause == Some(true) {
+        return Err(ApiError::bad_request(
+            "autoPause is not supported by this server yet",
+        ));
+    }
+    let sandbox = st
+        .control
+        .create(CreateRequest {
+            template: body.template_id,
+            timeout: body.timeout,
+            metadata: body.metadata.unwrap_or_default(),
+            env_vars: body.env_vars.unwrap_or_default(),
+            allow_internet_access: body.allow_internet_access,
+        })
+        .await?;
+    let cfg = st.control.config();
+    Ok((
+        StatusCode::CREATED,
+        Json(SandboxCreated::new(
+            &sandbox,
+            &cfg.envd_version,
+            cfg.domain.as_deref(),
+        )),
+    ))
+}
+
+/// Connects to a running sandbox, extending its life to at least `timeout` seconds.
+#[utoipa::path(
+    post, path = "/v2/sandboxes/{sandboxID}/connect", request_body = ConnectSandbox,
+    params(("sandboxID" = String, Path)),
+    responses(
+        (status = 200, description = "Sandbox was running", body = SandboxCreated),
+        (status = 201, description = "Sandbox was resumed", body = SandboxCreated),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn connect_sandbox(
+    State(st): State<AppState>,
+    _: Authed,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<ConnectSandbox>,
+) -> ApiResult<impl IntoResponse> {
+    let (sandbox, resumed) = st.control.connect(&id, body.timeout).await?;
+    let cfg = st.control.config();
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(SandboxCreated::new(
+            &sandbox,
+            &cfg.envd_version,
+            cfg.domain.as_deref(),
+        )),
+    ))
+}
+
+/// Lists sandboxes; more pages are announced by a non-empty `x-next-token` header.
+#[utoipa::path(
+    get, path = "/v2/sandboxes", params(ListParams),
+    responses(
+        (status = 200, body = Vec<ListedSandbox>,
+         headers(("x-next-token" = String, description = "Cursor of the next page"))),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn list_sandboxes(
+    State(st): State<AppState>,
+    _: Authed,
+    Query(p): Query<ListParams>,
+) -> ApiResult<impl IntoResponse> {
+    let query = ListQuery {
+        states: p
+            .state
+            .as_deref()
+            .map(ListStates::parse)
+            .transpose()?
+            .unwrap_or_default(),
+        metadata: p
+            .metadata
+            .as_deref()
+            .map(parse_metadata_query)
+            .transpose()?
+            .unwrap_or_default(),
+        order: p
+            .order
+            .as_deref()
+            .map(Order::parse)
+            .transpose()?
+            .unwrap_or_default(),
+        started_after: p
+            .started_after
+            .as_deref()
+            .map(|s| {
+                DateTime::parse_from_rfc3339(s)
+                    .map(|t| t.to_utc())
+                    .map_err(|_| {
+                        ApiError::bad_request(format!("startedAfter is not RFC 3339: {s:?}"))
+                    })
+            })
+            .transpose()?,
+        template: p.template,
+        limit: p
+            .limit
+            .as_deref()
+            .map(|l| {
+                l.parse::<u32>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))
+            })
+            .transpose()?,
+        next_token: p.next_token.filter(|t| !t.is_empty()),
+    };
+    let page = st.control.list(&query).await?;
+    let version = &st.control.config().envd_version;
+    let items: Vec<ListedSandbox> = page
+        .items
+        .iter()
+        .map(|s| ListedSandbox::new(s, version))
+        .collect();
+    let mut headers = HeaderMap::new();
+    if let Some(token) = page.next_token {
+        let value = HeaderValue::from_str(&token)
+            .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error"))?;
+        headers.insert("x-next-token", value);
+    }
+    Ok((headers, Json(items)))
+}
+
+/// One sandbox.
+#[utoipa::path(
+    get, path = "/sandboxes/{sandboxID}", params(("sandboxID" = String, Path)),
+    responses((status = 200, body = SandboxDetail), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn get_sandbox(
+    State(st): State<AppState>,
+    _: Authed,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxDetail>> {
+    let sandbox = st.control.get(&id).await?;
+    let cfg = st.control.config();
+    Ok(Json(SandboxDetail::new(
+        &sandbox,
+        &cfg.envd_version,
+        cfg.domain.as_deref(),
+    )))
+}
+
+/// Kills a sandbox; its open streams are cut.
+#[utoipa::path(
+    delete, path = "/sandboxes/{sandboxID}", params(("sandboxID" = String, Path)),
+    responses((status = 204, description = "Killed"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn kill_sandbox(
+    State(st): State<AppState>,
+    _: Authed,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    st.control.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets the sandbox's end time to now + `timeout` seconds (may shorten it).
+#[utoipa::path(
+    post, path = "/sandboxes/{sandboxID}/timeout", request_body = SetTimeout,
+    params(("sandboxID" = String, Path)),
+    responses((status = 204, description = "Timeout set"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn set_timeout(
+    State(st): State<AppState>,
+    _: Authed,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<SetTimeout>,
+) -> ApiResult<StatusCode> {
+    st.control.set_timeout(&id, body.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Current resource usage, read from the sandbox's agent.
+#[utoipa::path(
+    get, path = "/sandboxes/{sandboxID}/metrics", params(("sandboxID" = String, Path)),
+    responses((status = 200, body = Vec<SandboxMetric>), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn sandbox_metrics(
+    State(st): State<AppState>,
+    _: Authed,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<SandboxMetric>>> {
+    let sandbox = st.control.get(&id).await?;
+    let Some(rt) = sandbox.runtime.as_ref() else {
+        return Ok(Json(Vec::new()));
+    };
+    let metric = st
+        .proxy
+        .agent_metrics(rt.agent, &sandbox.envd_access_token)
+        .await?;
+    Ok(Json(vec![metric]))
+}

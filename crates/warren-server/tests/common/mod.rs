@@ -1,0 +1,274 @@
+//! Test fixtures: a runtime whose sandboxes are real `warren-agent` processes on loopback
+//! ports (so proxy tests talk to a real agent), and a real server on a real socket with the
+//! SQLite store.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use warren_control::{Config, Control};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+};
+use warren_server::ServerConfig;
+use warren_store::SqliteStore;
+
+pub const API_KEY: &str = "test-api-key-0123456789";
+
+/// `target/<profile>/warren-agent`, built on demand when a lone `cargo test -p warren-server`
+/// has not built it.
+pub fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>")
+        .to_path_buf();
+    let bin = profile_dir.join("warren-agent");
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _g = BUILD.lock().unwrap();
+    if !bin.exists() {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "-p", "warren-agent"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().expect("cargo build").success(),
+            "building warren-agent"
+        );
+    }
+    bin
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_healthy(port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 204") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Each sandbox is a `warren-agent` child process on its own loopback port.
+#[derive(Default)]
+pub struct AgentRuntime {
+    children: Mutex<HashMap<String, Child>>,
+}
+
+#[async_trait]
+impl SandboxRuntime for AgentRuntime {
+    fn name(&self) -> &'static str {
+        "test-agent"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        if spec.template != "base" {
+            return Err(RuntimeError::UnknownTemplate(spec.template));
+        }
+        let port = free_port();
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("WARREN_LOG", "warn")
+            .stdout(Stdio::null());
+        if let Some(t) = &spec.access_token {
+            cmd.arg("--access-token").arg(t);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        self.children.lock().unwrap().insert(spec.id.clone(), child);
+        let healthy = tokio::task::spawn_blocking(move || wait_healthy(port))
+            .await
+            .unwrap_or(false);
+        if !healthy {
+            return Err(RuntimeError::Failed("agent did not start".into()));
+        }
+        if !spec.env_vars.is_empty() {
+            let client = reqwest::Client::new();
+            let mut req = client
+                .post(format!("http://127.0.0.1:{port}/init"))
+                .json(&serde_json::json!({"envVars": spec.env_vars}));
+            if let Some(t) = &spec.access_token {
+                req = req.header("X-Access-Token", t);
+            }
+            req.send()
+                .await
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        }
+        Ok(RuntimeSandbox {
+            id: spec.id,
+            agent: SocketAddr::from(([127, 0, 0, 1], port)),
+            record: serde_json::json!({"port": port}),
+        })
+    }
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut child = self
+            .children
+            .lock()
+            .unwrap()
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(())
+    }
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        let mut children = self.children.lock().unwrap();
+        let child = children
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        Ok(child.try_wait().ok().flatten().map(|s| Exit {
+            reason: s.to_string(),
+        }))
+    }
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        // Sandboxes of this runtime are children of the test process: they are kept when the
+        // same runtime object serves the restarted control plane.
+        let children = self.children.lock().unwrap();
+        records
+            .into_iter()
+            .map(|r| {
+                let res = if children.contains_key(&r.id) {
+                    Ok(r.clone())
+                } else {
+                    Err(RuntimeError::NotFound(r.id.clone()))
+                };
+                (r.id, res)
+            })
+            .collect()
+    }
+}
+
+impl Drop for AgentRuntime {
+    fn drop(&mut self) {
+        for (_, mut c) in self.children.lock().unwrap().drain() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub addr: SocketAddr,
+    pub control: Control,
+    pub runtime: Arc<AgentRuntime>,
+    pub dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(Config::default()).await
+    }
+
+    pub async fn start_with(config: Config) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(AgentRuntime::default());
+        Self::start_on(dir, runtime, config).await
+    }
+
+    /// Starts a server over an existing data dir and runtime (restart tests).
+    pub async fn start_on(
+        dir: tempfile::TempDir,
+        runtime: Arc<AgentRuntime>,
+        config: Config,
+    ) -> TestServer {
+        let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).unwrap());
+        let control = Control::start(store, runtime.clone(), config)
+            .await
+            .unwrap();
+        control.seed_api_key("test", API_KEY).await.unwrap();
+        let app = warren_server::app(control.clone(), ServerConfig::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        TestServer {
+            base: format!("http://{addr}"),
+            addr,
+            control,
+            runtime,
+            dir,
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    /// Creates a `base` sandbox and returns the create response.
+    pub async fn create(&self, body: serde_json::Value) -> serde_json::Value {
+        let r = self
+            .client()
+            .post(self.url("/v2/sandboxes"))
+            .header("X-API-KEY", API_KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+        r.json().await.unwrap()
+    }
+
+    pub async fn stop(self) -> (tempfile::TempDir, Arc<AgentRuntime>) {
+        self.control.shutdown();
+        self.task.abort();
+        (self.dir, self.runtime)
+    }
+}
+
+/// One Connect envelope.
+pub fn envelope(flags: u8, json: &serde_json::Value) -> Vec<u8> {
+    let payload = serde_json::to_vec(json).unwrap();
+    let mut out = vec![flags];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Splits a Connect stream body into (flags, json) envelopes.
+pub fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        out.push((body[0], serde_json::from_slice(&body[5..5 + len]).unwrap()));
+        body = &body[5 + len..];
+    }
+    out
+}

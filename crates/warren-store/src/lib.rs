@@ -1,0 +1,393 @@
+//! SQLite implementation of [`warren_control::Store`].
+//!
+//! One connection behind a mutex: SQLite serialises writers anyway, and the control plane's
+//! write rate (a few per sandbox lifetime) is far below what one connection sustains. Calls
+//! run on tokio's blocking pool so the async executor never waits on disk. The database is in
+//! WAL mode with `synchronous=FULL`, so a write has reached the disk when the call returns:
+//! the API only acknowledges what is durable.
+
+#![forbid(unsafe_code)]
+
+mod migrations;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use warren_control::{ApiKey, Sandbox, SandboxState, Store, StoreError};
+use warren_runtime::RuntimeSandbox;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("opening database {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("configuring database")]
+    Configure(#[source] rusqlite::Error),
+    #[error("applying migration {version}")]
+    Migrate {
+        version: i64,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<SqliteStore, OpenError> {
+        let conn = Connection::open(path).map_err(|source| OpenError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::init(conn)
+    }
+
+    /// A private in-memory database (tests).
+    pub fn open_in_memory() -> Result<SqliteStore, OpenError> {
+        let conn = Connection::open_in_memory().map_err(|source| OpenError::Open {
+            path: ":memory:".into(),
+            source,
+        })?;
+        Self::init(conn)
+    }
+
+    fn init(mut conn: Connection) -> Result<SqliteStore, OpenError> {
+        // Several warren processes (server, `warren keys` on the same data dir) may touch the
+        // file: wait for locks instead of failing with SQLITE_BUSY.
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(OpenError::Configure)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(OpenError::Configure)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(OpenError::Configure)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(OpenError::Configure)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                version INTEGER PRIMARY KEY NOT NULL,
+                applied_at TEXT NOT NULL
+            )",
+        )
+        .map_err(OpenError::Configure)?;
+        for (version, sql) in migrations::MIGRATIONS {
+            let migrate = |source| OpenError::Migrate {
+                version: *version,
+                source,
+            };
+            let tx = conn.transaction().map_err(migrate)?;
+            let done: bool = tx
+                .query_row(
+                    "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE version = ?1)",
+                    [version],
+                    |r| r.get(0),
+                )
+                .map_err(migrate)?;
+            if !done {
+                tx.execute_batch(sql).map_err(migrate)?;
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                    params![version, Utc::now().to_rfc3339()],
+                )
+                .map_err(migrate)?;
+            }
+            tx.commit().map_err(migrate)?;
+        }
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn
+                .lock()
+                .map_err(|_| backend("database connection poisoned"))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(backend)?
+    }
+}
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| StoreError::Corrupt(format!("timestamp {us}")))
+}
+
+const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
+     allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
+     traffic_access_token, runtime";
+
+/// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
+struct SandboxRow {
+    id: String,
+    template: String,
+    state: String,
+    failure: Option<String>,
+    cpu_count: u32,
+    memory_mb: u32,
+    disk_mb: u32,
+    allow_internet_access: bool,
+    metadata: String,
+    started_at_us: i64,
+    end_at_us: i64,
+    envd_access_token: String,
+    traffic_access_token: String,
+    runtime: Option<String>,
+}
+
+fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
+    Ok(SandboxRow {
+        id: r.get(0)?,
+        template: r.get(1)?,
+        state: r.get(2)?,
+        failure: r.get(3)?,
+        cpu_count: r.get(4)?,
+        memory_mb: r.get(5)?,
+        disk_mb: r.get(6)?,
+        allow_internet_access: r.get(7)?,
+        metadata: r.get(8)?,
+        started_at_us: r.get(9)?,
+        end_at_us: r.get(10)?,
+        envd_access_token: r.get(11)?,
+        traffic_access_token: r.get(12)?,
+        runtime: r.get(13)?,
+    })
+}
+
+impl SandboxRow {
+    fn decode(self) -> Result<Sandbox, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("sandbox {}: {what}", self.id));
+        let state = SandboxState::parse(&self.state).ok_or_else(|| corrupt("state"))?;
+        let metadata = serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?;
+        let runtime: Option<RuntimeSandbox> = match &self.runtime {
+            Some(json) => Some(serde_json::from_str(json).map_err(|_| corrupt("runtime record"))?),
+            None => None,
+        };
+        Ok(Sandbox {
+            state,
+            metadata,
+            runtime,
+            started_at: from_micros(self.started_at_us)?,
+            end_at: from_micros(self.end_at_us)?,
+            id: self.id,
+            template: self.template,
+            failure: self.failure,
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            disk_mb: self.disk_mb,
+            allow_internet_access: self.allow_internet_access,
+            envd_access_token: self.envd_access_token,
+            traffic_access_token: self.traffic_access_token,
+        })
+    }
+}
+
+fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
+    let metadata = serde_json::to_string(&s.metadata).map_err(backend)?;
+    let runtime = s
+        .runtime
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(backend)?;
+    let sql = if insert {
+        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)")
+    } else {
+        "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
+         disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
+         envd_access_token=?12, traffic_access_token=?13, runtime=?14 WHERE id=?1"
+            .to_string()
+    };
+    let n = conn
+        .execute(
+            &sql,
+            params![
+                s.id,
+                s.template,
+                s.state.as_str(),
+                s.failure,
+                s.cpu_count,
+                s.memory_mb,
+                s.disk_mb,
+                s.allow_internet_access,
+                metadata,
+                micros(s.started_at),
+                micros(s.end_at),
+                s.envd_access_token,
+                s.traffic_access_token,
+                runtime,
+            ],
+        )
+        .map_err(backend)?;
+    if n != 1 {
+        return Err(backend(format!("sandbox {} was not recorded", s.id)));
+    }
+    Ok(())
+}
+
+fn read_key(r: &Row<'_>) -> rusqlite::Result<(String, String, String, String, i64, Option<i64>)> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
+}
+
+fn decode_key(
+    (id, name, hash, prefix, created, revoked): (String, String, String, String, i64, Option<i64>),
+) -> Result<ApiKey, StoreError> {
+    Ok(ApiKey {
+        id,
+        name,
+        hash,
+        prefix,
+        created_at: from_micros(created)?,
+        revoked_at: revoked.map(from_micros).transpose()?,
+    })
+}
+
+const KEY_COLUMNS: &str = "id, name, hash, prefix, created_at_us, revoked_at_us";
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn insert_sandbox(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
+        let s = sandbox.clone();
+        self.with(move |c| write_sandbox(c, &s, true)).await
+    }
+
+    async fn update_sandbox(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
+        let s = sandbox.clone();
+        self.with(move |c| write_sandbox(c, &s, false)).await
+    }
+
+    async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.query_row(
+                &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"),
+                [id],
+                read_row,
+            )
+            .optional()
+            .map_err(backend)?
+            .map(SandboxRow::decode)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn sandboxes_in(&self, states: &[SandboxState]) -> Result<Vec<Sandbox>, StoreError> {
+        let states: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare(&format!(
+                    "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state = ?1"
+                ))
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for state in states {
+                let rows = stmt.query_map([state], read_row).map_err(backend)?;
+                for row in rows {
+                    out.push(row.map_err(backend)?.decode()?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError> {
+        let k = key.clone();
+        self.with(move |c| {
+            c.execute(
+                &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6)"),
+                params![
+                    k.id,
+                    k.name,
+                    k.hash,
+                    k.prefix,
+                    micros(k.created_at),
+                    k.revoked_at.map(micros)
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn api_key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
+        let hash = hash.to_string();
+        self.with(move |c| {
+            c.query_row(
+                &format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1 AND revoked_at_us IS NULL"
+                ),
+                [hash],
+                read_key,
+            )
+            .optional()
+            .map_err(backend)?
+            .map(decode_key)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at_us"
+                ))
+                .map_err(backend)?;
+            let rows = stmt.query_map([], read_key).map_err(backend)?;
+            rows.map(|r| r.map_err(backend).and_then(decode_key))
+                .collect()
+        })
+        .await
+    }
+
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE api_keys SET revoked_at_us = ?2 WHERE id = ?1 AND revoked_at_us IS NULL",
+                    params![id, micros(Utc::now())],
+                )
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+}

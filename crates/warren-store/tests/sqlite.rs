@@ -1,0 +1,105 @@
+//! The SQLite store against real database files.
+
+use std::collections::BTreeMap;
+
+use chrono::{TimeZone, Utc};
+use warren_control::{ApiKey, Sandbox, SandboxState, Store};
+use warren_runtime::RuntimeSandbox;
+use warren_store::SqliteStore;
+
+fn sandbox(id: &str) -> Sandbox {
+    Sandbox {
+        id: id.into(),
+        template: "base".into(),
+        state: SandboxState::Pending,
+        failure: None,
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_mb: 2048,
+        allow_internet_access: true,
+        metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+        started_at: Utc.timestamp_micros(1_700_000_000_123_456).unwrap(),
+        end_at: Utc.timestamp_micros(1_700_000_300_123_456).unwrap(),
+        envd_access_token: "ea_x".into(),
+        traffic_access_token: "ta_x".into(),
+        runtime: None,
+    }
+}
+
+#[tokio::test]
+async fn sandboxes_round_trip_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        let mut s = sandbox("iabc");
+        store.insert_sandbox(&s).await.unwrap();
+        assert!(store.insert_sandbox(&s).await.is_err(), "duplicate id");
+        s.state = SandboxState::Running;
+        s.runtime = Some(RuntimeSandbox {
+            id: "iabc".into(),
+            agent: "10.0.0.2:49983".parse().unwrap(),
+            record: serde_json::json!({"pid": 42}),
+        });
+        store.update_sandbox(&s).await.unwrap();
+        store.insert_sandbox(&sandbox("idef")).await.unwrap();
+    }
+    // Reopening re-runs no migration and finds everything.
+    let store = SqliteStore::open(&path).unwrap();
+    let got = store.get_sandbox("iabc").await.unwrap().unwrap();
+    assert_eq!(got.state, SandboxState::Running);
+    assert_eq!(got.runtime.unwrap().record["pid"], 42);
+    assert_eq!(got.metadata["k"], "v w");
+    assert_eq!(got.started_at, sandbox("x").started_at);
+    assert_eq!(
+        store
+            .sandboxes_in(&[SandboxState::Running])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        store
+            .sandboxes_in(&[SandboxState::Running, SandboxState::Pending])
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(store.get_sandbox("nope").await.unwrap().is_none());
+    assert!(store.update_sandbox(&sandbox("nope")).await.is_err());
+}
+
+#[tokio::test]
+async fn wal_mode_is_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    let _store = SqliteStore::open(&path).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn api_keys_store_hashes_only() {
+    let store = SqliteStore::open_in_memory().unwrap();
+    let key = ApiKey {
+        id: "k1".into(),
+        name: "ci".into(),
+        hash: warren_control::hash_api_key("secret-value-1234"),
+        prefix: "secret-val".into(),
+        created_at: Utc::now(),
+        revoked_at: None,
+    };
+    store.insert_api_key(&key).await.unwrap();
+    assert!(store.insert_api_key(&key).await.is_err());
+    let found = store.api_key_by_hash(&key.hash).await.unwrap().unwrap();
+    assert_eq!(found.id, "k1");
+    assert!(store.revoke_api_key("k1").await.unwrap());
+    assert!(!store.revoke_api_key("k1").await.unwrap());
+    assert!(store.api_key_by_hash(&key.hash).await.unwrap().is_none());
+    assert!(store.api_keys().await.unwrap()[0].revoked_at.is_some());
+}
