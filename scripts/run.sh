@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian/Ubuntu machine (as root) and starts Warren.
+# Sets up a fresh Debian/Ubuntu machine (as root), then starts the Warren server: the
+# E2B-compatible API and sandbox proxy on 127.0.0.1:3000, with the namespace runtime and the
+# `base` template (built on the first start, which takes a few minutes).
 #
-# Today this is the guest agent on its own (the E2B envd protocol on port 49983, usable with the
-# SDK's debug mode); the control plane (`warren serve`) replaces it here when it lands.
+# WARREN_API_KEY=<key> seeds a known API key; otherwise the first start prints a new one.
+# WARREN_LISTEN and WARREN_DATA_DIR override the address and the data directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
 ./scripts/setup.sh
-listen="${WARREN_AGENT_LISTEN:-127.0.0.1:49983}"
-echo "Warren agent listening on http://$listen (Ctrl-C stops it)"
-exec ./target/release/warren-agent --listen "$listen" "$@"
+listen="${WARREN_LISTEN:-127.0.0.1:3000}"
+data_dir="${WARREN_DATA_DIR:-/var/lib/warren}"
+exec ./target/release/warren serve --listen "$listen" --data-dir "$data_dir" "$@"

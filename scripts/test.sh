@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine (as root) and runs every test: Rust unit and
-# integration tests, then the agent conformance suite with the official E2B Python SDK, then
-# one smoke run of each benchmark (which only checks that numbers come out).
+# integration tests (including real sandboxes and network slots), the agent conformance suite
+# and the control-plane end-to-end suite with the official E2B Python SDK, then one smoke run
+# of each benchmark (which only checks that numbers come out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -20,12 +21,18 @@ log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt
 
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
 
+log "control-plane end-to-end suite (e2b SDK against warren serve with the namespace runtime)"
+# Reuses the base image the Rust tests built in /var/lib/warren.
+WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/e2e -q
+
 log "benchmark smoke run"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
+cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke
 
 log "all tests passed"

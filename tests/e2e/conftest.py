@@ -44,7 +44,8 @@ class Server:
              "--runtime", "auto", "--max-sandboxes", "40"],
             env=env, stdout=self.log, stderr=self.log,
         )
-        deadline = time.monotonic() + 60
+        # The first start builds the base template image before listening (minutes).
+        deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"warren serve exited with {self.proc.returncode}; see {self.data_dir}/serve.log")

@@ -28,6 +28,11 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Arc<dyn S
             let rt = warren_host::NsRuntime::start(cfg)
                 .await
                 .context("starting the namespace runtime (it needs root)")?;
+            // The base template is what every SDK asks for by default: have it ready (built
+            // with visible progress on the very first start) before taking requests.
+            rt.prepare_template("base")
+                .await
+                .context("preparing the base template")?;
             Ok(rt)
         }
     }

@@ -138,6 +138,20 @@ impl NsRuntime {
         Ok(rt)
     }
 
+    /// Makes sure template `name` is built and mounted (the first build takes minutes and
+    /// prints its progress), so the first create does not pay for it.
+    pub async fn prepare_template(&self, name: &str) -> Result<PathBuf, RuntimeError> {
+        let (data, dir, name) = (
+            self.cfg.data_dir.clone(),
+            self.cfg.templates_dir.clone(),
+            name.to_string(),
+        );
+        let templates = self.templates.clone();
+        tokio::task::spawn_blocking(move || templates.root(&name, &data, &dir))
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?
+    }
+
     /// Kills every sandbox and removes everything this runtime created on the host (network
     /// slots and rules, cgroups, state). For decommissioning a host and for tests; a server
     /// that merely restarts must not call it.
