@@ -31,6 +31,15 @@ log "control-plane end-to-end suite (e2b SDK against warren serve with the names
 WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/e2e -q
 
+log "control-plane smoke test with the official E2B JS SDK (e2b@2.51.0)"
+# e2b 2.51.0 needs Node >= 20.18.1, which Debian's archive does not ship (bookworm has 18).
+if node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)' 2>/dev/null; then
+  (cd tests/e2e/js && npm ci --no-audit --no-fund --loglevel=error \
+    && WARREN_BIN="$PWD/../../../target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren node --test)
+else
+  echo "SKIPPED: the JS SDK smoke test needs Node.js >= 20.18.1 (found: $(node --version 2>/dev/null || echo none))"
+fi
+
 log "benchmark smoke run"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke

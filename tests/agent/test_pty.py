@@ -98,7 +98,10 @@ def test_pty_ctrl_d_ends_shell(sandbox: Sandbox):
 
 def test_pty_ctrl_c_interrupts_foreground_job(sandbox: Sandbox):
     with pty_session(sandbox) as c:
-        run_in_pty(sandbox, c, "sleep 30; echo sleep-$((1+1))-done", "sleep 30; echo")
+        # Press Ctrl-C only once the job runs in the foreground: it prints a marker from the
+        # process that then becomes `sleep` (a Ctrl-C typed earlier may reach the shell while
+        # it is still handing the terminal to the job, as at a real keyboard).
+        run_in_pty(sandbox, c, "sh -c 'echo ready-$((1+1)); exec sleep 30'; echo sleep-$((1+1))-done", "ready-2")
         start = c.pty_len()
         sandbox.pty.send_stdin(c.handle.pid, b"\x03")
         c.wait_pty("^C", start=start)

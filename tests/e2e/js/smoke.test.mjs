@@ -1,0 +1,170 @@
+// Control-plane smoke test with the official, unmodified E2B JS SDK (e2b@2.51.0) against
+// `warren serve` (namespace runtime, needs root). Run: `npm ci && node --test`.
+//
+// WARREN_BIN: the `warren` binary (default ../../../target/release/warren from this file).
+// WARREN_E2E_DATA_DIR: data dir (default /var/lib/warren, which keeps the built base image).
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { mkdirSync, openSync, closeSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { dirname, join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { setTimeout as sleep } from 'node:timers/promises'
+
+const HERE = dirname(fileURLToPath(import.meta.url))
+const WARREN_BIN = process.env.WARREN_BIN || resolve(HERE, '../../../target/release/warren')
+const DATA_DIR = process.env.WARREN_E2E_DATA_DIR || '/var/lib/warren'
+const API_KEY = 'js-smoke-key-0123456789'
+// The first start may build the base template image before listening (minutes).
+const HEALTH_DEADLINE_MS = 900_000
+
+function freePort() {
+  return new Promise((ok, fail) => {
+    const srv = createServer()
+    srv.once('error', fail)
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address()
+      srv.close(() => ok(port))
+    })
+  })
+}
+
+async function startServer() {
+  mkdirSync(DATA_DIR, { recursive: true })
+  const port = await freePort()
+  const url = `http://127.0.0.1:${port}`
+  const logPath = join(DATA_DIR, 'serve-js.log')
+  const logFd = openSync(logPath, 'a')
+  const proc = spawn(
+    WARREN_BIN,
+    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', DATA_DIR, '--runtime', 'auto'],
+    { env: { ...process.env, WARREN_API_KEY: API_KEY, WARREN_LOG: 'info' }, stdio: ['ignore', logFd, logFd] },
+  )
+  closeSync(logFd)
+  let exited = null
+  proc.on('exit', (code, signal) => { exited = { code, signal } })
+  proc.on('error', (err) => { exited = { code: null, signal: null, err } })
+  const server = { proc, url, logPath }
+  const deadline = Date.now() + HEALTH_DEADLINE_MS
+  while (Date.now() < deadline) {
+    if (exited) {
+      throw new Error(`warren serve exited (${exited.err ?? `code ${exited.code}, signal ${exited.signal}`}); see ${logPath}`)
+    }
+    try {
+      const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(1000) })
+      if (res.status === 200) return server
+    } catch {}
+    await sleep(100)
+  }
+  await stopServer(server)
+  throw new Error(`warren serve did not become healthy; see ${logPath}`)
+}
+
+async function stopServer(server) {
+  const { proc } = server
+  if (proc.exitCode !== null || proc.signalCode !== null) return
+  const exited = new Promise((ok) => proc.once('exit', ok))
+  process.kill(proc.pid, 'SIGTERM')
+  const timer = setTimeout(() => { try { process.kill(proc.pid, 'SIGKILL') } catch {} }, 30_000)
+  await exited
+  clearTimeout(timer)
+}
+
+async function listIds(Sandbox, opts) {
+  const ids = []
+  const paginator = Sandbox.list(opts)
+  while (paginator.hasNext) {
+    for (const info of await paginator.nextItems()) ids.push(info.sandboxId)
+  }
+  return ids
+}
+
+test('E2B JS SDK smoke against warren serve', { timeout: 1_200_000 }, async (t) => {
+  if (typeof process.geteuid === 'function' && process.geteuid() !== 0) {
+    console.log('skipping: the namespace runtime of warren serve needs root')
+    t.skip('the namespace runtime of warren serve needs root')
+    return
+  }
+
+  const server = await startServer()
+  const created = []
+  try {
+    process.env.E2B_API_KEY = API_KEY
+    process.env.E2B_API_URL = server.url
+    process.env.E2B_SANDBOX_URL = server.url
+    const { Sandbox, CommandExitError, AuthenticationError } = await import('e2b')
+
+    // The first create may build the base template image (minutes).
+    const sbx = await Sandbox.create({ timeoutMs: 120_000, requestTimeoutMs: 900_000 })
+    created.push(sbx)
+    assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
+
+    await t.test('commands.run echo', async () => {
+      const r = await sbx.commands.run('echo hello')
+      assert.equal(r.exitCode, 0)
+      assert.equal(r.stdout, 'hello\n')
+      assert.equal(r.stderr, '')
+    })
+
+    await t.test('non-zero exit rejects with CommandExitError', async () => {
+      await assert.rejects(sbx.commands.run('echo oops >&2; exit 3'), (err) => {
+        assert.ok(err instanceof CommandExitError, `got ${err?.constructor?.name}: ${err}`)
+        assert.equal(err.exitCode, 3)
+        assert.equal(err.stderr, 'oops\n')
+        return true
+      })
+    })
+
+    await t.test('files write/read/list', async () => {
+      const text = 'hello from the JS SDK\nsecond line ✓\n'
+      const info = await sbx.files.write('/tmp/js-smoke/hello.txt', text)
+      assert.equal(info.path, '/tmp/js-smoke/hello.txt')
+      assert.equal(await sbx.files.read('/tmp/js-smoke/hello.txt'), text)
+      const entries = await sbx.files.list('/tmp/js-smoke')
+      const entry = entries.find((e) => e.name === 'hello.txt')
+      assert.ok(entry, `hello.txt not in ${JSON.stringify(entries.map((e) => e.name))}`)
+      assert.equal(entry.type, 'file')
+      assert.equal(entry.path, '/tmp/js-smoke/hello.txt')
+      const r = await sbx.commands.run('cat /tmp/js-smoke/hello.txt')
+      assert.equal(r.stdout, text)
+    })
+
+    await t.test('background command + commands.kill', async () => {
+      const handle = await sbx.commands.run('sleep 600', { background: true })
+      assert.ok(handle.pid > 0)
+      const running = await sbx.commands.list()
+      assert.ok(running.some((p) => p.pid === handle.pid), 'background pid not in commands.list()')
+      assert.equal(await sbx.commands.kill(handle.pid), true)
+      await assert.rejects(handle.wait(), (err) => {
+        assert.ok(err instanceof CommandExitError, `got ${err?.constructor?.name}: ${err}`)
+        assert.notEqual(err.exitCode, 0)
+        return true
+      })
+      const after = await sbx.commands.list()
+      assert.ok(!after.some((p) => p.pid === handle.pid), 'killed pid still in commands.list()')
+    })
+
+    await t.test('list, kill, list', async () => {
+      assert.ok((await listIds(Sandbox)).includes(sbx.sandboxId), 'sandbox missing from Sandbox.list()')
+      await sbx.kill()
+      created.splice(created.indexOf(sbx), 1)
+      assert.ok(!(await listIds(Sandbox)).includes(sbx.sandboxId), 'killed sandbox still in Sandbox.list()')
+      assert.equal(await sbx.isRunning(), false)
+    })
+
+    await t.test('wrong API key rejects with AuthenticationError', async () => {
+      await assert.rejects(listIds(Sandbox, { apiKey: 'wrong-key-0123456789' }), (err) => {
+        assert.ok(err instanceof AuthenticationError, `got ${err?.constructor?.name}: ${err}`)
+        return true
+      })
+      await assert.rejects(Sandbox.create({ apiKey: 'wrong-key-0123456789' }), AuthenticationError)
+    })
+  } finally {
+    for (const s of created) {
+      try { await s.kill() } catch (err) { console.error(`killing ${s.sandboxId}: ${err}`) }
+    }
+    await stopServer(server)
+  }
+})
