@@ -70,10 +70,22 @@ pub fn spawn(spec: SpawnSpec) -> io::Result<Spawned> {
     let drop_privileges =
         nix::unistd::geteuid().is_root() || uid != nix::unistd::geteuid().as_raw();
     // SAFETY: the closure runs in the forked child before exec and only makes raw system calls
-    // (setsid, ioctl, setpgid, setgroups, setgid, setuid) on values captured by copy or owned
-    // by the closure; it allocates nothing and takes no locks, so it is async-signal-safe.
+    // (signal, sigprocmask, setsid, ioctl, setpgid, setgroups, setgid, setuid) on values
+    // captured by copy or owned by the closure, or on a zeroed `sigset_t` on its own stack; it
+    // allocates nothing and takes no locks, so it is async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
+            // Programs start with default signal handling, whatever the agent inherited (a
+            // shell that started it in the background ignores SIGINT and SIGQUIT, and ignored
+            // signals survive exec): Ctrl-C in a terminal must interrupt.
+            for sig in 1..libc::SIGRTMIN() {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             if with_pty {
                 // New session so the PTY becomes the controlling terminal and the program is a
                 // process-group leader (signals reach its whole group).
