@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::{ClientArgs, KEY_FILE};
 
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
@@ -36,7 +37,7 @@ impl Client {
         format!("{}{}", self.base, path)
     }
 
-    async fn check(resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+    pub async fn check(resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -44,6 +45,20 @@ impl Client {
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         let message = body["message"].as_str().unwrap_or("no details");
         bail!("server answered {status}: {message}")
+    }
+
+    /// An API request whose status the caller checks (e.g. to tell a 404 apart).
+    pub async fn api_unchecked(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        self.http
+            .request(method, self.url(path))
+            .header("X-API-KEY", &self.key)
+            .send()
+            .await
+            .with_context(|| format!("contacting {}", self.base))
     }
 
     pub async fn api(
@@ -73,5 +88,32 @@ impl Client {
             .header("E2b-Sandbox-Id", id)
             .header("E2b-Sandbox-Port", "49983")
             .header("X-Access-Token", token)
+    }
+
+    /// A unary Connect call (JSON codec) to a sandbox's agent; the response message.
+    pub async fn agent_unary(
+        &self,
+        id: &str,
+        token: &str,
+        procedure: &str,
+        msg: &Value,
+    ) -> anyhow::Result<Value> {
+        let resp = self
+            .sandbox(id, token, procedure)
+            .header("content-type", "application/json")
+            .header("connect-protocol-version", "1")
+            .json(msg)
+            .send()
+            .await
+            .context("contacting the sandbox")?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
+        }
+        if body.get("code").is_some() {
+            bail!("{}", crate::connect::error_text(&body))
+        }
+        bail!("sandbox answered {status}")
     }
 }

@@ -3,9 +3,12 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod connect;
 mod keys;
 mod sandbox;
 mod serve;
+mod shell;
+mod template;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,10 +75,17 @@ enum Command {
         #[arg(long)]
         domain: Option<String>,
     },
-    /// Creates, lists, inspects, runs commands in and kills sandboxes.
+    /// Creates, lists, inspects, runs commands or a shell in, and kills sandboxes.
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Lists the templates sandboxes can be created from.
+    Template {
+        #[command(subcommand)]
+        command: template::TemplateCommand,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -124,6 +134,7 @@ fn main() -> std::process::ExitCode {
             .await
             .map(|()| 0),
             Command::Sandbox { command, client } => sandbox::run(command, client).await,
+            Command::Template { command, client } => template::run(command, client).await,
             Command::Keys {
                 command,
                 data_dir,

@@ -1,6 +1,6 @@
-//! `warren sandbox create|list|info|exec|kill`.
+//! `warren sandbox create|list|info|exec|shell|kill`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::client::Client;
-use crate::ClientArgs;
+use crate::{connect, shell, ClientArgs};
 
 #[derive(Subcommand)]
 pub enum SandboxCommand {
@@ -44,6 +44,12 @@ pub enum SandboxCommand {
         #[arg(required = true, trailing_var_arg = true)]
         command: Vec<String>,
     },
+    /// Opens an interactive terminal (`/bin/bash -i -l` on a PTY) in the sandbox.
+    Shell {
+        id: String,
+        #[arg(long)]
+        user: Option<String>,
+    },
     Kill {
         id: String,
     },
@@ -64,6 +70,21 @@ fn map(pairs: Vec<(String, String)>) -> Value {
     )
 }
 
+/// A spinner on stderr while a slow call runs; none when stderr is not a terminal.
+fn spinner(message: &str) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        bar.set_style(style);
+    }
+    bar.set_message(message.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    Some(bar)
+}
+
 pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
     let client = Client::new(&args)?;
     match cmd {
@@ -78,11 +99,12 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             if let Some(t) = timeout {
                 body["timeout"] = t.into();
             }
-            let v: Value = client
-                .api(Method::POST, "/v2/sandboxes", Some(body))
-                .await?
-                .json()
-                .await?;
+            let spinner = spinner(&format!("creating a sandbox from template {template}"));
+            let created = client.api(Method::POST, "/v2/sandboxes", Some(body)).await;
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+            let v: Value = created?.json().await?;
             if args.json {
                 println!("{v}");
             } else {
@@ -147,6 +169,7 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
         SandboxCommand::Exec { id, user, command } => {
             return exec(&client, &id, user, &command.join(" ")).await
         }
+        SandboxCommand::Shell { id, user } => return shell::run(&client, &id, user).await,
         SandboxCommand::Kill { id } => {
             client
                 .api(Method::DELETE, &format!("/sandboxes/{id}"), None)
@@ -159,37 +182,35 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Streams a command's output through the proxy (Connect server stream, JSON envelopes).
-async fn exec(
-    client: &Client,
-    id: &str,
-    user: Option<String>,
-    command: &str,
-) -> anyhow::Result<u8> {
+/// The sandbox's agent access token (`envdAccessToken`), needed for every call through the proxy.
+pub async fn agent_token(client: &Client, id: &str) -> anyhow::Result<String> {
     let detail: Value = client
         .api(Method::GET, &format!("/sandboxes/{id}"), None)
         .await?
         .json()
         .await?;
-    let token = detail["envdAccessToken"]
+    Ok(detail["envdAccessToken"]
         .as_str()
         .unwrap_or_default()
-        .to_string();
-    let payload = serde_json::to_vec(&json!({
-        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", command]}, "stdin": false
-    }))?;
-    let mut body = vec![0u8];
-    body.extend_from_slice(
-        &u32::try_from(payload.len())
-            .context("command too long")?
-            .to_be_bytes(),
-    );
-    body.extend_from_slice(&payload);
+        .to_string())
+}
+
+/// Starts a process (Connect server stream `process.Process/Start`) and returns the live
+/// response once the agent accepted the call.
+pub async fn start_process(
+    client: &Client,
+    id: &str,
+    token: &str,
+    user: Option<&str>,
+    request: &Value,
+) -> anyhow::Result<reqwest::Response> {
     let mut req = client
-        .sandbox(id, &token, "/process.Process/Start")
+        .sandbox(id, token, "/process.Process/Start")
         .header("content-type", "application/connect+json")
         .header("connect-protocol-version", "1")
-        .body(body);
+        // Keepalive events while idle keep proxies from closing a quiet stream.
+        .header("keepalive-ping-interval", "50")
+        .body(connect::encode_envelope(request)?);
     if let Some(u) = user {
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
         req = req.header("authorization", format!("Basic {basic}"));
@@ -202,31 +223,33 @@ async fn exec(
             resp.text().await.unwrap_or_default()
         );
     }
+    Ok(resp)
+}
+
+/// Streams a command's output through the proxy (Connect server stream, JSON envelopes).
+async fn exec(
+    client: &Client,
+    id: &str,
+    user: Option<String>,
+    command: &str,
+) -> anyhow::Result<u8> {
+    let token = agent_token(client, id).await?;
+    let request = json!({
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", command]}, "stdin": false
+    });
+    let resp = start_process(client, id, &token, user.as_deref(), &request).await?;
     let mut stream = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
+    let mut decoder = connect::Decoder::default();
     let mut code: u8 = 0;
     let b64 = base64::engine::general_purpose::STANDARD;
     while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk.context("stream from the sandbox broke")?);
-        while buf.len() >= 5 {
-            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if buf.len() < 5 + len {
-                break;
-            }
-            let flags = buf[0];
-            let msg: Value =
-                serde_json::from_slice(&buf[5..5 + len]).context("malformed stream message")?;
-            buf.drain(..5 + len);
-            if flags & 2 != 0 {
-                if let Some(err) = msg.get("error") {
-                    bail!(
-                        "{}: {}",
-                        err["code"].as_str().unwrap_or("error"),
-                        err["message"].as_str().unwrap_or("")
-                    );
-                }
-                return Ok(code);
-            }
+        decoder.push(&chunk.context("stream from the sandbox broke")?);
+        while let Some(frame) = decoder.next_frame()? {
+            let msg = match frame {
+                connect::Frame::End(Ok(())) => return Ok(code),
+                connect::Frame::End(Err(e)) => bail!("{e}"),
+                connect::Frame::Message(m) => m,
+            };
             let event = &msg["event"];
             if let Some(d) = event["data"]["stdout"].as_str() {
                 std::io::stdout().write_all(&b64.decode(d)?)?;
@@ -236,9 +259,7 @@ async fn exec(
                 std::io::stderr().write_all(&b64.decode(d)?)?;
             }
             if let Some(end) = event.get("end") {
-                code = end["exitCode"]
-                    .as_i64()
-                    .map_or(0, |c| u8::try_from(c).unwrap_or(1));
+                code = connect::exit_code(end);
             }
         }
     }
