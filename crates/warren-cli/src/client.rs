@@ -47,20 +47,6 @@ impl Client {
         bail!("server answered {status}: {message}")
     }
 
-    /// An API request whose status the caller checks (e.g. to tell a 404 apart).
-    pub async fn api_unchecked(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-    ) -> anyhow::Result<reqwest::Response> {
-        self.http
-            .request(method, self.url(path))
-            .header("X-API-KEY", &self.key)
-            .send()
-            .await
-            .with_context(|| format!("contacting {}", self.base))
-    }
-
     pub async fn api(
         &self,
         method: reqwest::Method,

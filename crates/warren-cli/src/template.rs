@@ -1,106 +1,111 @@
-//! `warren template list`: the server's templates (`GET /templates`, E2B's listing).
+//! `warren template list|build`: the templates of this host's data dir. Like `keys`, these work
+//! on the data dir directly (building an image needs root and this machine), whether or not the
+//! server runs; the server mounts whatever is built here.
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Subcommand;
-use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::json;
 
-use crate::client::Client;
 use crate::ClientArgs;
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
-    /// Lists the templates the server can create sandboxes from.
+    /// Lists the templates this host knows and whether their images are built.
     List,
+    /// Builds a template's image now (with progress), or confirms it is already built.
+    Build {
+        /// Template name.
+        #[arg(default_value = "base")]
+        name: String,
+    },
 }
 
 pub async fn run(cmd: TemplateCommand, args: ClientArgs) -> anyhow::Result<u8> {
-    let client = Client::new(&args)?;
     match cmd {
-        TemplateCommand::List => list(&client, args.json).await,
+        TemplateCommand::List => list(&args),
+        TemplateCommand::Build { name } => build(&args, &name).await,
     }
 }
 
-async fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
-    let resp = client.api_unchecked(Method::GET, "/templates").await?;
-    if matches!(
-        resp.status(),
-        StatusCode::NOT_FOUND | StatusCode::NOT_IMPLEMENTED | StatusCode::METHOD_NOT_ALLOWED
-    ) {
-        bail!(
-            "this server does not list templates (GET /templates answered {}); \
-             sandboxes are created from `--template base` unless you name another",
-            resp.status()
-        );
+fn list(args: &ClientArgs) -> anyhow::Result<u8> {
+    let mut rows = Vec::new();
+    for name in warren_host::TEMPLATES {
+        let Some(recipe) = warren_host::recipe(name) else {
+            continue;
+        };
+        let image = warren_image::cached_image(&recipe, &args.data_dir)
+            .with_context(|| format!("reading the cache of template {name}"))?;
+        rows.push(match image {
+            Some(img) => json!({
+                "name": name,
+                "status": "built",
+                "cacheKey": recipe.cache_key(),
+                "imageBytes": img.manifest.image_size,
+                "builtAt": img.manifest.built_at,
+                "packages": img.manifest.installed_packages.len(),
+            }),
+            None => json!({ "name": name, "status": "not built", "cacheKey": recipe.cache_key() }),
+        });
     }
-    let items: Vec<Value> = Client::check(resp).await?.json().await?;
-    if json {
-        println!("{}", Value::Array(items));
+    if args.json {
+        println!("{}", serde_json::Value::Array(rows));
         return Ok(0);
     }
-    for line in table(&items) {
-        println!("{line}");
+    println!(
+        "{:<12} {:<10} {:<20} {:>9} {:>8}  BUILT AT",
+        "NAME", "STATUS", "CACHE KEY", "SIZE", "PACKAGES"
+    );
+    for r in rows {
+        let size = r["imageBytes"]
+            .as_u64()
+            .map(|b| format!("{} MiB", b >> 20))
+            .unwrap_or_default();
+        println!(
+            "{:<12} {:<10} {:<20} {:>9} {:>8}  {}",
+            r["name"].as_str().unwrap_or_default(),
+            r["status"].as_str().unwrap_or_default(),
+            r["cacheKey"].as_str().unwrap_or_default(),
+            size,
+            r["packages"]
+                .as_u64()
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+            r["builtAt"].as_str().unwrap_or_default(),
+        );
     }
     Ok(0)
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => String::new(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(","),
-        other => other.to_string(),
-    }
-}
-
-/// Header plus one line per template, from E2B's `Template` fields (missing ones left blank).
-fn table(items: &[Value]) -> Vec<String> {
-    let mut lines = vec![format!(
-        "{:<24} {:<20} {:<10} {:>4} {:>8} {:>8}  CREATED",
-        "ID", "ALIASES", "STATUS", "CPU", "MEM_MB", "DISK_MB"
-    )];
-    for t in items {
-        let aliases = match (&t["aliases"], &t["names"]) {
-            (Value::Array(a), _) if !a.is_empty() => text(&t["aliases"]),
-            (_, names) => text(names),
+async fn build(args: &ClientArgs, name: &str) -> anyhow::Result<u8> {
+    let Some(recipe) = warren_host::recipe(name) else {
+        bail!(
+            "unknown template {name:?} (known: {})",
+            warren_host::TEMPLATES.join(", ")
+        );
+    };
+    let data_dir = args.data_dir.clone();
+    let image = tokio::task::spawn_blocking(move || {
+        warren_image::ensure_image(&recipe, &data_dir, &mut warren_image::StderrProgress::new())
+    })
+    .await?
+    .with_context(|| format!("building template {name}"))?;
+    let m = &image.manifest;
+    if args.json {
+        println!(
+            "{}",
+            json!({"name": name, "image": image.image, "built": image.built, "imageBytes": m.image_size})
+        );
+    } else {
+        let what = if image.built {
+            "built"
+        } else {
+            "already built"
         };
-        lines.push(format!(
-            "{:<24} {:<20} {:<10} {:>4} {:>8} {:>8}  {}",
-            text(&t["templateID"]),
-            aliases,
-            text(&t["buildStatus"]),
-            text(&t["cpuCount"]),
-            text(&t["memoryMB"]),
-            text(&t["diskSizeMB"]),
-            text(&t["createdAt"]),
-        ));
+        println!(
+            "template {name} {what}: {} ({} MiB)",
+            image.image.display(),
+            m.image_size >> 20
+        );
     }
-    lines
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn table_rows_from_e2b_fields() {
-        let lines = table(&[json!({
-            "templateID": "base", "aliases": ["base", "default"], "buildStatus": "ready",
-            "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "createdAt": "2025-01-01T00:00:00Z"
-        })]);
-        assert_eq!(lines.len(), 2);
-        assert!(lines[0].starts_with("ID"));
-        assert!(lines[1].starts_with("base "));
-        assert!(lines[1].contains("base,default"));
-        assert!(lines[1].contains("ready"));
-        assert!(lines[1].ends_with("2025-01-01T00:00:00Z"));
-    }
-
-    #[test]
-    fn missing_fields_are_blank() {
-        let lines = table(&[json!({"templateID": "t1", "names": ["n"]})]);
-        assert!(lines[1].starts_with("t1 "));
-        assert!(lines[1].contains(" n "));
-    }
+    Ok(0)
 }

@@ -24,7 +24,7 @@ use warren_runtime::{
 use warren_runtime_ns::cgroup::Limits;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
-pub use templates::recipe;
+pub use templates::{recipe, TEMPLATES};
 
 /// Settings of the host manager.
 #[derive(Debug, Clone)]

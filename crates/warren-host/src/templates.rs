@@ -7,6 +7,9 @@ use std::process::Command;
 use warren_image::Recipe;
 use warren_runtime::RuntimeError;
 
+/// Names of the templates this host can build.
+pub const TEMPLATES: &[&str] = &["base"];
+
 /// Known templates by name.
 pub fn recipe(name: &str) -> Option<Recipe> {
     match name {
