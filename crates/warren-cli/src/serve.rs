@@ -67,6 +67,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     tracing::info!(listen = %args.listen, "warren serving API and sandbox proxy");
+    // Proxied stream envelopes are small: without TCP_NODELAY each waits for the client's
+    // delayed ACK (~40 ms per command round trip).
+    let listener = {
+        use axum::serve::ListenerExt;
+        listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+        })
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

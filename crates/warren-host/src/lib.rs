@@ -100,6 +100,9 @@ pub struct NsRuntime {
     templates: Arc<templates::Templates>,
     live: Mutex<HashMap<String, Live>>,
     client: reqwest::Client,
+    /// Held for the runtime's lifetime: one manager per host state, so a second server can
+    /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 impl NsRuntime {
@@ -119,6 +122,22 @@ impl NsRuntime {
                 )));
             }
         }
+        std::fs::create_dir_all(&cfg.run_dir)
+            .map_err(|e| RuntimeError::Failed(format!("create {}: {e}", cfg.run_dir.display())))?;
+        let lock_path = cfg.run_dir.join("host.lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| RuntimeError::Failed(format!("open {}: {e}", lock_path.display())))?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| {
+                RuntimeError::Failed(format!(
+                    "another Warren server already runs sandboxes on this host ({} is locked: {e})",
+                    lock_path.display()
+                ))
+            })?;
         // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
@@ -133,6 +152,7 @@ impl NsRuntime {
             templates: Arc::new(templates::Templates::default()),
             live: Mutex::new(HashMap::new()),
             client,
+            _lock: lock,
         });
         tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
         Ok(rt)

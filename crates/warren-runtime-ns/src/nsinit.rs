@@ -42,7 +42,7 @@ pub fn main() -> ! {
     let code = match run(&mut status, &mut sync) {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(status, "error {}", e.replace('\n', " "));
+            let _ = report(&mut status, &format!("error {}", e.replace('\n', " ")));
             1
         }
     };
@@ -54,7 +54,7 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
     let cfg: InitConfig = serde_json::from_str(&raw).map_err(|e| format!("bad config: {e}"))?;
 
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare user namespace: {e}"))?;
-    writeln!(status, "userns").map_err(|e| format!("report: {e}"))?;
+    report(status, "userns").map_err(|e| format!("report: {e}"))?;
     let mut go = [0u8; 1];
     sync.read_exact(&mut go)
         .map_err(|e| format!("waiting for the manager: {e}"))?;
@@ -81,15 +81,29 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
                 Ok(never) => match never {},
                 Err(e) => e,
             };
-            let _ = writeln!(status, "error {}", err.replace('\n', " "));
+            let _ = report(status, &format!("error {}", err.replace('\n', " ")));
             std::process::exit(127);
         }
         ForkResult::Parent { child } => {
-            writeln!(status, "pid {child}").map_err(|e| format!("report pid: {e}"))?;
+            report(status, &format!("pid {child}")).map_err(|e| format!("report pid: {e}"))?;
             drop(std::mem::replace(status, tempfile_null()?));
             Ok(wait_for(child, &cfg))
         }
     }
+}
+
+/// Writes one report line in a single `write`: nsinit and PID 1 report on the same pipe, and
+/// only single writes of less than PIPE_BUF bytes are atomic (`writeln!` may split a line into
+/// several writes, which the other writer could interleave with).
+fn report(status: &mut fs::File, line: &str) -> std::io::Result<()> {
+    let mut end = line.len().min(4000);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut buf = String::with_capacity(end + 1);
+    buf.push_str(&line[..end]);
+    buf.push('\n');
+    status.write_all(buf.as_bytes())
 }
 
 /// A harmless placeholder used to close a descriptor held in a `&mut File`.
@@ -285,7 +299,7 @@ fn become_sandbox(
     chdir("/").map_err(|e| format!("chdir /: {e}"))?;
 
     seccomp::install()?;
-    writeln!(status, "ready").map_err(|e| format!("report ready: {e}"))?;
+    report(status, "ready").map_err(|e| format!("report ready: {e}"))?;
 
     let prog = CString::new("/usr/local/bin/warren-agent").map_err(|e| e.to_string())?;
     let mut argv = vec![prog.clone()];
