@@ -21,7 +21,7 @@ log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt -r benches/requirements.txt
 
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
@@ -43,5 +43,7 @@ fi
 log "benchmark smoke run"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke
+WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
+  --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 
 log "all tests passed"

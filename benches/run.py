@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Warren benchmark harness: one command, every figure beside a baseline from the same run.
+
+  sudo .venv/bin/python benches/run.py                         # every scenario, ns runtime
+  sudo .venv/bin/python benches/run.py --scenario create --scenario idle
+  sudo .venv/bin/python benches/run.py --smoke                 # tiny counts; asserts numbers come out
+  sudo .venv/bin/python benches/run.py --scenario idle --max-idle --max-idle-cap 1000
+
+Starts its own `warren serve` (as root) on a free loopback port with --data-dir (default
+/var/lib/warren, which must hold or will build the base image), runs the scenarios, and writes
+results.json, results.md and latency.png to --out (default benches/results/<timestamp>/).
+Scenarios: create, command, files, pty, idle. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness.common import API_KEY, REPO_ROOT, Results, Server, cgroup_layout, meminfo  # noqa: E402
+from harness.report import table, write_all  # noqa: E402
+from harness.scenarios import SCENARIOS, Ctx  # noqa: E402
+
+
+def machine() -> str:
+    mem = meminfo()["MemTotal"] / 1024 / 1024
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return (f"nproc {os.cpu_count()}, {cpu}, memory {mem:.1f} GiB, kernel {platform.release()}, "
+            f"cgroups {cgroup_layout()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
+    ap.add_argument("--runtime", choices=["ns", "vm"], default="ns")
+    ap.add_argument("--smoke", action="store_true", help="tiny counts; exit non-zero if a scenario produced no numbers")
+    ap.add_argument("--out", help="output directory (default benches/results/<timestamp>/)")
+    ap.add_argument("--data-dir", default="/var/lib/warren")
+    ap.add_argument("--bin", default=os.environ.get("WARREN_BIN", os.path.join(REPO_ROOT, "target", "release", "warren")))
+    ap.add_argument("--idle", type=int, default=50, help="idle sandboxes for the idle scenario")
+    ap.add_argument("--max-idle", action="store_true",
+                    help="idle: keep adding sandboxes until 90%% host memory, the latency limit or the cap")
+    ap.add_argument("--max-idle-cap", type=int, default=1000)
+    ap.add_argument("--idle-latency-limit-ms", type=float, default=100.0,
+                    help="idle --max-idle: stop when a command round trip p50 exceeds this")
+    ap.add_argument("--tmpdir", default=tempfile.gettempdir())
+    args = ap.parse_args()
+    names = args.scenario or list(SCENARIOS)
+
+    if args.runtime == "vm":
+        print("The `vm` runtime is not available yet (no microVM runtime in this build): "
+              f"nothing measured for {', '.join(names)}; no numbers are reported.", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("benches/run.py must run as root: `warren serve` with the ns runtime needs root "
+              "(try: sudo .venv/bin/python benches/run.py).", file=sys.stderr)
+        return 2
+    if not os.path.isfile(args.bin):
+        print(f"warren binary not found at {args.bin}: cd {REPO_ROOT} && cargo build --release --workspace",
+              file=sys.stderr)
+        return 2
+
+    started = time.strftime("%Y-%m-%dT%H-%M-%S")
+    out = args.out or os.path.join(REPO_ROOT, "benches", "results", started)
+    os.makedirs(out, exist_ok=True)
+    max_sbx = max(200, args.idle + 60, (args.max_idle_cap + 60) if args.max_idle else 0)
+    server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), max_sbx)
+    results = Results()
+    failed: list[str] = []
+    empty: list[str] = []
+    t_all = time.monotonic()
+    ctx = None
+    try:
+        print(f"starting warren serve (log {out}/serve.log)", flush=True)
+        server.start()
+        os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
+        print(f"warren serve at {server.url} (pid {server.proc.pid}); runtime ns; smoke={args.smoke}", flush=True)
+        ctx = Ctx(server=server, results=results, smoke=args.smoke, data_dir=args.data_dir,
+                  idle_count=args.idle, max_idle=args.max_idle, max_idle_cap=args.max_idle_cap,
+                  idle_latency_limit_ms=args.idle_latency_limit_ms, tmpdir=args.tmpdir,
+                  created=[], lock=threading.Lock())
+        for name in names:
+            t0 = time.monotonic()
+            print(f"\n== {name}", flush=True)
+            try:
+                SCENARIOS[name](ctx)
+            except Exception:  # noqa: BLE001 - report and go on with the next scenario
+                traceback.print_exc()
+                failed.append(name)
+                results.note(name, "scenario failed: " + traceback.format_exc().strip().splitlines()[-1][:300])
+            if not [m for m in results.by_scenario(name)
+                    if not m.name.startswith("baseline") and any(m.samples)]:
+                empty.append(name)
+            print(f"== {name}: {time.monotonic() - t0:.1f} s", flush=True)
+    finally:
+        if server.proc is not None:
+            server.kill_all(ctx.created if ctx else [])
+        server.stop()
+
+    meta = {
+        "started": started,
+        "runtime": args.runtime,
+        "smoke": args.smoke,
+        "scenarios": names,
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "machine": machine(),
+        "warren_commit": subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip(),
+        "duration_s": round(time.monotonic() - t_all, 1),
+        "failed": failed,
+    }
+    write_all(results, out, meta)
+    print("\n" + table(results) + "\n")
+    for sc, notes in results.notes.items():
+        for n in notes:
+            print(f"- {sc}: {n}")
+    print(f"\nwrote {out}/results.json, results.md, latency.png ({meta['duration_s']} s)")
+    if empty:
+        print(f"FAILED: no numbers from: {', '.join(empty)}", file=sys.stderr)
+        return 1
+    if failed:
+        print(f"FAILED: scenarios raised: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
