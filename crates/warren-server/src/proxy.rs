@@ -258,6 +258,8 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     // The pool speaks HTTP/1.1 to sandboxes whatever the client spoke to us.
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    // The control-plane credential never enters a sandbox, whatever a client sends along.
+    parts.headers.remove("x-api-key");
     if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
         parts.headers.insert(header::HOST, host);
     }
