@@ -29,7 +29,9 @@ pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
 
 /// Whether the request's `X-Access-Token` matches (true when no token is configured).
 pub fn token_ok(state: &AppState, headers: &HeaderMap) -> bool {
-    match state.settings().access_token {
+    // Every request passes here: read the token under the lock instead of cloning all settings.
+    let settings = state.settings.read().unwrap_or_else(|e| e.into_inner());
+    match &settings.access_token {
         None => true,
         Some(expected) => headers
             .get("x-access-token")

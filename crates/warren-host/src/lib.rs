@@ -463,12 +463,12 @@ impl SandboxRuntime for NsRuntime {
                         if let Some(pool) = self.net.get() {
                             let _ = pool.release(slot).await;
                         }
-                        let _ = SandboxCleanup::run(&self.ns, &r.id);
+                        let _ = launch::remove_sandbox(&self.ns, &r.id);
                         Err(e)
                     }
                 },
                 Some(Err(e)) => {
-                    let _ = SandboxCleanup::run(&self.ns, &r.id);
+                    let _ = launch::remove_sandbox(&self.ns, &r.id);
                     Err(RuntimeError::Failed(format!(
                         "the sandbox's network could not be kept: {e}"
                     )))
@@ -478,19 +478,6 @@ impl SandboxRuntime for NsRuntime {
             out.push((r.id, result));
         }
         out
-    }
-}
-
-/// Removes one sandbox's processes, cgroup and state by id.
-struct SandboxCleanup;
-
-impl SandboxCleanup {
-    fn run(ns: &NsConfig, id: &str) -> Vec<String> {
-        let others: Vec<String> = warren_runtime_ns::cgroup::children(&ns.cgroup_parent)
-            .into_iter()
-            .filter(|c| c != id)
-            .collect();
-        launch::cleanup_stale(ns, &others)
     }
 }
 

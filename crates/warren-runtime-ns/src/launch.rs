@@ -298,6 +298,17 @@ fn remove_state(cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
     }
 }
 
+/// Removes one sandbox by id (processes, cgroup, state), e.g. one a restarted manager could not
+/// take back. Idempotent.
+pub fn remove_sandbox(cfg: &NsConfig, id: &str) -> Result<(), LaunchError> {
+    if !valid_id(id) {
+        return Err(LaunchError::InvalidId(id.to_string()));
+    }
+    let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
+    cg.kill_all().map_err(io("kill the sandbox"))?;
+    remove_state(&cg, &cfg.state_dir.join(id))
+}
+
 /// Removes every sandbox under this configuration that is not in `keep`: processes, cgroups,
 /// mounts and state left by a crashed predecessor. Returns the ids removed.
 pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
