@@ -1,0 +1,21 @@
+//! microVM building blocks for Warren's `vm` runtime (see docs/runtime-vm.md).
+//!
+//! * [`kernel`]: the pinned Debian cloud kernel, fetched with `apt-get download` and unpacked
+//!   with `dpkg -x` into the data directory;
+//! * [`initramfs`]: a cpio archive written here, holding `warren-vminit`, the shared libraries
+//!   it needs and the kernel modules for virtio, erofs and overlayfs;
+//! * [`accel`]: whether KVM is truly usable (PVM is not) or TCG must be used;
+//! * [`qmp`]: a small async client of QEMU's machine protocol;
+//! * [`qemu`]: the `-M microvm` command line and the process;
+//! * [`snapshot`]: template snapshots (boot once, snapshot with `x-ignore-shared`) and forks
+//!   restored from them (`-incoming defer`, private copy-on-write memory, qcow2 disk overlay).
+
+pub mod accel;
+mod error;
+pub mod initramfs;
+pub mod kernel;
+pub mod qemu;
+pub mod qmp;
+pub mod snapshot;
+
+pub use error::{Error, Result};

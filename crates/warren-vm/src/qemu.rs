@@ -1,0 +1,202 @@
+//! One QEMU `-M microvm` process: its command line and how it is started.
+//!
+//! The command line of a template's boot and of its forks is the same apart from the memory
+//! backend's `share` flag, the writable disk's format and `-incoming defer`: migration needs
+//! the devices to match exactly.
+
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::accel::Accel;
+use crate::error::{Error, Result};
+
+/// The guest's MAC address: fixed, like its IP address, so that snapshots fit every slot.
+pub const GUEST_MAC: &str = "02:77:72:00:00:15";
+
+/// Everything that shapes a VM's command line.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub qemu: PathBuf,
+    pub accel: Accel,
+    pub memory_mb: u32,
+    pub cpus: u32,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub append: String,
+    /// Guest RAM: a file (on tmpfs) that holds the snapshot's memory.
+    pub mem_file: PathBuf,
+    /// `true` for the template boot (writes go to the file, which becomes the snapshot);
+    /// `false` for forks (private copy-on-write mapping of the frozen file).
+    pub mem_shared: bool,
+    /// The template image (erofs), attached read-only as `/dev/vda`.
+    pub root_image: PathBuf,
+    /// The writable disk (`/dev/vdb`) and its format (`raw` or `qcow2`).
+    pub rw_disk: PathBuf,
+    pub rw_format: &'static str,
+    /// Name of the tap device (in the netns QEMU starts in); none: no network.
+    pub tap: Option<String>,
+    pub qmp_socket: PathBuf,
+    pub console_log: PathBuf,
+    /// Wait for an incoming migration (`-incoming defer`).
+    pub incoming: bool,
+    /// Drop to this uid:gid once started (`-run-with user=`).
+    pub run_as: Option<(u32, u32)>,
+}
+
+impl VmConfig {
+    pub fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: String| a.push(s.into());
+        push("-M".into());
+        push("microvm,memory-backend=mem".into());
+        push("-accel".into());
+        push(self.accel.as_str().into());
+        push("-cpu".into());
+        push(self.accel.cpu_model().into());
+        push("-m".into());
+        push(format!("{}M", self.memory_mb));
+        push("-smp".into());
+        push(self.cpus.max(1).to_string());
+        for flag in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
+            push(flag.into());
+        }
+        push("-sandbox".into());
+        push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into());
+        push("-object".into());
+        push(format!(
+            "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
+            self.memory_mb,
+            self.mem_file.display(),
+            if self.mem_shared { "on" } else { "off" }
+        ));
+        push("-chardev".into());
+        push(format!(
+            "file,id=console,path={},append=on",
+            self.console_log.display()
+        ));
+        push("-serial".into());
+        push("chardev:console".into());
+        push("-kernel".into());
+        push(self.kernel.display().to_string());
+        push("-initrd".into());
+        push(self.initrd.display().to_string());
+        push("-append".into());
+        push(self.append.clone());
+        push("-drive".into());
+        push(format!(
+            "file={},format=raw,if=none,id=root,readonly=on",
+            self.root_image.display()
+        ));
+        push("-device".into());
+        push("virtio-blk-device,drive=root".into());
+        // Errors (a full host disk) reach the guest as I/O errors instead of pausing the VM.
+        push("-drive".into());
+        push(format!(
+            "file={},format={},if=none,id=rw,werror=report,rerror=report",
+            self.rw_disk.display(),
+            self.rw_format
+        ));
+        push("-device".into());
+        push("virtio-blk-device,drive=rw".into());
+        if let Some(tap) = &self.tap {
+            push("-netdev".into());
+            push(format!("tap,id=net0,ifname={tap},script=no,downscript=no"));
+            push("-device".into());
+            push(format!("virtio-net-device,netdev=net0,mac={GUEST_MAC}"));
+        }
+        push("-qmp".into());
+        push(format!(
+            "unix:{},server=on,wait=off",
+            self.qmp_socket.display()
+        ));
+        if let Some((uid, gid)) = self.run_as {
+            push("-run-with".into());
+            push(format!("user={uid}:{gid}"));
+        }
+        if self.incoming {
+            push("-incoming".into());
+            push("defer".into());
+        }
+        a
+    }
+}
+
+/// The kernel command line: serial console, no reboot on panic (the VM exits instead),
+/// the host's TSC frequency, quiet, and vminit's settings.
+pub fn kernel_cmdline(tsc_khz: u64, hostname: &str, dns: &[std::net::Ipv4Addr]) -> String {
+    let dns: Vec<String> = dns.iter().map(|a| a.to_string()).collect();
+    format!(
+        "console=ttyS0 panic=-1 reboot=t tsc_early_khz={tsc_khz} quiet loglevel=4 \
+         i8042.noaux i8042.nokbd warren.hostname={hostname} warren.dns={}",
+        dns.join(",")
+    )
+}
+
+/// Starts QEMU detached from the caller's session (a server restart or a Ctrl-C must not
+/// kill it), inside network namespace `netns` when given. stdout and stderr go to `log`.
+pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(Error::io("open", log))?;
+    let err = out.try_clone().map_err(Error::io("open", log))?;
+    let ns = match netns {
+        Some(p) => Some(std::fs::File::open(p).map_err(Error::io("open", p))?),
+        None => None,
+    };
+    let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
+    let mut cmd = tokio::process::Command::new(&cfg.qemu);
+    cmd.args(cfg.args())
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(false);
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (setsid, setns) on a descriptor that stays open in the
+    // parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = ns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(Error::io("start", &cfg.qemu))?;
+    drop(ns);
+    Ok(child)
+}
+
+/// The last `lines` lines of a console log (for error messages).
+pub fn console_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Whether `pid` is alive and runs QEMU with the QMP socket `qmp` (a recycled pid does not
+/// count).
+pub fn is_our_qemu(pid: u32, qmp: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let needle = format!("unix:{},", qmp.display());
+    String::from_utf8_lossy(&cmdline).contains(&needle)
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+}

@@ -1,0 +1,181 @@
+//! A small async client of QEMU's machine protocol (QMP): JSON lines over a unix socket.
+//!
+//! Connect, read the greeting, negotiate with `qmp_capabilities`, then send commands one at a
+//! time (each tagged with an id) and read their answers; asynchronous events are kept in a
+//! channel for whoever waits for them. Every exchange has a timeout.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{broadcast, mpsc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// Default time a command may take.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Qmp {
+    writer: Mutex<(OwnedWriteHalf, mpsc::Receiver<Value>)>,
+    events: broadcast::Sender<Value>,
+    next_id: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Qmp {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Qmp {
+    /// Connects to the socket (retrying until `timeout`, since a just-started QEMU may not have
+    /// created it yet) and negotiates capabilities.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<Self> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path).await {
+                Ok(s) => break s,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Error::QmpConnection(e))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        };
+        let (read, write) = stream.into_split();
+        let mut lines = BufReader::new(read).lines();
+        let greeting = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .map_err(|_| Error::QmpTimeout("greeting".into()))?
+            .map_err(Error::QmpConnection)?
+            .ok_or_else(|| Error::QmpConnection(std::io::ErrorKind::UnexpectedEof.into()))?;
+        let greeting: Value = serde_json::from_str(&greeting).map_err(|e| Error::Qmp {
+            command: "greeting".into(),
+            message: e.to_string(),
+        })?;
+        if greeting.get("QMP").is_none() {
+            return Err(Error::Qmp {
+                command: "greeting".into(),
+                message: format!("unexpected {greeting}"),
+            });
+        }
+        let (events, _) = broadcast::channel(64);
+        let (tx, rx) = mpsc::channel(8);
+        let ev = events.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if v.get("event").is_some() {
+                    let _ = ev.send(v);
+                } else if tx.send(v).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let qmp = Self {
+            writer: Mutex::new((write, rx)),
+            events,
+            next_id: AtomicU64::new(1),
+            reader,
+        };
+        qmp.execute("qmp_capabilities", json!({})).await?;
+        Ok(qmp)
+    }
+
+    /// Runs `command` with `arguments`; returns its `return` value.
+    pub async fn execute(&self, command: &str, arguments: Value) -> Result<Value> {
+        self.execute_timeout(command, arguments, COMMAND_TIMEOUT)
+            .await
+    }
+
+    pub async fn execute_timeout(
+        &self,
+        command: &str,
+        arguments: Value,
+        timeout: Duration,
+    ) -> Result<Value> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut msg = json!({ "execute": command, "id": id });
+        if arguments.as_object().is_some_and(|o| !o.is_empty()) {
+            msg["arguments"] = arguments;
+        }
+        let mut line = msg.to_string();
+        line.push('\n');
+        let mut guard = self.writer.lock().await;
+        let (writer, replies) = &mut *guard;
+        let exchange = async {
+            writer
+                .write_all(line.as_bytes())
+                .await
+                .map_err(Error::QmpConnection)?;
+            loop {
+                let reply = replies.recv().await.ok_or_else(|| {
+                    Error::QmpConnection(std::io::ErrorKind::UnexpectedEof.into())
+                })?;
+                // Answers to earlier commands that timed out are skipped.
+                if reply.get("id").and_then(Value::as_u64) != Some(id) {
+                    continue;
+                }
+                if let Some(err) = reply.get("error") {
+                    return Err(Error::Qmp {
+                        command: command.into(),
+                        message: err
+                            .get("desc")
+                            .and_then(Value::as_str)
+                            .unwrap_or("error")
+                            .to_string(),
+                    });
+                }
+                return Ok(reply.get("return").cloned().unwrap_or(Value::Null));
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| Error::QmpTimeout(command.into()))?
+    }
+
+    /// A receiver of the events that arrive from now on.
+    pub fn events(&self) -> broadcast::Receiver<Value> {
+        self.events.subscribe()
+    }
+
+    /// Polls `query-migrate` until the migration completed (or failed, or `timeout`).
+    pub async fn wait_migration(&self, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let r = self.execute("query-migrate", json!({})).await?;
+            match r.get("status").and_then(Value::as_str) {
+                Some("completed") => return Ok(()),
+                Some("failed") | Some("cancelled") => {
+                    return Err(Error::Qmp {
+                        command: "migrate".into(),
+                        message: r
+                            .get("error-desc")
+                            .and_then(Value::as_str)
+                            .unwrap_or("failed")
+                            .to_string(),
+                    })
+                }
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(Error::QmpTimeout("migration".into()))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    /// The VM's run state (`running`, `paused`, `inmigrate`, ...).
+    pub async fn status(&self) -> Result<String> {
+        let r = self.execute("query-status", json!({})).await?;
+        Ok(r.get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+}

@@ -1,0 +1,379 @@
+//! Template snapshots and the forks restored from them.
+//!
+//! **Snapshot** (once per template, accelerator, CPU model, kernel, agent and image): boot the
+//! template with its RAM in a shared memory-backend file on tmpfs, wait until the guest agent
+//! listens, `stop`, migrate with `x-ignore-shared` (only device state is written: the RAM
+//! already is in the memory file), quit. What stays: `mem` (guest RAM), `state` (device
+//! state), `disk.raw` (the writable disk as the guest left it) and `meta.json`.
+//!
+//! **Fork** (every create): a qcow2 overlay on `disk.raw`, a new QEMU with the same command
+//! line plus `-incoming defer` and the memory file mapped private (copy-on-write), then
+//! `migrate-incoming` from `state` and `cont`. No kernel boots. [`Pending`] is the first half
+//! (QEMU up and waiting), so a pool can keep some ready.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::accel::Accel;
+use crate::error::{run, Error, Result};
+use crate::qemu::{self, VmConfig};
+use crate::qmp::Qmp;
+
+/// The console line the agent prints once it listens.
+const AGENT_READY: &str = "agent listening";
+
+/// What a template snapshot is made from.
+#[derive(Debug, Clone)]
+pub struct TemplateSpec {
+    pub qemu: PathBuf,
+    pub accel: Accel,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub append: String,
+    pub root_image: PathBuf,
+    pub agent_bin: PathBuf,
+    pub memory_mb: u32,
+    pub cpus: u32,
+    /// Size of the guest's writable disk (ext4).
+    pub disk_mb: u32,
+    /// Tap device for the template boot (the network device must exist as in every fork).
+    pub tap: Option<String>,
+    pub netns: Option<PathBuf>,
+    pub boot_timeout: Duration,
+}
+
+/// Recorded next to a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    pub key: String,
+    pub accel: Accel,
+    pub cpu: String,
+    pub memory_mb: u32,
+    pub cpus: u32,
+    pub append: String,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub root_image: PathBuf,
+    /// Cold boot to a listening agent, in milliseconds.
+    pub boot_ms: u64,
+}
+
+/// A finished snapshot in `dir`.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub meta: SnapshotMeta,
+}
+
+impl Snapshot {
+    pub fn mem(&self) -> PathBuf {
+        self.dir.join("mem")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    pub fn disk(&self) -> PathBuf {
+        self.dir.join("disk.raw")
+    }
+
+    /// A snapshot previously made in `dir`, if complete.
+    pub fn open(dir: &Path) -> Option<Self> {
+        let meta = std::fs::read(dir.join("meta.json")).ok()?;
+        let meta: SnapshotMeta = serde_json::from_slice(&meta).ok()?;
+        let s = Self {
+            dir: dir.to_path_buf(),
+            meta,
+        };
+        (s.mem().exists() && s.state().exists() && s.disk().exists()).then_some(s)
+    }
+
+    /// The command line of a VM restored from this snapshot (or, with `boot`, of the boot
+    /// that makes it).
+    fn config(
+        &self,
+        rw_disk: PathBuf,
+        rw_format: &'static str,
+        files: &VmFiles,
+        tap: Option<String>,
+        boot: bool,
+        qemu: &Path,
+    ) -> VmConfig {
+        VmConfig {
+            qemu: qemu.to_path_buf(),
+            accel: self.meta.accel,
+            memory_mb: self.meta.memory_mb,
+            cpus: self.meta.cpus,
+            kernel: self.meta.kernel.clone(),
+            initrd: self.meta.initrd.clone(),
+            append: self.meta.append.clone(),
+            mem_file: self.mem(),
+            mem_shared: boot,
+            root_image: self.meta.root_image.clone(),
+            rw_disk,
+            rw_format,
+            tap,
+            qmp_socket: files.qmp.clone(),
+            console_log: files.console.clone(),
+            incoming: !boot,
+            run_as: None,
+        }
+    }
+}
+
+/// Per-VM files in a directory: QMP socket, console log, QEMU's own log.
+#[derive(Debug, Clone)]
+pub struct VmFiles {
+    pub dir: PathBuf,
+    pub qmp: PathBuf,
+    pub console: PathBuf,
+    pub log: PathBuf,
+}
+
+impl VmFiles {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            qmp: dir.join("qmp.sock"),
+            console: dir.join("console.log"),
+            log: dir.join("qemu.log"),
+        }
+    }
+
+    /// Why a VM is gone, with the end of its console and QEMU log.
+    pub fn died(&self, reason: String) -> Error {
+        let mut console = qemu::console_tail(&self.console, 30);
+        let log = qemu::console_tail(&self.log, 10);
+        if !log.is_empty() {
+            console.push_str("\n--- qemu ---\n");
+            console.push_str(&log);
+        }
+        Error::VmDied { reason, console }
+    }
+}
+
+fn make_disk(spec: &TemplateSpec, staging: &Path, disk: &Path) -> Result<()> {
+    let bin = staging.join("upper/usr/local/bin");
+    std::fs::create_dir_all(&bin).map_err(Error::io("create", &bin))?;
+    std::fs::create_dir_all(staging.join("work")).map_err(Error::io("create", staging))?;
+    let agent = bin.join("warren-agent");
+    std::fs::copy(&spec.agent_bin, &agent).map_err(Error::io("copy the agent to", &agent))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+        .map_err(Error::io("chmod", &agent))?;
+    for d in [
+        "upper",
+        "upper/usr",
+        "upper/usr/local",
+        "upper/usr/local/bin",
+    ] {
+        let p = staging.join(d);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+            .map_err(Error::io("chmod", &p))?;
+    }
+    run(Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0",
+            "-d",
+        ])
+        .arg(staging)
+        .arg(disk)
+        .arg(format!("{}M", spec.disk_mb)))?;
+    Ok(())
+}
+
+/// Boots the template once and snapshots it into `dir` (replacing whatever is there).
+pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapshot> {
+    let partial = dir.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir_all(&partial).map_err(Error::io("create", &partial))?;
+    let staging = partial.join("staging");
+    make_disk(spec, &staging, &partial.join("disk.raw"))?;
+    let _ = std::fs::remove_dir_all(&staging);
+    let mut snap = Snapshot {
+        dir: partial.clone(),
+        meta: SnapshotMeta {
+            key: key.to_string(),
+            accel: spec.accel,
+            cpu: spec.accel.cpu_model().into(),
+            memory_mb: spec.memory_mb,
+            cpus: spec.cpus,
+            append: spec.append.clone(),
+            kernel: spec.kernel.clone(),
+            initrd: spec.initrd.clone(),
+            root_image: spec.root_image.clone(),
+            boot_ms: 0,
+        },
+    };
+    let files = VmFiles::new(&partial);
+    let cfg = snap.config(
+        snap.disk(),
+        "raw",
+        &files,
+        spec.tap.clone(),
+        true,
+        &spec.qemu,
+    );
+    let started = Instant::now();
+    let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+    let result = async {
+        let qmp = Qmp::connect(&files.qmp, Duration::from_secs(10)).await?;
+        wait_console(&files, &mut child, spec.boot_timeout).await?;
+        let boot_ms = started.elapsed().as_millis() as u64;
+        qmp.execute("stop", json!({})).await?;
+        set_ignore_shared(&qmp).await?;
+        qmp.execute(
+            "migrate",
+            json!({ "uri": format!("file:{}", snap.state().display()) }),
+        )
+        .await?;
+        qmp.wait_migration(Duration::from_secs(60)).await?;
+        let _ = qmp.execute("quit", json!({})).await;
+        Ok::<u64, Error>(boot_ms)
+    }
+    .await;
+    let boot_ms = match result {
+        Ok(ms) => ms,
+        Err(e) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Err(match e {
+                Error::VmDied { .. } => e,
+                other => files.died(other.to_string()),
+            });
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    let _ = child.start_kill();
+    snap.meta.boot_ms = boot_ms;
+    let meta = serde_json::to_vec_pretty(&snap.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+    std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
+    let _ = std::fs::remove_file(&files.qmp);
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::rename(&partial, dir).map_err(Error::io("rename to", dir))?;
+    snap.dir = dir.to_path_buf();
+    Ok(snap)
+}
+
+async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {
+    qmp.execute(
+        "migrate-set-capabilities",
+        json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": true } ] }),
+    )
+    .await
+    .map(drop)
+}
+
+/// Waits until the console shows the agent listening; fails when QEMU exits first.
+async fn wait_console(
+    files: &VmFiles,
+    child: &mut tokio::process::Child,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read(&files.console).unwrap_or_default();
+        if String::from_utf8_lossy(&text).contains(AGENT_READY) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(files.died(format!("QEMU exited during boot ({status})")));
+        }
+        if Instant::now() > deadline {
+            return Err(files.died(format!(
+                "the guest agent did not start within {}s",
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fork whose QEMU runs and waits for its incoming state.
+pub struct Pending {
+    pub child: tokio::process::Child,
+    pub qmp: Qmp,
+    pub files: VmFiles,
+    snapshot: Snapshot,
+}
+
+/// Where a fork lives and how it is started.
+#[derive(Debug, Clone)]
+pub struct ForkSpec {
+    pub qemu: PathBuf,
+    pub dir: PathBuf,
+    pub tap: Option<String>,
+    pub netns: Option<PathBuf>,
+    pub run_as: Option<(u32, u32)>,
+}
+
+impl Pending {
+    /// Creates the fork's disk overlay and starts its QEMU waiting for an incoming snapshot.
+    pub async fn spawn(snapshot: &Snapshot, spec: &ForkSpec) -> Result<Self> {
+        std::fs::create_dir_all(&spec.dir).map_err(Error::io("create", &spec.dir))?;
+        let disk = spec.dir.join("disk.qcow2");
+        let _ = std::fs::remove_file(&disk);
+        run(Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(snapshot.disk())
+            .arg(&disk))?;
+        let files = VmFiles::new(&spec.dir);
+        let _ = std::fs::remove_file(&files.qmp);
+        let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
+        cfg.run_as = spec.run_as;
+        let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+        let qmp = match Qmp::connect(&files.qmp, Duration::from_secs(10)).await {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Err(files.died(e.to_string()));
+            }
+        };
+        Ok(Self {
+            child,
+            qmp,
+            files,
+            snapshot: snapshot.clone(),
+        })
+    }
+
+    /// Loads the snapshot's device state and runs the VM.
+    pub async fn complete(mut self) -> Result<(tokio::process::Child, Qmp, VmFiles)> {
+        let result = async {
+            set_ignore_shared(&self.qmp).await?;
+            self.qmp
+                .execute(
+                    "migrate-incoming",
+                    json!({ "uri": format!("file:{}", self.snapshot.state().display()) }),
+                )
+                .await?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match self.qmp.status().await?.as_str() {
+                    "running" => return Ok(()),
+                    "paused" | "prelaunch" | "postmigrate" => {
+                        self.qmp.execute("cont", json!({})).await?;
+                    }
+                    _ if Instant::now() > deadline => {
+                        return Err(Error::QmpTimeout("incoming migration".into()))
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+            return Err(self.files.died(e.to_string()));
+        }
+        Ok((self.child, self.qmp, self.files))
+    }
+}
