@@ -32,11 +32,11 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum RuntimeKind {
-    /// The best available: `ns` for now.
+    /// `vm` where KVM is truly usable (not PVM), else `ns`.
     Auto,
     /// Namespace containers (needs root).
     Ns,
-    /// microVMs.
+    /// QEMU microVMs forked from template snapshots (KVM, or TCG emulation without it).
     Vm,
 }
 

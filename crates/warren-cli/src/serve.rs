@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use warren_control::{Config, Control};
 use warren_runtime::SandboxRuntime;
 use warren_server::ServerConfig;
@@ -20,11 +20,35 @@ pub struct ServeArgs {
     pub domain: Option<String>,
 }
 
-async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
+/// The runtime, and for `vm` the runtime itself: its template snapshot is prepared after
+/// `reattach` (which must see the previous run's slots and VMs first).
+type Runtimes = (Arc<dyn SandboxRuntime>, Option<Arc<warren_host::VmRuntime>>);
+
+async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes> {
+    let kind = match kind {
+        RuntimeKind::Auto => {
+            let d = warren_host::detect_accelerator();
+            let pick = if d.accel == warren_host::Accel::Kvm {
+                RuntimeKind::Vm
+            } else {
+                RuntimeKind::Ns
+            };
+            let name = if matches!(pick, RuntimeKind::Vm) { "vm" } else { "ns" };
+            tracing::info!(runtime = name, reason = %d.reason, "--runtime auto");
+            pick
+        }
+        k => k,
+    };
+    let cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
     match kind {
-        RuntimeKind::Vm => bail!("the vm runtime is not available yet; use --runtime ns"),
+        RuntimeKind::Vm => {
+            let settings = warren_host::VmSettings::new(&cfg);
+            let rt = warren_host::VmRuntime::start(cfg, settings)
+                .await
+                .context("starting the vm runtime (it needs root and QEMU)")?;
+            Ok((rt.clone(), Some(rt)))
+        }
         RuntimeKind::Auto | RuntimeKind::Ns => {
-            let cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
             let rt = warren_host::NsRuntime::start(cfg)
                 .await
                 .context("starting the namespace runtime (it needs root)")?;
@@ -33,7 +57,7 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Arc<dyn S
             rt.prepare_template("base")
                 .await
                 .context("preparing the base template")?;
-            Ok(rt)
+            Ok((rt, None))
         }
     }
 }
@@ -48,7 +72,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let runtime = runtime(args.runtime, &args.data_dir).await?;
+    let (runtime, vm) = runtime(args.runtime, &args.data_dir).await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),
@@ -57,6 +81,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let control = Control::start(store, runtime, config)
         .await
         .context("recovering sandboxes")?;
+    if let Some(vm) = vm {
+        // The base template's snapshot (a cold boot, after the image build on the very first
+        // start) is made before taking requests, so no create ever boots a kernel.
+        vm.prepare_template("base")
+            .await
+            .context("preparing the base template's VM snapshot")?;
+    }
     ensure_key(&control, &args.data_dir).await?;
 
     let app = warren_server::app(

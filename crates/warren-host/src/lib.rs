@@ -8,6 +8,7 @@
 
 mod agent;
 mod templates;
+mod vm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ use warren_runtime_ns::cgroup::Limits;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
 pub use templates::{recipe, TEMPLATES};
+pub use vm::{VmRuntime, VmSettings};
+pub use warren_vm::accel::{detect as detect_accelerator, Accel, Detection};
 
 /// Settings of the host manager.
 #[derive(Debug, Clone)]

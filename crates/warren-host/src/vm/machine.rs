@@ -1,0 +1,191 @@
+//! One VM of this host: its QEMU process, files, cgroup and network slot, from the fork to
+//! the teardown.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use warren_net::Slot;
+use warren_runtime::RuntimeError;
+use warren_runtime_ns::cgroup::{Limits, SandboxCgroup};
+use warren_vm::qemu;
+use warren_vm::qmp::Qmp;
+use warren_vm::snapshot::{ForkSpec, Pending, Snapshot, VmFiles};
+
+/// A VM's QEMU, started and waiting for its snapshot (warm) or already running.
+pub struct Machine {
+    /// Name of its directory and cgroup.
+    pub name: String,
+    pub dir: PathBuf,
+    pub pid: u32,
+    pub cgroup: SandboxCgroup,
+    pub slot: std::sync::Mutex<Option<Slot>>,
+    /// `Some(reason)` once QEMU has exited.
+    pub exit: watch::Receiver<Option<String>>,
+    pub qmp: Option<Arc<Qmp>>,
+}
+
+/// Memory QEMU itself may use on top of the guest's RAM (cgroup limit).
+const QEMU_OVERHEAD_MB: u64 = 256;
+
+pub fn limits(memory_mb: u32, cpus: u32) -> Limits {
+    Limits {
+        cpu_millis: Some(cpus.max(1) * 1000),
+        memory_bytes: Some((u64::from(memory_mb) + QEMU_OVERHEAD_MB) << 20),
+        pids: Some(1024),
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Failed(e.to_string())
+}
+
+/// Starts a fork's QEMU in `slot` (already laid out for a VM), in its own cgroup, waiting for
+/// the incoming snapshot. The returned pending fork still has to be completed.
+pub async fn spawn(
+    snapshot: &Snapshot,
+    qemu_bin: &Path,
+    name: &str,
+    dir: &Path,
+    slot: &Slot,
+    cgroup_parent: &str,
+) -> Result<(Pending, SandboxCgroup), RuntimeError> {
+    let cgroup = SandboxCgroup::create(
+        cgroup_parent,
+        name,
+        limits(snapshot.meta.memory_mb, snapshot.meta.cpus),
+    )
+    .map_err(|e| failed(format!("cgroup: {e}")))?;
+    let spec = ForkSpec {
+        qemu: qemu_bin.to_path_buf(),
+        dir: dir.to_path_buf(),
+        tap: Some(warren_net::TAP_IFACE.into()),
+        netns: Some(slot.netns_path()),
+        run_as: None,
+    };
+    let pending = match Pending::spawn(snapshot, &spec).await {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = cgroup.remove();
+            return Err(failed(e));
+        }
+    };
+    if let Some(pid) = pending.child.id() {
+        if let Err(e) = cgroup.add(pid) {
+            tracing::warn!(vm = name, error = %e, "could not move QEMU into its cgroup");
+        }
+        let _ = std::fs::write(dir.join("pid"), pid.to_string());
+    }
+    Ok((pending, cgroup))
+}
+
+/// Why QEMU ended: its exit status, an OOM kill, the end of the guest console.
+fn exit_reason(status: &str, cgroup: &SandboxCgroup, dir: &Path) -> String {
+    let mut reason = format!("the VM's QEMU process exited ({status})");
+    if cgroup.oom_kills() > 0 {
+        reason.push_str(" (out of memory)");
+    }
+    let files = VmFiles::new(dir);
+    let console = qemu::console_tail(&files.console, 15);
+    let log = qemu::console_tail(&files.log, 5);
+    if !log.trim().is_empty() {
+        reason.push_str(&format!("; qemu: {}", log.trim()));
+    }
+    if !console.trim().is_empty() {
+        reason.push_str(&format!("; guest console: {}", console.trim()));
+    }
+    reason
+}
+
+/// Watches a QEMU that is our child; `on_exit` runs once it has ended.
+pub fn watch_child(
+    mut child: tokio::process::Child,
+    cgroup: SandboxCgroup,
+    dir: PathBuf,
+    on_exit: impl FnOnce() + Send + 'static,
+) -> watch::Receiver<Option<String>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let status = match child.wait().await {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("wait failed: {e}"),
+        };
+        let _ = tx.send(Some(exit_reason(&status, &cgroup, &dir)));
+        on_exit();
+    });
+    rx
+}
+
+/// Watches a QEMU of an earlier server run (not our child) by polling its pid.
+pub fn watch_pid(
+    pid: u32,
+    qmp_socket: PathBuf,
+    cgroup: SandboxCgroup,
+    dir: PathBuf,
+    on_exit: impl FnOnce() + Send + 'static,
+) -> watch::Receiver<Option<String>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        while qemu::is_our_qemu(pid, &qmp_socket) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = tx.send(Some(exit_reason("status unknown", &cgroup, &dir)));
+        on_exit();
+    });
+    rx
+}
+
+impl Machine {
+    pub fn running(&self) -> bool {
+        self.exit.borrow().is_none()
+    }
+
+    /// Kills QEMU (and anything else in its cgroup) and waits for the watcher to see it.
+    pub async fn kill(&self) {
+        if let (true, Some(qmp)) = (self.running(), &self.qmp) {
+            // A clean quit closes QEMU's files in order; SIGKILL below covers a hung one.
+            let _ = qmp
+                .execute_timeout("quit", serde_json::json!({}), Duration::from_millis(500))
+                .await;
+        }
+        if self.running() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let cg = self.cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || cg.kill_all()).await;
+        let mut exit = self.exit.clone();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            exit.wait_for(|e| e.is_some()),
+        )
+        .await;
+    }
+}
+
+/// Kills the processes of a VM directory left by an earlier run (warm VMs, VMs whose record
+/// was lost) and removes the directory and cgroup.
+pub fn remove_stale(dir: &Path, cgroup_parent: &str) {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(pid) = std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+    {
+        if qemu::is_our_qemu(pid, &dir.join("qmp.sock")) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let cg = SandboxCgroup::at(cgroup_parent, &name);
+    let _ = cg.kill_all();
+    let _ = cg.remove();
+    let _ = std::fs::remove_dir_all(dir);
+}

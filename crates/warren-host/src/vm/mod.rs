@@ -1,0 +1,712 @@
+//! The microVM runtime: every sandbox is a QEMU `-M microvm` restored as a copy-on-write fork
+//! of its template's snapshot (see docs/runtime-vm.md).
+//!
+//! [`VmRuntime`] mirrors [`crate::NsRuntime`]: the same template images, the same pooled
+//! network slots (laid out for a VM: see [`slotnet`]), the same agent `/init`, and reattach
+//! after a server restart (QEMUs outlive the server; their pid files and QMP sockets let the
+//! next server take them back). A pool of QEMUs already waiting for their incoming snapshot
+//! is kept per template, so a create pays only for the state load and the agent's `/init`.
+
+mod machine;
+mod slotnet;
+mod snapshots;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, OnceCell};
+use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+};
+use warren_runtime_ns::cgroup::SandboxCgroup;
+use warren_vm::accel::{self, Detection};
+use warren_vm::qmp::Qmp;
+use warren_vm::snapshot::{Pending, Snapshot};
+
+use crate::{agent, valid_id, HostConfig};
+use machine::Machine;
+
+/// Settings of the VM runtime beyond [`HostConfig`].
+#[derive(Debug, Clone)]
+pub struct VmSettings {
+    pub qemu: PathBuf,
+    pub vminit_bin: PathBuf,
+    pub agent_bin: PathBuf,
+    /// Guest RAM and vCPUs of every VM (fixed by the template snapshot; the sandbox's
+    /// `memory_mb`/`cpu_count` are not applied to the guest).
+    pub memory_mb: u32,
+    pub cpus: u32,
+    /// Size of the guest's writable disk.
+    pub disk_mb: u32,
+    /// QEMUs kept waiting for an incoming snapshot, per template.
+    pub warm_pool: usize,
+    pub boot_timeout: Duration,
+}
+
+impl VmSettings {
+    /// Defaults: `warren-vminit` next to the agent binary, 512 MiB, 1 vCPU, 2 GiB disk, a warm
+    /// pool of 2 (`WARREN_VM_WARM_POOL` overrides).
+    pub fn new(host: &HostConfig) -> Self {
+        Self {
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            vminit_bin: host.agent_bin.with_file_name("warren-vminit"),
+            agent_bin: host.agent_bin.clone(),
+            memory_mb: 512,
+            cpus: 1,
+            disk_mb: 2048,
+            warm_pool: std::env::var("WARREN_VM_WARM_POOL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+            boot_timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+/// What the control plane persists per VM sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    pid: u32,
+    slot: u32,
+    allow_internet_access: bool,
+    /// The VM's directory name under `<run_dir>/vm/vms` (also its cgroup's name).
+    name: String,
+}
+
+/// A QEMU waiting for its snapshot, with its slot, ready to become a sandbox.
+struct Warm {
+    pending: Pending,
+    slot: Slot,
+    name: String,
+    cgroup: SandboxCgroup,
+}
+
+/// Sandboxes as QEMU microVMs on this host.
+pub struct VmRuntime {
+    cfg: HostConfig,
+    settings: VmSettings,
+    accel: Detection,
+    net: OnceCell<NetPool>,
+    snapshots: Mutex<HashMap<String, Arc<OnceCell<Arc<Snapshot>>>>>,
+    live: Mutex<HashMap<String, Arc<Machine>>>,
+    warm: Mutex<HashMap<String, VecDeque<Warm>>>,
+    refilling: Mutex<()>,
+    client: reqwest::Client,
+    this: Weak<VmRuntime>,
+    counter: AtomicU64,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn failed(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Failed(e.to_string())
+}
+
+impl VmRuntime {
+    /// Prepares the runtime. Like `NsRuntime`, it holds the host lock; network slots and crash
+    /// cleanup start with the first `reattach` (or create).
+    pub async fn start(cfg: HostConfig, settings: VmSettings) -> Result<Arc<Self>, RuntimeError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(failed("the vm runtime needs root"));
+        }
+        for bin in [&settings.agent_bin, &settings.vminit_bin] {
+            if !bin.exists() {
+                return Err(failed(format!("{} is missing", bin.display())));
+            }
+        }
+        let accel = accel::detect();
+        tracing::info!(accel = accel.accel.as_str(), reason = %accel.reason, "vm accelerator");
+        std::fs::create_dir_all(cfg.run_dir.join("vm/vms"))
+            .map_err(|e| failed(format!("create {}: {e}", cfg.run_dir.display())))?;
+        let lock_path = cfg.run_dir.join("host.lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| failed(format!("open {}: {e}", lock_path.display())))?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| {
+                failed(format!(
+                    "another Warren server already runs sandboxes on this host ({} is locked: {e})",
+                    lock_path.display()
+                ))
+            })?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| failed(format!("http client: {e}")))?;
+        Ok(Arc::new_cyclic(|this| Self {
+            cfg,
+            settings,
+            accel,
+            net: OnceCell::new(),
+            snapshots: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            warm: Mutex::new(HashMap::new()),
+            refilling: Mutex::new(()),
+            client,
+            this: this.clone(),
+            counter: AtomicU64::new(0),
+            _lock: lock,
+        }))
+    }
+
+    /// The accelerator in use and why it was chosen.
+    pub fn accelerator(&self) -> &Detection {
+        &self.accel
+    }
+
+    fn vms_dir(&self) -> PathBuf {
+        self.cfg.run_dir.join("vm/vms")
+    }
+
+    fn cgroup_parent(&self) -> String {
+        format!("{}-vm", self.cfg.cgroup_parent)
+    }
+
+    fn new_name(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("vm{}x{n}x{nanos:x}", std::process::id())
+    }
+
+    /// The network pool; the first start removes what a crashed predecessor left.
+    async fn pool(&self) -> Result<&NetPool, RuntimeError> {
+        self.net
+            .get_or_try_init(|| async {
+                self.remove_stale_vms(&[]);
+                NetPool::start(self.cfg.net.clone())
+                    .await
+                    .map_err(|e| failed(format!("network pool: {e}")))
+            })
+            .await
+    }
+
+    /// Kills and removes every VM directory (and cgroup) not named in `keep`.
+    fn remove_stale_vms(&self, keep: &[String]) {
+        let parent = self.cgroup_parent();
+        let mut names: Vec<String> = warren_runtime_ns::cgroup::children(&parent);
+        if let Ok(rd) = std::fs::read_dir(self.vms_dir()) {
+            names.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+        }
+        names.sort();
+        names.dedup();
+        for name in names.into_iter().filter(|n| !keep.contains(n)) {
+            tracing::warn!(vm = %name, "removing a VM left by a previous run");
+            machine::remove_stale(&self.vms_dir().join(&name), &parent);
+        }
+    }
+
+    /// Makes sure template `name` has a snapshot (booting it once, minutes the very first
+    /// time when the image must be built) and fills its warm pool.
+    pub async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
+        self.snapshot(name).await?;
+        self.refill(name).await;
+        Ok(())
+    }
+
+    async fn snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        let cell = self
+            .snapshots
+            .lock()
+            .await
+            .entry(template.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.make_snapshot(template))
+            .await
+            .cloned()
+    }
+
+    async fn make_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        let pool = self.pool().await?;
+        let dns = pool.dns().servers.clone();
+        let (t, data, dir, settings, accel) = (
+            template.to_string(),
+            self.cfg.data_dir.clone(),
+            self.cfg.run_dir.join("vm/snapshots"),
+            self.settings.clone(),
+            self.accel.accel,
+        );
+        let inputs = tokio::task::spawn_blocking(move || {
+            snapshots::inputs(&t, &data, &dir, &settings, accel, &dns)
+        })
+        .await
+        .map_err(failed)??;
+        if let Some(s) = snapshots::existing(&inputs) {
+            return Ok(s);
+        }
+        let slot = pool
+            .acquire(false)
+            .await
+            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        let result = match slotnet::to_vm(&slot).await {
+            Ok(()) => snapshots::make(&inputs, slot.netns_path()).await,
+            Err(e) => Err(e),
+        };
+        self.release_slot(slot).await;
+        result
+    }
+
+    async fn release_slot(&self, slot: Slot) {
+        if let Err(e) = slotnet::to_ns(&slot).await {
+            tracing::warn!(slot = slot.name(), error = %e, "could not restore the slot layout");
+        }
+        if let Some(pool) = self.net.get() {
+            if let Err(e) = pool.release(slot).await {
+                tracing::warn!(error = %e, "could not release the network slot");
+            }
+        }
+    }
+
+    /// Starts one QEMU of `template` waiting for its snapshot, in a fresh slot.
+    async fn start_pending(
+        &self,
+        snap: &Snapshot,
+        allow_internet_access: bool,
+    ) -> Result<Warm, RuntimeError> {
+        let pool = self.pool().await?;
+        let slot = pool
+            .acquire(allow_internet_access)
+            .await
+            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        if let Err(e) = slotnet::to_vm(&slot).await {
+            self.release_slot(slot).await;
+            return Err(e);
+        }
+        let name = self.new_name();
+        let dir = self.vms_dir().join(&name);
+        match machine::spawn(
+            snap,
+            &self.settings.qemu,
+            &name,
+            &dir,
+            &slot,
+            &self.cgroup_parent(),
+        )
+        .await
+        {
+            Ok((pending, cgroup)) => Ok(Warm {
+                pending,
+                slot,
+                name,
+                cgroup,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                self.release_slot(slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Tops the warm pool of `template` up to its target.
+    async fn refill(&self, template: &str) {
+        if self.settings.warm_pool == 0 {
+            return;
+        }
+        let _guard = self.refilling.lock().await;
+        let Ok(snap) = self.snapshot(template).await else {
+            return;
+        };
+        loop {
+            let have = self.warm.lock().await.get(template).map_or(0, |q| q.len());
+            if have >= self.settings.warm_pool {
+                return;
+            }
+            match self.start_pending(&snap, true).await {
+                Ok(w) => self
+                    .warm
+                    .lock()
+                    .await
+                    .entry(template.to_string())
+                    .or_default()
+                    .push_back(w),
+                Err(e) => {
+                    tracing::warn!(template, error = %e, "could not start a warm VM");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn spawn_refill(&self, template: &str) {
+        if let Some(rt) = self.this.upgrade() {
+            let t = template.to_string();
+            tokio::spawn(async move { rt.refill(&t).await });
+        }
+    }
+
+    /// A warm QEMU of `template` whose process still waits, if any.
+    async fn take_warm(&self, template: &str) -> Option<Warm> {
+        loop {
+            let mut w = self.warm.lock().await.get_mut(template)?.pop_front()?;
+            if matches!(w.pending.child.try_wait(), Ok(None)) {
+                return Some(w);
+            }
+            tracing::warn!(vm = %w.name, "a warm VM died while waiting; discarding it");
+            self.discard_warm(w).await;
+        }
+    }
+
+    async fn discard_warm(&self, mut w: Warm) {
+        let _ = w.pending.child.start_kill();
+        let _ = w.pending.child.wait().await;
+        let cg = w.cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = cg.kill_all();
+            cg.remove()
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(self.vms_dir().join(&w.name));
+        self.release_slot(w.slot).await;
+    }
+
+    /// Frees what a VM held once its QEMU has ended (slot, cgroup, files); its exit reason
+    /// stays for `status`.
+    async fn teardown(&self, m: &Machine) {
+        let slot = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(slot) = slot {
+            self.release_slot(slot).await;
+        }
+        let cg = m.cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = cg.kill_all();
+            cg.remove()
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(&m.dir);
+    }
+
+    /// Teardown after QEMU ended on its own (the sandbox stays listed, as failed).
+    fn on_exit(&self, id: String) -> impl FnOnce() + Send + 'static {
+        let rt = self.this.clone();
+        move || {
+            tokio::spawn(async move {
+                let Some(rt) = rt.upgrade() else { return };
+                let m = rt.live.lock().await.get(&id).cloned();
+                if let Some(m) = m {
+                    tracing::warn!(sandbox = %id, reason = ?m.exit.borrow().clone(), "VM exited");
+                    rt.teardown(&m).await;
+                }
+            });
+        }
+    }
+
+    /// Kills every sandbox and warm VM and removes everything this runtime created on the
+    /// host. For decommissioning and tests; a restarting server must not call it.
+    pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
+        let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
+        for id in ids {
+            self.kill(&id).await?;
+        }
+        let warm: Vec<Warm> = self
+            .warm
+            .lock()
+            .await
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for w in warm {
+            self.discard_warm(w).await;
+        }
+        // Background tasks (refills, watchers) hold the runtime for a moment.
+        let mut this = self;
+        let this = loop {
+            match Arc::try_unwrap(this) {
+                Ok(t) => break t,
+                Err(a) => {
+                    this = a;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        if let Some(pool) = this.net.into_inner() {
+            pool.shutdown()
+                .await
+                .map_err(|e| failed(format!("network pool: {e}")))?;
+        }
+        let _ = warren_runtime_ns::cgroup::remove_parent(&format!(
+            "{}-vm",
+            this.cfg.cgroup_parent
+        ));
+        let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/vms"));
+        let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
+        Ok(())
+    }
+
+    async fn fork(&self, spec: &CreateSpec) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+        let snap = self.snapshot(&spec.template).await?;
+        let warm = match self.take_warm(&spec.template).await {
+            Some(mut w) => {
+                let pool = self.pool().await?;
+                if !spec.allow_internet_access {
+                    if let Err(e) = pool.set_internet_access(&mut w.slot, false).await {
+                        self.discard_warm(w).await;
+                        return Err(failed(format!("network slot: {e}")));
+                    }
+                }
+                w
+            }
+            None => self.start_pending(&snap, spec.allow_internet_access).await?,
+        };
+        self.spawn_refill(&spec.template);
+        let Warm {
+            pending,
+            slot,
+            name,
+            cgroup,
+        } = warm;
+        let dir = self.vms_dir().join(&name);
+        let pid = pending.child.id().unwrap_or(0);
+        let agent = SocketAddr::V4(slot.agent_endpoint());
+        let (child, qmp, _files) = match pending.complete().await {
+            Ok(r) => r,
+            Err(e) => {
+                let m = Machine {
+                    name,
+                    dir,
+                    pid,
+                    cgroup,
+                    slot: std::sync::Mutex::new(Some(slot)),
+                    exit: tokio::sync::watch::channel(Some(String::new())).1,
+                    qmp: None,
+                };
+                self.teardown(&m).await;
+                return Err(failed(e));
+            }
+        };
+        let exit = machine::watch_child(child, cgroup.clone(), dir.clone(), self.on_exit(spec.id.clone()));
+        let m = Arc::new(Machine {
+            name,
+            dir,
+            pid,
+            cgroup,
+            slot: std::sync::Mutex::new(Some(slot)),
+            exit,
+            qmp: Some(Arc::new(qmp)),
+        });
+        Ok((m, agent))
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for VmRuntime {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        if self.live.lock().await.contains_key(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
+        let (m, agent) = self.fork(&spec).await?;
+        // Registered before /init so that a QEMU dying now is torn down by its watcher.
+        self.live.lock().await.insert(spec.id.clone(), m.clone());
+        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
+        env.insert("E2B_SANDBOX".into(), "true".into());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        if let Err(e) = agent::wait_and_init(
+            &self.client,
+            agent,
+            &env,
+            spec.access_token.as_deref(),
+            self.cfg.ready_timeout,
+        )
+        .await
+        {
+            self.live.lock().await.remove(&spec.id);
+            let why = m.exit.borrow().clone();
+            m.kill().await;
+            self.teardown(&m).await;
+            return Err(failed(match why {
+                Some(w) => format!("{e} ({w})"),
+                None => e.to_string(),
+            }));
+        }
+        let slot_index = m
+            .slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.index())
+            .unwrap_or(0);
+        let record = Record {
+            pid: m.pid,
+            slot: slot_index,
+            allow_internet_access: spec.allow_internet_access,
+            name: m.name.clone(),
+        };
+        Ok(RuntimeSandbox {
+            id: spec.id,
+            agent,
+            record: serde_json::to_value(&record).map_err(failed)?,
+        })
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        let m = self
+            .live
+            .lock()
+            .await
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        m.kill().await;
+        self.teardown(&m).await;
+        Ok(())
+    }
+
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        let live = self.live.lock().await;
+        let m = live
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let reason = m.exit.borrow().clone();
+        Ok(reason.map(|reason| Exit { reason }))
+    }
+
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
+            .into_iter()
+            .map(|r| {
+                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
+                (r, rec)
+            })
+            .collect();
+        let alive = |rec: &Record| {
+            warren_vm::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name).join("qmp.sock"))
+        };
+        let keep: Vec<String> = parsed
+            .iter()
+            .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
+            .collect();
+        self.remove_stale_vms(&keep);
+        let adopt: Vec<AdoptSlot> = parsed
+            .iter()
+            .filter_map(|(_, rec)| {
+                rec.as_ref().map(|r| AdoptSlot {
+                    index: r.slot,
+                    allow_internet_access: r.allow_internet_access,
+                })
+            })
+            .collect();
+        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
+            Ok((pool, slots)) => {
+                let _ = self.net.set(pool);
+                slots.into_iter()
+            }
+            Err(e) => {
+                let why = format!("network pool did not start: {e}");
+                tracing::error!("{why}");
+                return parsed
+                    .into_iter()
+                    .map(|(r, _)| (r.id, Err(failed(&why))))
+                    .collect();
+            }
+        };
+        let mut out = Vec::new();
+        for (r, rec) in parsed {
+            let Some(rec) = rec else {
+                out.push((r.id, Err(failed("unreadable runtime record"))));
+                continue;
+            };
+            let dir = self.vms_dir().join(&rec.name);
+            let result = match slots.next() {
+                Some(Ok(slot)) => self.adopt(&r, &rec, slot, dir).await,
+                Some(Err(e)) => {
+                    machine::remove_stale(&dir, &self.cgroup_parent());
+                    Err(failed(format!("the sandbox's network could not be kept: {e}")))
+                }
+                None => Err(failed("no slot result")),
+            };
+            out.push((r.id, result));
+        }
+        out
+    }
+}
+
+impl VmRuntime {
+    /// Takes back one VM of an earlier run: its QEMU must run and answer on its QMP socket.
+    async fn adopt(
+        &self,
+        r: &RuntimeSandbox,
+        rec: &Record,
+        slot: Slot,
+        dir: PathBuf,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let qmp_path = dir.join("qmp.sock");
+        let qmp = if warren_vm::qemu::is_our_qemu(rec.pid, &qmp_path) {
+            match Qmp::connect(&qmp_path, Duration::from_secs(5)).await {
+                Ok(q) => match q.status().await {
+                    Ok(s) if s == "running" => Ok(q),
+                    Ok(s) => Err(format!("the VM is {s}")),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            }
+        } else {
+            Err("the VM's QEMU ended while the server was down".into())
+        };
+        let qmp = match qmp {
+            Ok(q) => q,
+            Err(why) => {
+                machine::remove_stale(&dir, &self.cgroup_parent());
+                self.release_slot(slot).await;
+                return Err(failed(why));
+            }
+        };
+        let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
+        let exit = machine::watch_pid(
+            rec.pid,
+            qmp_path,
+            cgroup.clone(),
+            dir.clone(),
+            self.on_exit(r.id.clone()),
+        );
+        let m = Arc::new(Machine {
+            name: rec.name.clone(),
+            dir,
+            pid: rec.pid,
+            cgroup,
+            slot: std::sync::Mutex::new(Some(slot)),
+            exit,
+            qmp: Some(Arc::new(qmp)),
+        });
+        let agent = {
+            let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
+            s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
+        };
+        self.live.lock().await.insert(r.id.clone(), m);
+        Ok(RuntimeSandbox {
+            id: r.id.clone(),
+            agent: agent.unwrap_or(r.agent),
+            record: r.record.clone(),
+        })
+    }
+}

@@ -1,0 +1,110 @@
+//! Template snapshots of this host, made on first use and kept on tmpfs under
+//! `<run_dir>/vm/snapshots/<template>-<key>`.
+//!
+//! The key hashes everything the snapshot depends on: accelerator and CPU model, kernel
+//! package, initramfs (which hashes `warren-vminit`), the agent binary, the template image,
+//! memory, vCPUs, disk size and the kernel command line (which holds the DNS servers and the
+//! host's TSC frequency). A snapshot is never restored under another accelerator or CPU model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use warren_runtime::RuntimeError;
+use warren_vm::accel::{self, Accel};
+use warren_vm::snapshot::{self, Snapshot, TemplateSpec};
+
+use super::VmSettings;
+
+fn failed(what: &str) -> impl Fn(warren_vm::Error) -> RuntimeError + '_ {
+    move |e| RuntimeError::Failed(format!("{what}: {e}"))
+}
+
+/// The boot inputs of a template, resolved (downloaded and built where needed).
+pub struct Inputs {
+    pub spec: TemplateSpec,
+    pub key: String,
+    pub dir: PathBuf,
+}
+
+/// Resolves kernel, initramfs and image for `template` (blocking: may download and build).
+pub fn inputs(
+    template: &str,
+    data_dir: &Path,
+    snapshots_dir: &Path,
+    settings: &VmSettings,
+    accel: Accel,
+    dns: &[std::net::Ipv4Addr],
+) -> Result<Inputs, RuntimeError> {
+    let recipe = crate::templates::recipe(template)
+        .ok_or_else(|| RuntimeError::UnknownTemplate(template.to_string()))?;
+    let image =
+        warren_image::ensure_image(&recipe, data_dir, &mut warren_image::StderrProgress::new())
+            .map_err(|e| RuntimeError::Failed(format!("template {template}: {e}")))?;
+    let kernel = warren_vm::kernel::ensure(data_dir).map_err(failed("guest kernel"))?;
+    let initrd = warren_vm::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
+        .map_err(failed("initramfs"))?;
+    let append = warren_vm::qemu::kernel_cmdline(accel::host_tsc_khz(), template, dns);
+    let agent = std::fs::read(&settings.agent_bin).map_err(|e| {
+        RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display()))
+    })?;
+    let mut h = Sha256::new();
+    for part in [
+        accel.as_str(),
+        accel.cpu_model(),
+        &kernel.id(),
+        &initrd.display().to_string(),
+        &image.image.display().to_string(),
+        &format!(
+            "{}/{}/{}",
+            settings.memory_mb, settings.cpus, settings.disk_mb
+        ),
+        &append,
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h.update(Sha256::digest(&agent));
+    let key = format!("{:x}", h.finalize())[..16].to_string();
+    let spec = TemplateSpec {
+        qemu: settings.qemu.clone(),
+        accel,
+        kernel: kernel.vmlinuz,
+        initrd,
+        append,
+        root_image: image.image,
+        agent_bin: settings.agent_bin.clone(),
+        memory_mb: settings.memory_mb,
+        cpus: settings.cpus,
+        disk_mb: settings.disk_mb,
+        tap: Some(warren_net::TAP_IFACE.into()),
+        netns: None,
+        boot_timeout: settings.boot_timeout,
+    };
+    Ok(Inputs {
+        spec,
+        dir: snapshots_dir.join(format!("{template}-{key}")),
+        key,
+    })
+}
+
+/// An existing snapshot for `inputs`, if one was made before (also by an earlier server).
+pub fn existing(inputs: &Inputs) -> Option<Arc<Snapshot>> {
+    Snapshot::open(&inputs.dir).map(Arc::new)
+}
+
+/// Boots the template in network namespace `netns` and snapshots it.
+pub async fn make(inputs: &Inputs, netns: PathBuf) -> Result<Arc<Snapshot>, RuntimeError> {
+    let mut spec = inputs.spec.clone();
+    spec.netns = Some(netns);
+    let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
+        .await
+        .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;
+    tracing::info!(
+        key = %inputs.key,
+        accel = spec.accel.as_str(),
+        boot_ms = snap.meta.boot_ms,
+        "template snapshot ready"
+    );
+    Ok(Arc::new(snap))
+}
