@@ -158,11 +158,7 @@ impl Machine {
         let cg = self.cgroup.clone();
         let _ = tokio::task::spawn_blocking(move || cg.kill_all()).await;
         let mut exit = self.exit.clone();
-        let _ = tokio::time::timeout(
-            Duration::from_secs(10),
-            exit.wait_for(|e| e.is_some()),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), exit.wait_for(|e| e.is_some())).await;
     }
 }
 

@@ -196,7 +196,10 @@ impl VmRuntime {
         let parent = self.cgroup_parent();
         let mut names: Vec<String> = warren_runtime_ns::cgroup::children(&parent);
         if let Ok(rd) = std::fs::read_dir(self.vms_dir()) {
-            names.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+            names.extend(
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
         }
         names.sort();
         names.dedup();
@@ -435,10 +438,7 @@ impl VmRuntime {
                 .await
                 .map_err(|e| failed(format!("network pool: {e}")))?;
         }
-        let _ = warren_runtime_ns::cgroup::remove_parent(&format!(
-            "{}-vm",
-            this.cfg.cgroup_parent
-        ));
+        let _ = warren_runtime_ns::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
         let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/vms"));
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
@@ -457,7 +457,10 @@ impl VmRuntime {
                 }
                 w
             }
-            None => self.start_pending(&snap, spec.allow_internet_access).await?,
+            None => {
+                self.start_pending(&snap, spec.allow_internet_access)
+                    .await?
+            }
         };
         self.spawn_refill(&spec.template);
         let Warm {
@@ -485,7 +488,12 @@ impl VmRuntime {
                 return Err(failed(e));
             }
         };
-        let exit = machine::watch_child(child, cgroup.clone(), dir.clone(), self.on_exit(spec.id.clone()));
+        let exit = machine::watch_child(
+            child,
+            cgroup.clone(),
+            dir.clone(),
+            self.on_exit(spec.id.clone()),
+        );
         let m = Arc::new(Machine {
             name,
             dir,
@@ -641,7 +649,9 @@ impl SandboxRuntime for VmRuntime {
                 Some(Ok(slot)) => self.adopt(&r, &rec, slot, dir).await,
                 Some(Err(e)) => {
                     machine::remove_stale(&dir, &self.cgroup_parent());
-                    Err(failed(format!("the sandbox's network could not be kept: {e}")))
+                    Err(failed(format!(
+                        "the sandbox's network could not be kept: {e}"
+                    )))
                 }
                 None => Err(failed("no slot result")),
             };

@@ -12,7 +12,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Stdio;
 
-use warren_net::{Slot, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_PREFIX_LEN, TAP_IFACE};
+use warren_net::{
+    Slot, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_PREFIX_LEN, TAP_IFACE,
+};
 use warren_runtime::RuntimeError;
 
 /// The slot's next hop toward the host once it no longer holds the sandbox address.

@@ -45,9 +45,8 @@ pub fn inputs(
     let initrd = warren_vm::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
         .map_err(failed("initramfs"))?;
     let append = warren_vm::qemu::kernel_cmdline(accel::host_tsc_khz(), template, dns);
-    let agent = std::fs::read(&settings.agent_bin).map_err(|e| {
-        RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display()))
-    })?;
+    let agent = std::fs::read(&settings.agent_bin)
+        .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
     let mut h = Sha256::new();
     for part in [
         accel.as_str(),
