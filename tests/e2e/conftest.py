@@ -3,6 +3,8 @@ unmodified E2B SDK at it through E2B_API_URL and E2B_SANDBOX_URL (both the one l
 
 WARREN_BIN: the `warren` binary (default target/release/warren).
 WARREN_E2E_DATA_DIR: data dir to reuse (keeps built template images between runs).
+WARREN_E2E_RUNTIME: the server's `--runtime` (default `auto`; `vm` runs every sandbox as a
+QEMU microVM fork, under TCG on hosts without usable KVM).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Server:
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG="info")
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-             "--runtime", "auto", "--max-sandboxes", "40"],
+             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "auto"), "--max-sandboxes", "40"],
             env=env, stdout=self.log, stderr=self.log,
         )
         # The first start builds the base template image before listening (minutes).

@@ -33,7 +33,11 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes>
             } else {
                 RuntimeKind::Ns
             };
-            let name = if matches!(pick, RuntimeKind::Vm) { "vm" } else { "ns" };
+            let name = if matches!(pick, RuntimeKind::Vm) {
+                "vm"
+            } else {
+                "ns"
+            };
             tracing::info!(runtime = name, reason = %d.reason, "--runtime auto");
             pick
         }
