@@ -21,6 +21,28 @@ command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+# The vm runtime: QEMU 10.0 from bookworm-backports (it matches the qemu-utils 10.0 these hosts
+# carry; bookworm's own QEMU 7.2 would replace it). The guest kernel is fetched later, pinned,
+# with `apt-get download`; mkfs.ext4 (e2fsprogs), ldd (libc-bin) and ss (iproute2) are used too.
+need_backports=()
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! command -v qemu-img >/dev/null 2>&1; then
+  need_backports+=(qemu-system-x86 qemu-utils)
+fi
+command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+if ((${#need_backports[@]})) && grep -qs 'bookworm' /etc/os-release; then
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    log "adding the bookworm-backports apt source"
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' \
+      >/etc/apt/sources.list.d/bookworm-backports.list
+  fi
+  log "apt-get install -t bookworm-backports ${need_backports[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq -t bookworm-backports "${need_backports[@]}"
+elif ((${#need_backports[@]})); then
+  # Not bookworm: the distribution's own QEMU (the vm runtime needs 8.2 or newer).
+  need_apt+=(qemu-system-x86 qemu-utils)
+fi
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -42,6 +42,8 @@ pub struct VmConfig {
     pub incoming: bool,
     /// Drop to this uid:gid once started (`-run-with user=`).
     pub run_as: Option<(u32, u32)>,
+    /// Appended as they are (e.g. a baseline's `-incoming file:...`).
+    pub extra: Vec<String>,
 }
 
 impl VmConfig {
@@ -117,6 +119,9 @@ impl VmConfig {
         if self.incoming {
             push("-incoming".into());
             push("defer".into());
+        }
+        for e in &self.extra {
+            push(e.clone());
         }
         a
     }

@@ -120,7 +120,14 @@ impl Snapshot {
             console_log: files.console.clone(),
             incoming: !boot,
             run_as: None,
+            extra: Vec::new(),
         }
+    }
+
+    /// The command line of a fork with writable disk `rw_disk` (qcow2) and files in `files`
+    /// (for callers that start QEMU themselves, e.g. a baseline measurement).
+    pub fn fork_config(&self, qemu: &Path, rw_disk: PathBuf, files: &VmFiles, tap: Option<String>) -> VmConfig {
+        self.config(rw_disk, "qcow2", files, tap, false, qemu)
     }
 }
 
@@ -188,15 +195,81 @@ fn make_disk(spec: &TemplateSpec, staging: &Path, disk: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A cold-booted VM whose agent listens.
+pub struct Booted {
+    pub child: tokio::process::Child,
+    pub qmp: Qmp,
+    pub files: VmFiles,
+    /// Process start to the agent listening.
+    pub boot_ms: u64,
+}
+
+/// Cold-boots the template with its files (RAM, disk, sockets, logs) in `dir`, until the
+/// guest agent listens. The VM is killed on failure.
+pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
+    std::fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
+    let staging = dir.join("staging");
+    let disk = dir.join("disk.raw");
+    make_disk(spec, &staging, &disk)?;
+    let _ = std::fs::remove_dir_all(&staging);
+    let files = VmFiles::new(dir);
+    let cfg = VmConfig {
+        qemu: spec.qemu.clone(),
+        accel: spec.accel,
+        memory_mb: spec.memory_mb,
+        cpus: spec.cpus,
+        kernel: spec.kernel.clone(),
+        initrd: spec.initrd.clone(),
+        append: spec.append.clone(),
+        mem_file: dir.join("mem"),
+        mem_shared: true,
+        root_image: spec.root_image.clone(),
+        rw_disk: disk,
+        rw_format: "raw",
+        tap: spec.tap.clone(),
+        qmp_socket: files.qmp.clone(),
+        console_log: files.console.clone(),
+        incoming: false,
+        run_as: None,
+        extra: Vec::new(),
+    };
+    let started = Instant::now();
+    let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+    let result = async {
+        let qmp = Qmp::connect(&files.qmp, Duration::from_secs(10)).await?;
+        wait_console(&files, &mut child, spec.boot_timeout).await?;
+        Ok::<Qmp, Error>(qmp)
+    }
+    .await;
+    match result {
+        Ok(qmp) => Ok(Booted {
+            child,
+            qmp,
+            boot_ms: started.elapsed().as_millis() as u64,
+            files,
+        }),
+        Err(e) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Err(match e {
+                Error::VmDied { .. } => e,
+                other => files.died(other.to_string()),
+            })
+        }
+    }
+}
+
 /// Boots the template once and snapshots it into `dir` (replacing whatever is there).
 pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapshot> {
     let partial = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
-    std::fs::create_dir_all(&partial).map_err(Error::io("create", &partial))?;
-    let staging = partial.join("staging");
-    make_disk(spec, &staging, &partial.join("disk.raw"))?;
-    let _ = std::fs::remove_dir_all(&staging);
-    let mut snap = Snapshot {
+    let Booted {
+        mut child,
+        qmp,
+        files,
+        boot_ms,
+    } = boot(spec, &partial).await?;
+    let snap = Snapshot {
         dir: partial.clone(),
         meta: SnapshotMeta {
             key: key.to_string(),
@@ -208,24 +281,10 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
             kernel: spec.kernel.clone(),
             initrd: spec.initrd.clone(),
             root_image: spec.root_image.clone(),
-            boot_ms: 0,
+            boot_ms,
         },
     };
-    let files = VmFiles::new(&partial);
-    let cfg = snap.config(
-        snap.disk(),
-        "raw",
-        &files,
-        spec.tap.clone(),
-        true,
-        &spec.qemu,
-    );
-    let started = Instant::now();
-    let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
     let result = async {
-        let qmp = Qmp::connect(&files.qmp, Duration::from_secs(10)).await?;
-        wait_console(&files, &mut child, spec.boot_timeout).await?;
-        let boot_ms = started.elapsed().as_millis() as u64;
         qmp.execute("stop", json!({})).await?;
         set_ignore_shared(&qmp).await?;
         qmp.execute(
@@ -235,30 +294,25 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
         .await?;
         qmp.wait_migration(Duration::from_secs(60)).await?;
         let _ = qmp.execute("quit", json!({})).await;
-        Ok::<u64, Error>(boot_ms)
+        Ok::<(), Error>(())
     }
     .await;
-    let boot_ms = match result {
-        Ok(ms) => ms,
-        Err(e) => {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            return Err(match e {
-                Error::VmDied { .. } => e,
-                other => files.died(other.to_string()),
-            });
-        }
-    };
+    if let Err(e) = result {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(files.died(e.to_string()));
+    }
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = child.start_kill();
-    snap.meta.boot_ms = boot_ms;
     let meta = serde_json::to_vec_pretty(&snap.meta).map_err(|e| Error::Invalid(e.to_string()))?;
     std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
     let _ = std::fs::remove_file(&files.qmp);
     let _ = std::fs::remove_dir_all(dir);
     std::fs::rename(&partial, dir).map_err(Error::io("rename to", dir))?;
-    snap.dir = dir.to_path_buf();
-    Ok(snap)
+    Ok(Snapshot {
+        dir: dir.to_path_buf(),
+        meta: snap.meta,
+    })
 }
 
 async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {

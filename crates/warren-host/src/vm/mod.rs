@@ -157,6 +157,16 @@ impl VmRuntime {
         }))
     }
 
+    /// The snapshot of `template`, made on first use (for tools that measure against it).
+    pub async fn template_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        self.snapshot(template).await
+    }
+
+    /// QEMUs of `template` waiting in the warm pool.
+    pub async fn warm_count(&self, template: &str) -> usize {
+        self.warm.lock().await.get(template).map_or(0, |q| q.len())
+    }
+
     /// The accelerator in use and why it was chosen.
     pub fn accelerator(&self) -> &Detection {
         &self.accel
@@ -436,9 +446,13 @@ impl VmRuntime {
         }
         // Background tasks (refills, watchers) hold the runtime for a moment.
         let mut this = self;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let this = loop {
             match Arc::try_unwrap(this) {
                 Ok(t) => break t,
+                Err(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(failed("runtime still in use"));
+                }
                 Err(a) => {
                     this = a;
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -457,6 +471,7 @@ impl VmRuntime {
     }
 
     async fn fork(&self, spec: &CreateSpec) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+        let started = std::time::Instant::now();
         let snap = self.snapshot(&spec.template).await?;
         let warm = match self.take_warm(&spec.template).await {
             Some(mut w) => {
@@ -484,6 +499,7 @@ impl VmRuntime {
         let dir = self.vms_dir().join(&name);
         let pid = pending.child.id().unwrap_or(0);
         let agent = SocketAddr::V4(slot.agent_endpoint());
+        let waiting = started.elapsed();
         let (child, qmp, _files) = match pending.complete().await {
             Ok(r) => r,
             Err(e) => {
