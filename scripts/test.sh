@@ -15,7 +15,8 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 
 log "Rust tests"
-cargo test --release --locked --workspace
+# The VM tests (warren-vm, warren-host tests/vm.rs) must not skip here: QEMU was just installed.
+WARREN_VM_TESTS=require cargo test --release --locked --workspace
 
 log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
@@ -26,9 +27,17 @@ fi
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
 
+log "agent conformance suite against agents inside microVMs (TCG on hosts without usable KVM)"
+cargo run --release --locked -q -p warren-host --example vm_agents -- \
+  .venv/bin/python -m pytest tests/agent -q
+
 log "control-plane end-to-end suite (e2b SDK against warren serve with the namespace runtime)"
 # Reuses the base image the Rust tests built in /var/lib/warren.
 WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/e2e -q
+
+log "control-plane end-to-end suite with the vm runtime (every sandbox a QEMU microVM fork)"
+WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/e2e -q
 
 log "control-plane smoke test with the official E2B JS SDK (e2b@2.51.0)"
@@ -43,6 +52,7 @@ fi
 log "benchmark smoke run"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke
+cargo run --release --locked -q -p warren-host --example vm_bench -- --smoke
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 

@@ -256,7 +256,9 @@ async fn raw_restore(snap: &Snapshot, net: &BenchNet, dir: PathBuf) -> Result<f6
         .await
         .map_err(|e| e.to_string())?;
     let (mut child, _qmp, _files) = pending.complete().await.map_err(|e| e.to_string())?;
+    let running = t.elapsed().as_secs_f64() * 1000.0;
     let r = first_command_in(net.path()).await;
+    eprintln!("raw: running after {running:.1} ms, first command after {:.1} ms", t.elapsed().as_secs_f64() * 1000.0);
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     let _ = child.start_kill();
     let _ = child.wait().await;
@@ -418,7 +420,8 @@ async fn main() -> anyhow::Result<()> {
         let rounds = if c == 1 { counts.seq } else { counts.batches };
         let mut all = Vec::new();
         for r in 0..rounds {
-            wait_warm(&rt2, c).await;
+            // A full pool: refills running beside the measured create would compete for CPU.
+            wait_warm(&rt2, conc).await;
             let ms = measure(c, 1, |i| runtime_create(&rt2, format!("bw{c}x{r}x{i}"))).await;
             all.extend(ms);
         }

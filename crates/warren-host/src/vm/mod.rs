@@ -516,6 +516,12 @@ impl VmRuntime {
                 return Err(failed(e));
             }
         };
+        tracing::debug!(
+            sandbox = %spec.id,
+            qemu_waiting_ms = waiting.as_millis() as u64,
+            running_ms = started.elapsed().as_millis() as u64,
+            "VM restored"
+        );
         let exit = machine::watch_child(
             child,
             cgroup.clone(),

@@ -37,14 +37,16 @@ pub fn prerequisites() -> Option<(PathBuf, PathBuf, PathBuf)> {
     Some((agent, vminit, image()?))
 }
 
+/// The base template image, built on first use like the other runtime tests do.
 fn image() -> Option<PathBuf> {
     let data = data_dir();
-    match warren_image_path(&data) {
-        Some(p) => Some(p),
-        None => {
-            eprintln!("SKIP: no base template image under {}", data.display());
-            None
-        }
+    match warren_image::ensure_image(
+        &warren_image::Recipe::base(),
+        &data,
+        &mut warren_image::StderrProgress::new(),
+    ) {
+        Ok(i) => Some(i.image),
+        Err(e) => panic!("base template image in {}: {e}", data.display()),
     }
 }
 
@@ -52,20 +54,6 @@ pub fn data_dir() -> PathBuf {
     std::env::var_os("WARREN_DATA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/lib/warren"))
-}
-
-fn warren_image_path(data: &Path) -> Option<PathBuf> {
-    let images = data.join("images");
-    std::fs::read_dir(images)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("base-") && !n.ends_with(".lock"))
-        })
-        .map(|p| p.join("rootfs.erofs"))
-        .find(|p| p.exists())
 }
 
 fn which(name: &str) -> Result<PathBuf, ()> {
