@@ -85,7 +85,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let control = Control::start(store, runtime, config)
         .await
         .context("recovering sandboxes")?;
-    if let Some(vm) = vm {
+    if let Some(vm) = &vm {
         // The base template's snapshot (a cold boot, after the image build on the very first
         // start) is made before taking requests, so no create ever boots a kernel.
         vm.prepare_template("base")
@@ -117,6 +117,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("serving")?;
     control.shutdown();
+    if let Some(vm) = vm {
+        vm.stop_warm().await;
+    }
     Ok(())
 }
 

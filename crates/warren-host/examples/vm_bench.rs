@@ -258,7 +258,10 @@ async fn raw_restore(snap: &Snapshot, net: &BenchNet, dir: PathBuf) -> Result<f6
     let (mut child, _qmp, _files) = pending.complete().await.map_err(|e| e.to_string())?;
     let running = t.elapsed().as_secs_f64() * 1000.0;
     let r = first_command_in(net.path()).await;
-    eprintln!("raw: running after {running:.1} ms, first command after {:.1} ms", t.elapsed().as_secs_f64() * 1000.0);
+    eprintln!(
+        "raw: running after {running:.1} ms, first command after {:.1} ms",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     let _ = child.start_kill();
     let _ = child.wait().await;

@@ -151,7 +151,7 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
         .filter_map(|l| {
             let l = l.trim();
             let path = match l.split_once("=>") {
-                Some((_, right)) => right.trim().split_whitespace().next()?,
+                Some((_, right)) => right.split_whitespace().next()?,
                 None => l.split_whitespace().next()?,
             };
             path.starts_with('/').then(|| PathBuf::from(path))
@@ -196,7 +196,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }

@@ -126,7 +126,13 @@ impl Snapshot {
 
     /// The command line of a fork with writable disk `rw_disk` (qcow2) and files in `files`
     /// (for callers that start QEMU themselves, e.g. a baseline measurement).
-    pub fn fork_config(&self, qemu: &Path, rw_disk: PathBuf, files: &VmFiles, tap: Option<String>) -> VmConfig {
+    pub fn fork_config(
+        &self,
+        qemu: &Path,
+        rw_disk: PathBuf,
+        files: &VmFiles,
+        tap: Option<String>,
+    ) -> VmConfig {
         self.config(rw_disk, "qcow2", files, tap, false, qemu)
     }
 }

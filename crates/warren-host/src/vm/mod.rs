@@ -427,6 +427,21 @@ impl VmRuntime {
         }
     }
 
+    /// Stops the warm QEMUs (not sandboxes: nothing to keep across a restart) and frees their
+    /// slots; for a server that shuts down. Running sandboxes are left alone.
+    pub async fn stop_warm(&self) {
+        let warm: Vec<Warm> = self
+            .warm
+            .lock()
+            .await
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for w in warm {
+            self.discard_warm(w).await;
+        }
+    }
+
     /// Kills every sandbox and warm VM and removes everything this runtime created on the
     /// host. For decommissioning and tests; a restarting server must not call it.
     pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
