@@ -284,6 +284,7 @@ impl Control {
             allow_internet_access: sandbox.allow_internet_access,
             env_vars: req.env_vars,
             access_token: Some(sandbox.envd_access_token.clone()),
+            from_snapshot: None,
         };
         let created = self.inner.runtime.create(spec).await;
         let sb = &mut *guard;
