@@ -6,7 +6,7 @@
 //! while different sandboxes proceed in parallel. Every change is written to the [`Store`]
 //! before the operation returns: what the API acknowledged survives a crash.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
@@ -105,6 +105,10 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     live: StdMutex<HashMap<String, Entry>>,
     routes: StdMutex<HashMap<String, Route>>,
+    /// Paused (or pausing) sandboxes that traffic wakes (`autoResume`): the proxy looks here
+    /// first, so requests for other unrouted sandboxes fail fast instead of waiting for a
+    /// sandbox's lock.
+    pub(crate) wakeable: StdMutex<HashSet<String>>,
     pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
@@ -141,6 +145,7 @@ impl Control {
                 config,
                 live: StdMutex::new(HashMap::new()),
                 routes: StdMutex::new(HashMap::new()),
+                wakeable: StdMutex::new(HashSet::new()),
                 expiries: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
@@ -165,8 +170,10 @@ impl Control {
     pub(crate) fn register(&self, sandbox: &Sandbox, entry: Option<Entry>) {
         let entry = entry.unwrap_or_else(|| Arc::new(Mutex::new(sandbox.clone())));
         lock(&self.inner.live).insert(sandbox.id.clone(), entry);
-        if sandbox.state == SandboxState::Running {
-            self.route_running(sandbox);
+        match sandbox.state {
+            SandboxState::Running => self.route_running(sandbox),
+            SandboxState::Paused => self.set_wakeable(&sandbox.id, sandbox.lifecycle.auto_resume),
+            _ => {}
         }
     }
 
@@ -193,6 +200,19 @@ impl Control {
         lock(&self.inner.expiries).remove(id);
     }
 
+    pub(crate) fn set_wakeable(&self, id: &str, wakeable: bool) {
+        let mut set = lock(&self.inner.wakeable);
+        if wakeable {
+            set.insert(id.to_string());
+        } else {
+            set.remove(id);
+        }
+    }
+
+    pub(crate) fn is_wakeable(&self, id: &str) -> bool {
+        lock(&self.inner.wakeable).contains(id)
+    }
+
     /// The runtime's name and what it can keep, for API callers.
     pub fn runtime_info(&self) -> (&'static str, warren_runtime::Capabilities) {
         (self.inner.runtime.name(), self.inner.runtime.capabilities())
@@ -203,6 +223,7 @@ impl Control {
         self.unroute(id);
         lock(&self.inner.live).remove(id);
         lock(&self.inner.expiries).remove(id);
+        lock(&self.inner.wakeable).remove(id);
     }
 
     pub(crate) fn unroute(&self, id: &str) {

@@ -105,13 +105,16 @@ impl Control {
             }
         }
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a
-        // connection to a sandbox that no longer answers.
+        // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
+        // that arrives meanwhile waits for the pause and then resumes it.
+        self.set_wakeable(&id, sb.lifecycle.auto_resume);
         self.unroute(&id);
         self.unschedule(&id);
         let rt = match self.inner.runtime.pause(&id, mode).await {
             Ok(rt) => rt,
             Err(e) => {
                 // The runtime refused or failed; the sandbox is still the running one it was.
+                self.set_wakeable(&id, false);
                 self.route_running(sb);
                 tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
                 return Err(self.runtime_error(e, &format!("pausing sandbox {id} failed")));
@@ -174,6 +177,7 @@ impl Control {
             return Err(e.into());
         }
         **sb = next;
+        self.set_wakeable(&id, false);
         self.route_running(sb);
         tracing::info!(sandbox_id = %id, kind = ?kind, "sandbox resumed");
         Ok(())
@@ -185,18 +189,17 @@ impl Control {
         if let Some(route) = self.route(id) {
             return Ok(Some(route));
         }
-        let Some(entry) = self.entry(id) else {
+        if !self.is_wakeable(id) {
             return Ok(None);
-        };
-        {
-            let sb = entry.lock().await;
-            if sb.state != SandboxState::Paused || !sb.lifecycle.auto_resume {
-                return Ok(None);
-            }
         }
         let id = id.to_string();
         self.detached(|c| async move {
-            let mut sb = c.locked(&id).await?;
+            let mut sb = match c.locked(&id).await {
+                Ok(sb) => sb,
+                // Killed while this request waited: the plain "not found" answer.
+                Err(ControlError::NotFound(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
             // Another request may have resumed it while this one waited for the lock.
             if sb.state == SandboxState::Paused && sb.lifecycle.auto_resume {
                 let timeout = c.inner.config.default_timeout;
