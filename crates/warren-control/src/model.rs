@@ -125,16 +125,15 @@ pub struct Sandbox {
 }
 
 /// What happens at the end time, and whether traffic wakes a paused sandbox.
+// `default`: records written before lifecycles existed hold `{}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct Lifecycle {
     pub on_timeout: OnTimeout,
     /// For `OnTimeout::Pause`: keep memory (`Some(true)`), files only (`Some(false)`), or the
     /// best the runtime has (`None`).
-    #[serde(default)]
     pub pause_memory: Option<bool>,
     /// Traffic through the proxy resumes the sandbox when it is paused.
-    #[serde(default)]
     pub auto_resume: bool,
 }
 

@@ -198,3 +198,38 @@ async fn api_keys_store_hashes_only() {
     assert!(store.api_key_by_hash(&key.hash).await.unwrap().is_none());
     assert!(store.api_keys().await.unwrap()[0].revoked_at.is_some());
 }
+
+/// A database written before pause existed (schema version 1) opens with its sandboxes intact
+/// and the new fields at their defaults.
+#[tokio::test]
+async fn version_1_databases_upgrade_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY NOT NULL, applied_at TEXT NOT NULL);
+             INSERT INTO schema_migrations VALUES (1, 'then');
+             CREATE TABLE sandboxes (
+                id TEXT PRIMARY KEY NOT NULL, template TEXT NOT NULL, state TEXT NOT NULL,
+                failure TEXT, cpu_count INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
+                disk_mb INTEGER NOT NULL, allow_internet_access INTEGER NOT NULL,
+                metadata TEXT NOT NULL, started_at_us INTEGER NOT NULL, end_at_us INTEGER NOT NULL,
+                envd_access_token TEXT NOT NULL, traffic_access_token TEXT NOT NULL, runtime TEXT);
+             CREATE INDEX sandboxes_state ON sandboxes(state);
+             CREATE TABLE api_keys (id TEXT PRIMARY KEY NOT NULL, name TEXT NOT NULL,
+                hash TEXT NOT NULL UNIQUE, prefix TEXT NOT NULL, created_at_us INTEGER NOT NULL,
+                revoked_at_us INTEGER);
+             INSERT INTO sandboxes VALUES ('iold', 'base', 'running', NULL, 2, 512, 2048, 1,
+                '{}', 1, 2, 'ea', 'ta', NULL);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let old = store.get_sandbox("iold").await.unwrap().unwrap();
+    assert_eq!(old.state, SandboxState::Running);
+    assert!(old.env_vars.is_empty());
+    assert_eq!(old.lifecycle, Lifecycle::default());
+    assert_eq!(old.pause_mode, None);
+    assert!(store.snapshots().await.unwrap().is_empty());
+}
