@@ -353,3 +353,30 @@ async fn fork_children_inherit_and_fail_alone() {
         Err(ControlError::FailedPrecondition(_))
     ));
 }
+
+#[tokio::test]
+async fn auto_resume_survives_restart() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c
+        .create(CreateRequest {
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: Some(false),
+                auto_resume: true,
+            },
+            ..base()
+        })
+        .await
+        .unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+    c.shutdown();
+    let c2 = Control::start(store.clone(), rt.clone(), Config::default())
+        .await
+        .unwrap();
+    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_some());
+    assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    // Killed while paused: traffic gets the plain not-found answer.
+    c2.pause(&sb.id, None).await.unwrap();
+    c2.kill(&sb.id).await.unwrap();
+    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_none());
+}
