@@ -164,6 +164,10 @@ def test_pause_twice_and_unknown(server):
     try:
         assert sbx.pause() is True
         assert sbx.pause() is False, "already paused is 409, which the SDK returns as False"
+        info = Sandbox.get_info(sbx.sandbox_id)
+        assert info.state.value == "paused"
+        assert info.lifecycle is not None
+        assert sbx.get_metrics() == [], "a paused sandbox has no current usage"
     finally:
         assert Sandbox.kill(sbx.sandbox_id) is True, "a paused sandbox can be killed"
     assert not Sandbox.kill(sbx.sandbox_id)

@@ -246,7 +246,12 @@ pub(crate) async fn sandbox_metrics(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
     let sandbox = st.control.get(&id).await?;
-    let Some(rt) = sandbox.runtime.as_ref() else {
+    // A paused sandbox's agent is frozen or gone: it has no current usage to report.
+    let Some(rt) = sandbox
+        .runtime
+        .as_ref()
+        .filter(|_| sandbox.state == warren_control::SandboxState::Running)
+    else {
         return Ok(Json(Vec::new()));
     };
     let metric = st

@@ -152,6 +152,12 @@ async fn pause_connect_and_proxy() {
 
     // No autoResume: traffic does not wake it.
     assert_eq!(health(&s, &id).await, 502);
+    let metrics: Value = get(&s, &format!("/sandboxes/{id}/metrics"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metrics, json!([]), "a paused agent is not asked");
 
     let r = post(
         &s,
