@@ -7,7 +7,7 @@
 
 use chrono::Utc;
 use tokio::sync::OwnedMutexGuard;
-use warren_runtime::{PauseMode, RuntimeError};
+use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
 
 use crate::control::{spec_of, Control, Route};
 use crate::error::ControlError;
@@ -179,6 +179,11 @@ impl Control {
         **sb = next;
         self.set_wakeable(&id, false);
         self.route_running(sb);
+        if paused_mode == Some(PauseMode::Memory) && kind == ResumeKind::Filesystem {
+            // E.g. the host rebooted while it was paused: its files are back, its processes
+            // started afresh.
+            tracing::warn!(sandbox_id = %id, "memory of the paused sandbox was lost; resumed from its files");
+        }
         tracing::info!(sandbox_id = %id, kind = ?kind, "sandbox resumed");
         Ok(())
     }
