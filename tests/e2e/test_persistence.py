@@ -11,7 +11,12 @@ import uuid
 import pytest
 import requests
 from e2b import Sandbox
-from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
+from e2b.exceptions import (
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+    SandboxNotRunningException,
+)
 
 # Sizes around page and block boundaries, plus one larger than any write buffer.
 SIZES = [0, 1, 511, 4095, 4096, 4097, 65537, 1024 * 1024 + 3, 24 * 1024 * 1024]
@@ -280,8 +285,8 @@ def test_on_timeout_pause_without_auto_resume_stays_paused(server):
     try:
         sbx.files.write("/home/user/keep.txt", "kept")
         _wait_state(server, sbx.sandbox_id, "paused")
-        with pytest.raises(Exception):
-            sbx.files.read("/home/user/keep.txt", request_timeout=10)
+        with pytest.raises(SandboxNotRunningException):
+            sbx.files.read("/home/user/keep.txt", request_timeout=30)
         assert Sandbox.connect(sbx.sandbox_id).files.read("/home/user/keep.txt") == "kept"
     finally:
         Sandbox.kill(sbx.sandbox_id)
