@@ -7,8 +7,8 @@
 //! it never changes. The copy is made while the sandbox is frozen, so it is consistent.
 //!
 //! `cp -a` does the copying: it preserves every one of those properties, handles sparse files
-//! and is on every Debian host. A save is durable before it returns (synced, then renamed into
-//! place and the directory synced), and replacing an earlier save is atomic: a crash leaves
+//! and is on every Debian host. A save is durable before it returns (every file and directory
+//! fsynced, then renamed into place and the parent directory synced), and replacing an earlier save is atomic: a crash leaves
 //! either the old or the new copy, never a mix.
 
 use std::fs;
@@ -115,12 +115,33 @@ async fn copy(from: &Path, to: &Path) -> io::Result<()> {
     ))
 }
 
-/// Flushes the filesystem holding `path` (everything `cp` wrote, metadata included).
+/// Flushes every file and directory under `path` to disk. Per-file `fsync` rather than one
+/// `syncfs`: the latter would also wait for every other dirty page on the host's disk, which
+/// on a busy host costs far more than the layer itself.
 async fn sync_fs(path: &Path) -> io::Result<()> {
-    let f = fs::File::open(path)?;
-    tokio::task::spawn_blocking(move || nix::unistd::syncfs(&f).map_err(io::Error::from))
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || sync_tree(&path))
         .await
         .map_err(io::Error::other)?
+}
+
+fn sync_tree(root: &Path) -> io::Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                fs::File::open(entry.path())?.sync_all()?;
+            }
+            // Symlinks and device nodes (whiteouts) are directory entries: syncing the
+            // directory below persists them.
+        }
+        fs::File::open(&dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Bytes of file data under `path` (allocated blocks, so sparse files count what they use).
