@@ -317,3 +317,32 @@ def test_bad_input(server):
         assert r.status_code == 400
     finally:
         sbx.kill()
+
+
+def test_saved_state_is_freed(server):
+    """Killing a paused sandbox, deleting a snapshot and finishing a fork leave nothing of
+    theirs on the host's disk."""
+    paused_dir = os.path.join(server.data_dir, "paused")
+    snapshots_dir = os.path.join(server.data_dir, "snapshots")
+    sbx = Sandbox.create()
+    forks = []
+    try:
+        sbx.commands.run("head -c 1000000 /dev/urandom > /home/user/blob")
+        snap = sbx.create_snapshot()
+        assert os.path.exists(os.path.join(snapshots_dir, snap.snapshot_id))
+        before = set(os.listdir(snapshots_dir))
+        forks = sbx.fork(count=2)
+        assert all(not isinstance(f, Exception) for f in forks)
+        assert set(os.listdir(snapshots_dir)) == before, "the fork's checkpoint is deleted"
+        assert Sandbox.delete_snapshot(snap.snapshot_id)
+        assert not os.path.exists(os.path.join(snapshots_dir, snap.snapshot_id))
+        for mode in ("full", "filesystem"):
+            victim = forks.pop()
+            assert victim.pause(mode=mode)
+            assert os.path.exists(os.path.join(paused_dir, victim.sandbox_id)), mode
+            assert victim.kill()
+            assert not os.path.exists(os.path.join(paused_dir, victim.sandbox_id)), mode
+    finally:
+        for f in forks:
+            f.kill()
+        sbx.kill()
