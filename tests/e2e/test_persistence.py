@@ -346,3 +346,21 @@ def test_saved_state_is_freed(server):
         for f in forks:
             f.kill()
         sbx.kill()
+
+
+def test_acknowledged_pause_survives_a_killed_server(server):
+    """The pause's record is durable when it is acknowledged: SIGKILL the server right after."""
+    sbx = Sandbox.create(timeout=600)
+    try:
+        sums = _write_files(sbx)
+        for mode in ("filesystem", "full"):
+            assert sbx.pause(mode=mode) is True
+            server.proc.kill()
+            server.proc.wait()
+            server.start()
+            info = _api(server, "GET", f"/sandboxes/{sbx.sandbox_id}").json()
+            assert info["state"] == "paused" and info["pauseMode"] == mode
+            sbx = Sandbox.connect(sbx.sandbox_id)
+            assert _checksums(sbx) == sums, mode
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
