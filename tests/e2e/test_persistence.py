@@ -364,3 +364,23 @@ def test_acknowledged_pause_survives_a_killed_server(server):
             assert _checksums(sbx) == sums, mode
     finally:
         Sandbox.kill(sbx.sandbox_id)
+
+
+def test_concurrent_resumes(server):
+    """Many connects to one paused sandbox resume it once; many requests through the proxy to
+    an auto-resuming one all get answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sbx = Sandbox.create(timeout=600, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.files.write("/home/user/x", "x")
+        assert sbx.pause()
+        path = f"/v2/sandboxes/{sbx.sandbox_id}/connect"
+        codes = list(ThreadPoolExecutor(10).map(lambda _: _api(server, "POST", path, json={}).status_code, range(10)))
+        assert sorted(codes) == [200] * 9 + [201], codes
+        assert sbx.pause()
+        reads = list(ThreadPoolExecutor(10).map(lambda _: sbx.files.read("/home/user/x"), range(10)))
+        assert reads == ["x"] * 10
+        assert _api(server, "GET", f"/sandboxes/{sbx.sandbox_id}").json()["state"] == "running"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
