@@ -117,7 +117,11 @@ impl Control {
                 self.set_wakeable(&id, false);
                 self.route_running(sb);
                 tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
-                return Err(self.runtime_error(e, &format!("pausing sandbox {id} failed")));
+                let doing = format!("pausing sandbox {id} failed (it keeps running)");
+                return Err(match e {
+                    RuntimeError::Failed(m) => ControlError::Unavailable(format!("{doing}: {m}")),
+                    other => self.runtime_error(other, &doing),
+                });
             }
         };
         let mut next = (**sb).clone();

@@ -26,6 +26,7 @@ type ApiResult<T> = Result<T, ApiError>;
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "Already paused", body = ErrorBody),
         (status = 500, body = ErrorBody),
+        (status = 503, description = "The pause failed; the sandbox keeps running", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
