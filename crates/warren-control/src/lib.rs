@@ -4,8 +4,8 @@
 //! resume included), snapshots and forks, expiry at `end_at`, API keys, access tokens, listing
 //! and the concurrency limit. It reaches the outside world only through two traits: [`Store`]
 //! (durable records; SQLite today, PostgreSQL later) and [`warren_runtime::SandboxRuntime`]
-//! (makes sandboxes exist). It has no HTTP and no SQL in
-//! it; `tests/layering.rs` checks that with `cargo tree`.
+//! (makes sandboxes exist). It has no HTTP and no SQL in it; `tests/layering.rs` checks that
+//! with `cargo tree`.
 
 #![forbid(unsafe_code)]
 
