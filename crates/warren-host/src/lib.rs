@@ -228,6 +228,14 @@ impl NsRuntime {
     ) -> Result<(Live, RuntimeSandbox), (Slot, RuntimeError)> {
         match Sandbox::reattach(&self.ns, &r.id, record.pid1) {
             Some(sandbox) => {
+                // Frozen but recorded as running: the previous server died in the middle of
+                // a pause it never acknowledged. The sandbox runs on.
+                if record.paused.is_none() && sandbox.cgroup.is_frozen() {
+                    if let Err(e) = sandbox.cgroup.thaw() {
+                        tracing::warn!(sandbox = %r.id, error = %e, "could not thaw");
+                    }
+                    let _ = self.forget_saved(&r.id);
+                }
                 let out = RuntimeSandbox {
                     id: r.id.clone(),
                     agent: SocketAddr::V4(slot.agent_endpoint()),
@@ -595,6 +603,8 @@ impl NsRuntime {
             };
             out.push((r.id, result));
         }
+        drop(live);
+        self.remove_unclaimed_saves(&out).await;
         out
     }
 }

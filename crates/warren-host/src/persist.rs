@@ -84,6 +84,31 @@ impl NsRuntime {
         layer::remove(&self.paused_dir(id)).map_err(failed("remove the saved filesystem"))
     }
 
+    /// After a restart: removes saved layers of sandboxes that are not paused (a pause the
+    /// previous server never acknowledged, or a sandbox that is gone).
+    pub(crate) async fn remove_unclaimed_saves(
+        &self,
+        reattached: &[(String, Result<RuntimeSandbox, RuntimeError>)],
+    ) {
+        let Ok(dir) = std::fs::read_dir(self.cfg.data_dir.join("paused")) else {
+            return;
+        };
+        let paused_fs = self.paused_fs.lock().await;
+        let live = self.live.lock().await;
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let id = name.strip_suffix(".partial").unwrap_or(&name);
+            let claimed = !name.ends_with(".partial")
+                && (paused_fs.contains(id)
+                    || (live.get(id).is_some_and(|l| l.sandbox.cgroup.is_frozen())
+                        && reattached.iter().any(|(i, r)| i == id && r.is_ok())));
+            if !claimed {
+                tracing::info!(sandbox = %id, "removing a saved filesystem no paused sandbox owns");
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
     async fn handle(&self, id: &str) -> Result<Handle, RuntimeError> {
         let live = self.live.lock().await;
         let Some(l) = live.get(id) else {

@@ -273,3 +273,38 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
     second.shutdown().await.expect("shutdown");
     cleanup(&cfg);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
+    let cfg = config("c", 17);
+    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    first.reattach(vec![]).await;
+    let sbx = first.create(spec("halfpaused")).await.expect("create");
+    assert_eq!(run(sbx.agent, "echo kept > /home/user/f").await.0, 0);
+    // What a server that died inside `pause` leaves: a frozen sandbox and a saved layer,
+    // while the store still holds the running record.
+    warren_runtime_ns::cgroup::SandboxCgroup::at(&cfg.cgroup_parent, "halfpaused")
+        .freeze()
+        .expect("freeze");
+    let stray = cfg.data_dir.join("paused/halfpaused/upper");
+    std::fs::create_dir_all(&stray).unwrap();
+    let orphan = cfg.data_dir.join("paused/gone.partial");
+    std::fs::create_dir_all(&orphan).unwrap();
+    drop(first);
+
+    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let back = second.reattach(vec![sbx.clone()]).await;
+    assert!(back[0].1.is_ok(), "{:?}", back[0].1);
+    assert_eq!(
+        run(sbx.agent, "cat /home/user/f").await,
+        (0, "kept\n".into()),
+        "the sandbox runs on"
+    );
+    assert!(
+        !stray.exists() && !orphan.exists(),
+        "unclaimed saves are removed"
+    );
+    second.kill("halfpaused").await.expect("kill");
+    second.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}
