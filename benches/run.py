@@ -9,7 +9,7 @@
 Starts its own `warren serve` (as root) on a free loopback port with --data-dir (default
 /var/lib/warren, which must hold or will build the base image), runs the scenarios, and writes
 results.json, results.md and latency.png to --out (default benches/results/<timestamp>/).
-Scenarios: create, command, files, pty, idle. See docs/performance.md.
+Scenarios: create, command, files, pty, idle, pause, fork. See docs/performance.md.
 """
 
 from __future__ import annotations

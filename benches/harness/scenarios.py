@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .persist import scenario_fork, scenario_pause
 from .common import (API_KEY, ENVD_PORT, MIB, Metric, Results, Server, bwrap_cmd, cgroup_dir,
                      cgroup_pids, meminfo, mounted_rootfs, percentile, pss_kib, time_calls)
 
@@ -524,4 +525,6 @@ SCENARIOS: Dict[str, Callable[[Ctx], None]] = {
     "files": scenario_files,
     "pty": scenario_pty,
     "idle": scenario_idle,
+    "pause": scenario_pause,
+    "fork": scenario_fork,
 }

@@ -5,6 +5,7 @@
 mod client;
 mod connect;
 mod keys;
+mod persist;
 mod sandbox;
 mod serve;
 mod shell;
@@ -75,10 +76,18 @@ enum Command {
         #[arg(long)]
         domain: Option<String>,
     },
-    /// Creates, lists, inspects, runs commands or a shell in, and kills sandboxes.
+    /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
+    /// forks and kills sandboxes.
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Lists and deletes snapshots (take them with `warren sandbox snapshot`).
+    Snapshot {
+        #[command(subcommand)]
+        command: persist::SnapshotCommand,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -135,6 +144,7 @@ fn main() -> std::process::ExitCode {
             .map(|()| 0),
             Command::Sandbox { command, client } => sandbox::run(command, client).await,
             Command::Template { command, client } => template::run(command, client).await,
+            Command::Snapshot { command, client } => persist::run(command, client).await,
             Command::Keys {
                 command,
                 data_dir,

@@ -1,4 +1,4 @@
-//! `warren sandbox create|list|info|exec|shell|kill`.
+//! `warren sandbox create|list|info|exec|shell|kill|pause|resume|snapshot|fork`.
 
 use std::io::{IsTerminal, Write};
 
@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::client::Client;
-use crate::{connect, shell, ClientArgs};
+use crate::{connect, persist, shell, ClientArgs};
 
 #[derive(Subcommand)]
 pub enum SandboxCommand {
@@ -27,6 +27,15 @@ pub enum SandboxCommand {
         /// KEY=VALUE environment variables (repeatable).
         #[arg(long = "env", value_parser = key_value)]
         env: Vec<(String, String)>,
+        /// Pause instead of kill at the end of its timeout.
+        #[arg(long)]
+        auto_pause: bool,
+        /// With --auto-pause: keep only the filesystem.
+        #[arg(long, requires = "auto_pause")]
+        auto_pause_filesystem: bool,
+        /// With --auto-pause: traffic through the proxy resumes it.
+        #[arg(long, requires = "auto_pause")]
+        auto_resume: bool,
     },
     List {
         /// KEY=VALUE metadata filter (repeatable).
@@ -52,6 +61,46 @@ pub enum SandboxCommand {
     },
     Kill {
         id: String,
+    },
+    /// Pauses a sandbox; `resume` (or any SDK connect) brings it back.
+    Pause {
+        id: String,
+        /// Keep memory and running processes (the default when the runtime can).
+        #[arg(long, conflicts_with = "filesystem")]
+        full: bool,
+        /// Keep only the filesystem; processes start afresh on resume.
+        #[arg(long)]
+        filesystem: bool,
+    },
+    /// Resumes a paused sandbox (a running one just gets its timeout extended).
+    Resume {
+        id: String,
+        /// Seconds it lives from now.
+        #[arg(long)]
+        timeout: Option<i64>,
+    },
+    /// Snapshots a running sandbox (it keeps running) and prints the snapshot id, which
+    /// works as a template: `warren sandbox create --template <id>`.
+    Snapshot {
+        id: String,
+        /// A name; reusing one replaces the older snapshot.
+        #[arg(long)]
+        name: Option<String>,
+        /// Ask for memory in the snapshot.
+        #[arg(long, conflicts_with = "filesystem")]
+        full: bool,
+        /// Files only.
+        #[arg(long)]
+        filesystem: bool,
+    },
+    /// Creates COUNT copies of a running sandbox and prints their ids.
+    Fork {
+        id: String,
+        #[arg(long)]
+        count: Option<i64>,
+        /// Seconds the copies live.
+        #[arg(long)]
+        timeout: Option<i64>,
     },
 }
 
@@ -93,11 +142,23 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             timeout,
             metadata,
             env,
+            auto_pause,
+            auto_pause_filesystem,
+            auto_resume,
         } => {
             let mut body =
                 json!({"templateID": template, "metadata": map(metadata), "envVars": map(env)});
             if let Some(t) = timeout {
                 body["timeout"] = t.into();
+            }
+            if auto_pause {
+                body["autoPause"] = true.into();
+                if auto_pause_filesystem {
+                    body["autoPauseMemory"] = false.into();
+                }
+                if auto_resume {
+                    body["autoResume"] = json!({"enabled": true});
+                }
             }
             let spinner = spinner(&format!("creating a sandbox from template {template}"));
             let created = client.api(Method::POST, "/v2/sandboxes", Some(body)).await;
@@ -177,6 +238,26 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             if !args.json {
                 println!("killed {id}");
             }
+        }
+        SandboxCommand::Pause {
+            id,
+            full,
+            filesystem,
+        } => persist::pause(&client, &args, &id, persist::memory_flag(full, filesystem)).await?,
+        SandboxCommand::Resume { id, timeout } => {
+            persist::resume(&client, &args, &id, timeout).await?
+        }
+        SandboxCommand::Snapshot {
+            id,
+            name,
+            full,
+            filesystem,
+        } => {
+            let memory = persist::memory_flag(full, filesystem);
+            persist::snapshot(&client, &args, &id, name, memory).await?
+        }
+        SandboxCommand::Fork { id, count, timeout } => {
+            return persist::fork(&client, &args, &id, count, timeout).await
         }
     }
     Ok(0)

@@ -1,11 +1,12 @@
 //! The control plane's operations: create, connect, get, list, kill, set-timeout, keys.
+//! Pause and resume are in `pause.rs`, snapshots in `snapshots.rs`, fork in `fork.rs`.
 //!
 //! Live sandboxes (pending, running, paused, stopping) are kept in memory, each behind its own
 //! async mutex, so operations on one sandbox are serialised (a kill never races a set-timeout)
 //! while different sandboxes proceed in parallel. Every change is written to the [`Store`]
 //! before the operation returns: what the API acknowledged survives a crash.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 use crate::error::ControlError;
 use crate::keys::{self, ApiKey, NewApiKey};
 use crate::list::{self, ListQuery, Page};
-use crate::model::{Sandbox, SandboxState};
+use crate::model::{Lifecycle, Sandbox, SandboxState};
 use crate::secrets::{random_id, random_secret};
 use crate::store::Store;
 
@@ -68,6 +69,23 @@ pub struct CreateRequest {
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     pub allow_internet_access: Option<bool>,
+    pub lifecycle: Lifecycle,
+}
+
+/// A create with everything resolved (from a template, a snapshot or a fork's parent).
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub template: String,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    pub allow_internet_access: bool,
+    pub env_vars: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub lifecycle: Lifecycle,
+    pub timeout: Duration,
+    /// Runtime snapshot key to start from.
+    pub from_snapshot: Option<String>,
 }
 
 /// Where the proxy sends a running sandbox's traffic.
@@ -79,7 +97,7 @@ pub struct Route {
     pub cancel: CancellationToken,
 }
 
-type Entry = Arc<Mutex<Sandbox>>;
+pub(crate) type Entry = Arc<Mutex<Sandbox>>;
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
@@ -87,6 +105,10 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     live: StdMutex<HashMap<String, Entry>>,
     routes: StdMutex<HashMap<String, Route>>,
+    /// Paused (or pausing) sandboxes that traffic wakes (`autoResume`): the proxy looks here
+    /// first, so requests for other unrouted sandboxes fail fast instead of waiting for a
+    /// sandbox's lock.
+    pub(crate) wakeable: StdMutex<HashSet<String>>,
     pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
@@ -123,6 +145,7 @@ impl Control {
                 config,
                 live: StdMutex::new(HashMap::new()),
                 routes: StdMutex::new(HashMap::new()),
+                wakeable: StdMutex::new(HashSet::new()),
                 expiries: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
@@ -142,10 +165,20 @@ impl Control {
         self.inner.shutdown.cancel();
     }
 
-    /// Registers a sandbox as live and routable (used by create and by recovery).
+    /// Registers a sandbox as live (used by create and by recovery); a running one is also
+    /// routed and scheduled to end.
     pub(crate) fn register(&self, sandbox: &Sandbox, entry: Option<Entry>) {
         let entry = entry.unwrap_or_else(|| Arc::new(Mutex::new(sandbox.clone())));
         lock(&self.inner.live).insert(sandbox.id.clone(), entry);
+        match sandbox.state {
+            SandboxState::Running => self.route_running(sandbox),
+            SandboxState::Paused => self.set_wakeable(&sandbox.id, sandbox.lifecycle.auto_resume),
+            _ => {}
+        }
+    }
+
+    /// Routes a running sandbox's traffic and schedules its end time.
+    pub(crate) fn route_running(&self, sandbox: &Sandbox) {
         if let Some(rt) = &sandbox.runtime {
             let route = Route {
                 agent: rt.agent,
@@ -154,8 +187,35 @@ impl Control {
             };
             lock(&self.inner.routes).insert(sandbox.id.clone(), route);
         }
-        lock(&self.inner.expiries).insert(sandbox.id.clone(), sandbox.end_at);
+        self.schedule_end(&sandbox.id, sandbox.end_at);
+    }
+
+    pub(crate) fn schedule_end(&self, id: &str, end: DateTime<Utc>) {
+        lock(&self.inner.expiries).insert(id.to_string(), end);
         self.inner.wake_reaper.notify_one();
+    }
+
+    /// Takes a sandbox off the end-time schedule (paused sandboxes never expire).
+    pub(crate) fn unschedule(&self, id: &str) {
+        lock(&self.inner.expiries).remove(id);
+    }
+
+    pub(crate) fn set_wakeable(&self, id: &str, wakeable: bool) {
+        let mut set = lock(&self.inner.wakeable);
+        if wakeable {
+            set.insert(id.to_string());
+        } else {
+            set.remove(id);
+        }
+    }
+
+    pub(crate) fn is_wakeable(&self, id: &str) -> bool {
+        lock(&self.inner.wakeable).contains(id)
+    }
+
+    /// The runtime's name and what it can keep, for API callers.
+    pub fn runtime_info(&self) -> (&'static str, warren_runtime::Capabilities) {
+        (self.inner.runtime.name(), self.inner.runtime.capabilities())
     }
 
     /// Forgets a sandbox that is no longer live and cuts its proxied streams.
@@ -163,9 +223,10 @@ impl Control {
         self.unroute(id);
         lock(&self.inner.live).remove(id);
         lock(&self.inner.expiries).remove(id);
+        lock(&self.inner.wakeable).remove(id);
     }
 
-    fn unroute(&self, id: &str) {
+    pub(crate) fn unroute(&self, id: &str) {
         if let Some(route) = lock(&self.inner.routes).remove(id) {
             route.cancel.cancel();
         }
@@ -176,11 +237,11 @@ impl Control {
         lock(&self.inner.routes).get(id).cloned()
     }
 
-    fn entry(&self, id: &str) -> Option<Entry> {
+    pub(crate) fn entry(&self, id: &str) -> Option<Entry> {
         lock(&self.inner.live).get(id).cloned()
     }
 
-    fn timeout(&self, secs: Option<i64>) -> Result<Duration, ControlError> {
+    pub(crate) fn timeout(&self, secs: Option<i64>) -> Result<Duration, ControlError> {
         let Some(secs) = secs else {
             return Ok(self.inner.config.default_timeout);
         };
@@ -195,7 +256,10 @@ impl Control {
 
     /// Runs a state-changing operation on its own task: a caller that goes away (an HTTP
     /// client disconnecting) must not abandon a sandbox half-created or half-killed.
-    async fn detached<T, F>(&self, f: impl FnOnce(Control) -> F) -> Result<T, ControlError>
+    pub(crate) async fn detached<T, F>(
+        &self,
+        f: impl FnOnce(Control) -> F,
+    ) -> Result<T, ControlError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
@@ -227,23 +291,67 @@ impl Control {
                 "invalid environment variable name {k:?}"
             )));
         }
+        self.check_lifecycle(&req.lifecycle)?;
         let cfg = &self.inner.config;
+        // A snapshot id or name is a valid `templateID` (SDKs create from snapshots that way).
+        let plan = match self.find_snapshot(&template).await? {
+            Some(snap) => {
+                let mut env_vars = snap.env_vars;
+                env_vars.extend(req.env_vars);
+                Plan {
+                    template: snap.template,
+                    cpu_count: snap.cpu_count,
+                    memory_mb: snap.memory_mb,
+                    disk_mb: snap.disk_mb,
+                    allow_internet_access: req
+                        .allow_internet_access
+                        .unwrap_or(snap.allow_internet_access),
+                    env_vars,
+                    metadata: req.metadata,
+                    lifecycle: req.lifecycle,
+                    timeout,
+                    from_snapshot: Some(snap.key),
+                }
+            }
+            None => Plan {
+                template,
+                cpu_count: cfg.cpu_count,
+                memory_mb: cfg.memory_mb,
+                disk_mb: cfg.disk_mb,
+                allow_internet_access: req.allow_internet_access.unwrap_or(true),
+                env_vars: req.env_vars,
+                metadata: req.metadata,
+                lifecycle: req.lifecycle,
+                timeout,
+                from_snapshot: None,
+            },
+        };
+        self.create_planned(plan).await
+    }
+
+    /// Records, creates and registers one sandbox as `plan` says.
+    pub(crate) async fn create_planned(&self, plan: Plan) -> Result<Sandbox, ControlError> {
+        let cfg = &self.inner.config;
+        let timeout = plan.timeout;
         let now = Utc::now();
         let sandbox = Sandbox {
             id: random_id("i", 20)?,
-            template,
+            template: plan.template,
             state: SandboxState::Pending,
             failure: None,
-            cpu_count: cfg.cpu_count,
-            memory_mb: cfg.memory_mb,
-            disk_mb: cfg.disk_mb,
-            allow_internet_access: req.allow_internet_access.unwrap_or(true),
-            metadata: req.metadata,
+            cpu_count: plan.cpu_count,
+            memory_mb: plan.memory_mb,
+            disk_mb: plan.disk_mb,
+            allow_internet_access: plan.allow_internet_access,
+            metadata: plan.metadata,
             started_at: now,
             end_at: now + timeout,
             envd_access_token: random_secret("ea_")?,
             traffic_access_token: random_secret("ta_")?,
             runtime: None,
+            env_vars: plan.env_vars,
+            lifecycle: plan.lifecycle,
+            pause_mode: None,
         };
 
         // Reserve a slot and hold the sandbox's lock for the whole creation, so a concurrent
@@ -275,16 +383,8 @@ impl Control {
             return Err(e.into());
         }
 
-        let spec = CreateSpec {
-            id: sandbox.id.clone(),
-            template: sandbox.template.clone(),
-            cpu_count: sandbox.cpu_count,
-            memory_mb: sandbox.memory_mb,
-            disk_mb: sandbox.disk_mb,
-            allow_internet_access: sandbox.allow_internet_access,
-            env_vars: req.env_vars,
-            access_token: Some(sandbox.envd_access_token.clone()),
-        };
+        let mut spec = spec_of(&sandbox);
+        spec.from_snapshot = plan.from_snapshot;
         let created = self.inner.runtime.create(spec).await;
         let sb = &mut *guard;
         match created {
@@ -320,12 +420,7 @@ impl Control {
                     RuntimeError::UnknownTemplate(t) => {
                         ControlError::NotFound(format!("template '{t}' not found"))
                     }
-                    RuntimeError::InvalidArgument(m) => ControlError::InvalidArgument(m),
-                    RuntimeError::Exhausted(m) => ControlError::ResourceExhausted {
-                        message: format!("host capacity exhausted: {m}"),
-                        retry_after: self.inner.config.retry_after,
-                    },
-                    other => ControlError::Internal(format!("sandbox creation failed: {other}")),
+                    other => self.runtime_error(other, "sandbox creation failed"),
                 })
             }
         }
@@ -345,7 +440,7 @@ impl Control {
         }
     }
 
-    async fn locked(&self, id: &str) -> Result<OwnedMutexGuard<Sandbox>, ControlError> {
+    pub(crate) async fn locked(&self, id: &str) -> Result<OwnedMutexGuard<Sandbox>, ControlError> {
         let entry = self.entry(id).ok_or_else(|| not_found(id))?;
         let guard = entry.lock_owned().await;
         if guard.state.is_gone() {
@@ -354,8 +449,8 @@ impl Control {
         Ok(guard)
     }
 
-    /// Connects to a sandbox: extends its life to at least now + timeout. Returns the record
-    /// and whether it was resumed from pause (always `false` until a runtime can pause).
+    /// Connects to a sandbox: extends its life to at least now + timeout; a paused sandbox is
+    /// resumed first. Returns the record and whether it was resumed.
     pub async fn connect(
         &self,
         id: &str,
@@ -376,9 +471,8 @@ impl Control {
         match sb.state {
             SandboxState::Running => {}
             SandboxState::Paused => {
-                return Err(ControlError::FailedPrecondition(format!(
-                    "sandbox {id} is paused and this runtime cannot resume it"
-                )))
+                self.resume_locked(&mut sb, timeout).await?;
+                return Ok((sb.clone(), true));
             }
             other => {
                 return Err(ControlError::FailedPrecondition(format!(
@@ -393,8 +487,7 @@ impl Control {
             next.end_at = end;
             self.inner.store.update_sandbox(&next).await?;
             *sb = next;
-            lock(&self.inner.expiries).insert(id.to_string(), end);
-            self.inner.wake_reaper.notify_one();
+            self.schedule_end(id, end);
         }
         Ok((sb.clone(), false))
     }
@@ -418,9 +511,11 @@ impl Control {
         let mut next = sb.clone();
         next.end_at = Utc::now() + timeout;
         self.inner.store.update_sandbox(&next).await?;
-        lock(&self.inner.expiries).insert(id.to_string(), next.end_at);
+        // A paused sandbox keeps its new end time for after its resume, but does not expire.
+        if next.state == SandboxState::Running {
+            self.schedule_end(id, next.end_at);
+        }
         *sb = next;
-        self.inner.wake_reaper.notify_one();
         Ok(())
     }
 
@@ -441,7 +536,7 @@ impl Control {
             .await
     }
 
-    async fn kill_now(&self, id: &str) -> Result<(), ControlError> {
+    pub(crate) async fn kill_now(&self, id: &str) -> Result<(), ControlError> {
         let mut guard = self.locked(id).await?;
         let sb = &mut *guard;
         sb.transition(SandboxState::Stopping)
@@ -539,5 +634,21 @@ impl Control {
         } else {
             Err(ControlError::NotFound(format!("API key {id} not found")))
         }
+    }
+}
+
+/// The runtime create spec of a recorded sandbox, with its current access token (create,
+/// resume; a fork's children change `from_snapshot`).
+pub(crate) fn spec_of(sb: &Sandbox) -> CreateSpec {
+    CreateSpec {
+        id: sb.id.clone(),
+        template: sb.template.clone(),
+        cpu_count: sb.cpu_count,
+        memory_mb: sb.memory_mb,
+        disk_mb: sb.disk_mb,
+        allow_internet_access: sb.allow_internet_access,
+        env_vars: sb.env_vars.clone(),
+        access_token: Some(sb.envd_access_token.clone()),
+        from_snapshot: None,
     }
 }

@@ -1,4 +1,5 @@
-//! Background watchers: kill sandboxes at `end_at`, notice sandboxes that ended on their own.
+//! Background watchers: kill (or pause, per lifecycle) sandboxes at `end_at`, notice
+//! sandboxes that ended on their own.
 
 use std::time::Duration;
 
@@ -31,7 +32,8 @@ async fn reaper(control: Control) {
             )
         };
         for id in due {
-            // Drop it from the schedule first: a failed kill must not spin this loop.
+            // Drop it from the schedule first: a failed kill must not spin this loop (a failed
+            // pause reschedules itself).
             inner
                 .expiries
                 .lock()
@@ -40,8 +42,8 @@ async fn reaper(control: Control) {
             let c = control.clone();
             tokio::spawn(async move {
                 tracing::info!(sandbox_id = %id, "sandbox reached its end time");
-                if let Err(e) = c.kill(&id).await {
-                    tracing::warn!(sandbox_id = %id, error = %e, "killing expired sandbox");
+                if let Err(e) = c.end_time_reached(&id).await {
+                    tracing::warn!(sandbox_id = %id, error = %e, "ending expired sandbox");
                 }
             });
         }

@@ -1,26 +1,33 @@
 //! Warren's control-plane domain.
 //!
-//! This crate decides and records: it owns the sandbox lifecycle state machine, expiry at
-//! `end_at`, API keys, access tokens, listing and the concurrency limit. It reaches the outside
-//! world only through two traits: [`Store`] (durable records; SQLite today, PostgreSQL later)
-//! and [`warren_runtime::SandboxRuntime`] (makes sandboxes exist). It has no HTTP and no SQL in
-//! it; `tests/layering.rs` checks that with `cargo tree`.
+//! This crate decides and records: it owns the sandbox lifecycle state machine (pause and
+//! resume included), snapshots and forks, expiry at `end_at`, API keys, access tokens, listing
+//! and the concurrency limit. It reaches the outside world only through two traits: [`Store`]
+//! (durable records; SQLite today, PostgreSQL later) and [`warren_runtime::SandboxRuntime`]
+//! (makes sandboxes exist). It has no HTTP and no SQL in it; `tests/layering.rs` checks that
+//! with `cargo tree`.
 
 #![forbid(unsafe_code)]
 
 mod control;
 mod error;
 mod expiry;
+mod fork;
 mod keys;
 mod list;
 mod model;
+mod pause;
 mod recover;
 mod secrets;
+mod snapshots;
 mod store;
 
 pub use control::{Config, Control, CreateRequest, Route};
 pub use error::{ControlError, StoreError};
+pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey};
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
-pub use model::{Sandbox, SandboxState, TransitionError};
+pub use model::{Lifecycle, OnTimeout, Sandbox, SandboxState, TransitionError};
+pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use warren_runtime::{Capabilities, PauseMode};

@@ -214,6 +214,9 @@ mod tests {
             envd_access_token: String::new(),
             traffic_access_token: String::new(),
             runtime: None,
+            env_vars: BTreeMap::new(),
+            lifecycle: Default::default(),
+            pause_mode: None,
         }
     }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use warren_runtime::RuntimeSandbox;
+use warren_runtime::{PauseMode, RuntimeSandbox};
 
 /// Lifecycle of a sandbox as the control plane records it.
 ///
@@ -12,7 +12,7 @@ use warren_runtime::RuntimeSandbox;
 /// Pending --> Running --> Stopping --> Killed
 ///    |           |  ^         |
 ///    |           v  |         v
-///    +------> Failed <--------+      Paused <-> Running (reserved: no runtime pauses yet)
+///    +------> Failed <--------+      Running <-> Paused --> Stopping
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -20,7 +20,8 @@ pub enum SandboxState {
     /// Recorded, the runtime is creating it. Counts against the concurrency limit.
     Pending,
     Running,
-    /// Reserved for pause/resume; no transition reaches it until a runtime can pause.
+    /// Paused by the API or at its end time (`onTimeout = pause`); connect resumes it. Paused
+    /// sandboxes never expire: they are kept until killed.
     Paused,
     /// Kill in progress: the proxy no longer routes to it.
     Stopping,
@@ -115,6 +116,42 @@ pub struct Sandbox {
     pub traffic_access_token: String,
     /// What the runtime returned (agent address and its opaque record) once running.
     pub runtime: Option<RuntimeSandbox>,
+    /// Sandbox-wide environment variables from create, needed again by resume and fork. They
+    /// may hold secrets: never log them.
+    pub env_vars: BTreeMap<String, String>,
+    pub lifecycle: Lifecycle,
+    /// What the current pause kept (state `Paused` only).
+    pub pause_mode: Option<PauseMode>,
+}
+
+/// What happens at the end time, and whether traffic wakes a paused sandbox.
+// `default`: records written before lifecycles existed hold `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Lifecycle {
+    pub on_timeout: OnTimeout,
+    /// For `OnTimeout::Pause`: keep memory (`Some(true)`), files only (`Some(false)`), or the
+    /// best the runtime has (`None`).
+    pub pause_memory: Option<bool>,
+    /// Traffic through the proxy resumes the sandbox when it is paused.
+    pub auto_resume: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    #[default]
+    Kill,
+    Pause,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Kill => "kill",
+            OnTimeout::Pause => "pause",
+        }
+    }
 }
 
 impl Sandbox {

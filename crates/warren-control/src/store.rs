@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::keys::ApiKey;
 use crate::model::{Sandbox, SandboxState};
+use crate::snapshots::Snapshot;
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -16,6 +17,21 @@ pub trait Store: Send + Sync + 'static {
     async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError>;
     /// Every sandbox in one of `states`, in no particular order.
     async fn sandboxes_in(&self, states: &[SandboxState]) -> Result<Vec<Sandbox>, StoreError>;
+
+    /// Records a snapshot and, in the same transaction, forgets `replaces` (the older
+    /// snapshot of the same name), so exactly one of them is ever recorded under the name.
+    async fn insert_snapshot(
+        &self,
+        snapshot: &Snapshot,
+        replaces: Option<&str>,
+    ) -> Result<(), StoreError>;
+    async fn get_snapshot(&self, id: &str) -> Result<Option<Snapshot>, StoreError>;
+    /// The snapshot recorded under `name`.
+    async fn snapshot_by_name(&self, name: &str) -> Result<Option<Snapshot>, StoreError>;
+    /// Every snapshot, in no particular order.
+    async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError>;
+    /// Forgets a snapshot; `false` if there was none with this id.
+    async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError>;
 
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError>;
     /// The non-revoked key with this SHA-256 hash.

@@ -7,10 +7,11 @@
 //! a crashed predecessor left behind.
 
 mod agent;
+mod persist;
 mod templates;
 mod vm;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use warren_net::{AdoptSlot, NetConfig, NetPool, Slot};
 use warren_runtime::{
-    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
 };
 use warren_runtime_ns::cgroup::Limits;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
@@ -85,14 +87,19 @@ impl HostConfig {
 /// What the control plane persists for each sandbox so a restarted server can take it back.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
+    /// 0 while paused with only the filesystem kept (no processes).
     pid1: u32,
     slot: u32,
     allow_internet_access: bool,
+    /// Set while paused: what the pause kept.
+    #[serde(default)]
+    paused: Option<PauseMode>,
 }
 
 struct Live {
     sandbox: Sandbox,
     slot: Slot,
+    allow_internet_access: bool,
 }
 
 /// Sandboxes as namespace containers on this host.
@@ -102,6 +109,9 @@ pub struct NsRuntime {
     net: OnceCell<NetPool>,
     templates: Arc<templates::Templates>,
     live: Mutex<HashMap<String, Live>>,
+    /// Sandboxes paused with only their filesystem kept: no processes, no slot, just the
+    /// saved layer under `<data_dir>/paused/<id>`.
+    paused_fs: Mutex<HashSet<String>>,
     client: reqwest::Client,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
     /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
@@ -154,6 +164,7 @@ impl NsRuntime {
             net: OnceCell::new(),
             templates: Arc::new(templates::Templates::default()),
             live: Mutex::new(HashMap::new()),
+            paused_fs: Mutex::new(HashSet::new()),
             client,
             _lock: lock,
         });
@@ -220,12 +231,27 @@ impl NsRuntime {
     ) -> Result<(Live, RuntimeSandbox), (Slot, RuntimeError)> {
         match Sandbox::reattach(&self.ns, &r.id, record.pid1) {
             Some(sandbox) => {
+                // Frozen but recorded as running: the previous server died in the middle of
+                // a pause it never acknowledged. The sandbox runs on.
+                if record.paused.is_none() && sandbox.cgroup.is_frozen() {
+                    if let Err(e) = sandbox.cgroup.thaw() {
+                        tracing::warn!(sandbox = %r.id, error = %e, "could not thaw");
+                    }
+                    let _ = self.forget_saved(&r.id);
+                }
                 let out = RuntimeSandbox {
                     id: r.id.clone(),
                     agent: SocketAddr::V4(slot.agent_endpoint()),
                     record: r.record.clone(),
                 };
-                Ok((Live { sandbox, slot }, out))
+                Ok((
+                    Live {
+                        sandbox,
+                        slot,
+                        allow_internet_access: record.allow_internet_access,
+                    },
+                    out,
+                ))
             }
             None => Err((
                 slot,
@@ -241,6 +267,7 @@ impl NsRuntime {
         spec: &CreateSpec,
         slot: &Slot,
         image_root: PathBuf,
+        seed: Option<PathBuf>,
     ) -> Result<Sandbox, RuntimeError> {
         let launch_spec = LaunchSpec {
             id: spec.id.clone(),
@@ -259,6 +286,7 @@ impl NsRuntime {
                 "--default-user".into(),
                 "user".into(),
             ],
+            seed,
         };
         let sandbox = launch::launch(&self.ns, &launch_spec)
             .await
@@ -303,17 +331,108 @@ impl SandboxRuntime for NsRuntime {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        // Memory pause freezes the sandbox's processes in place; snapshots and forks carry
+        // files only (memory checkpoints would need a working CRIU, which these hosts lack).
+        Capabilities {
+            pause_memory: true,
+            pause_filesystem: true,
+            snapshot: true,
+            snapshot_memory: false,
+        }
     }
 
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        let seed = match &spec.from_snapshot {
+            Some(key) => Some(self.snapshot_seed(key)?),
+            None => None,
+        };
+        self.create_from(spec, seed).await
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.paused_fs.lock().await.remove(id) {
+            return self.forget_saved(id);
+        }
+        let live = self
+            .live
+            .lock()
+            .await
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let result = live
+            .sandbox
+            .destroy()
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()));
+        if let Some(pool) = self.net.get() {
+            if let Err(e) = pool.release(live.slot).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
+            }
+        }
+        result.and(self.forget_saved(id))
+    }
+
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        if self.paused_fs.lock().await.contains(id) {
+            return Ok(None);
+        }
+        let live = self.live.lock().await;
+        let l = live
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        if l.sandbox.is_running() {
+            return Ok(None);
+        }
+        let mut reason = l
+            .sandbox
+            .exit_status()
+            .unwrap_or_else(|| "sandbox process ended".into());
+        if l.sandbox.cgroup.oom_kills() > 0 {
+            reason.push_str(" (out of memory)");
+        }
+        Ok(Some(Exit { reason }))
+    }
+
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        self.reattach_all(records).await
+    }
+
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        self.pause_now(id, mode).await
+    }
+
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        self.resume_now(spec).await
+    }
+
+    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+        self.snapshot_now(id, key).await
+    }
+
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        self.delete_snapshot_now(key)
+    }
+}
+
+impl NsRuntime {
+    /// Creates a sandbox whose writable layer starts as a copy of `seed` (or empty).
+    async fn create_from(
+        &self,
+        spec: CreateSpec,
+        seed: Option<PathBuf>,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidArgument(format!(
                 "invalid sandbox id {:?}",
                 spec.id
             )));
         }
-        if self.live.lock().await.contains_key(&spec.id) {
+        if self.live.lock().await.contains_key(&spec.id)
+            || self.paused_fs.lock().await.contains(&spec.id)
+        {
             return Err(RuntimeError::InvalidArgument(format!(
                 "sandbox {} already exists",
                 spec.id
@@ -336,7 +455,7 @@ impl SandboxRuntime for NsRuntime {
             .acquire(spec.allow_internet_access)
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
-        let sandbox = match self.start_sandbox(&spec, &slot, image_root).await {
+        let sandbox = match self.start_sandbox(&spec, &slot, image_root, seed).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = pool.release(slot).await;
@@ -347,6 +466,7 @@ impl SandboxRuntime for NsRuntime {
             pid1: sandbox.pid1,
             slot: slot.index(),
             allow_internet_access: spec.allow_internet_access,
+            paused: None,
         };
         let out = RuntimeSandbox {
             id: spec.id.clone(),
@@ -354,52 +474,19 @@ impl SandboxRuntime for NsRuntime {
             record: serde_json::to_value(&record)
                 .map_err(|e| RuntimeError::Failed(e.to_string()))?,
         };
-        self.live
-            .lock()
-            .await
-            .insert(spec.id, Live { sandbox, slot });
+        self.live.lock().await.insert(
+            spec.id,
+            Live {
+                sandbox,
+                slot,
+                allow_internet_access: spec.allow_internet_access,
+            },
+        );
         Ok(out)
     }
 
-    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
-        let live = self
-            .live
-            .lock()
-            .await
-            .remove(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
-        let result = live
-            .sandbox
-            .destroy()
-            .await
-            .map_err(|e| RuntimeError::Failed(e.to_string()));
-        if let Some(pool) = self.net.get() {
-            if let Err(e) = pool.release(live.slot).await {
-                tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
-            }
-        }
-        result
-    }
-
-    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
-        let live = self.live.lock().await;
-        let l = live
-            .get(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
-        if l.sandbox.is_running() {
-            return Ok(None);
-        }
-        let mut reason = l
-            .sandbox
-            .exit_status()
-            .unwrap_or_else(|| "sandbox process ended".into());
-        if l.sandbox.cgroup.oom_kills() > 0 {
-            reason.push_str(" (out of memory)");
-        }
-        Ok(Some(Exit { reason }))
-    }
-
-    async fn reattach(
+    /// Takes back the sandboxes of an earlier run (see [`SandboxRuntime::reattach`]).
+    async fn reattach_all(
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
@@ -410,6 +497,23 @@ impl SandboxRuntime for NsRuntime {
                 (r, rec)
             })
             .collect();
+        // Sandboxes paused with only their files have nothing running to take back.
+        let (fs_paused, parsed): (Vec<_>, Vec<_>) = parsed.into_iter().partition(|(_, rec)| {
+            rec.as_ref()
+                .is_some_and(|r| r.paused == Some(PauseMode::Filesystem))
+        });
+        let mut out = Vec::new();
+        for (r, _) in fs_paused {
+            let result = if warren_runtime_ns::layer::exists(&self.paused_dir(&r.id)) {
+                self.paused_fs.lock().await.insert(r.id.clone());
+                Ok(r.clone())
+            } else {
+                Err(RuntimeError::Failed(
+                    "the saved filesystem of the paused sandbox is missing".into(),
+                ))
+            };
+            out.push((r.id, result));
+        }
         let adopt: Vec<AdoptSlot> = parsed
             .iter()
             .filter_map(|(_, rec)| {
@@ -446,7 +550,6 @@ impl SandboxRuntime for NsRuntime {
                     .collect();
             }
         };
-        let mut out = Vec::new();
         let mut live = self.live.lock().await;
         for (r, rec) in parsed {
             let Some(rec) = rec else {
@@ -478,8 +581,33 @@ impl SandboxRuntime for NsRuntime {
                 }
                 None => Err(RuntimeError::Failed("no slot result".into())),
             };
+            // A sandbox paused with its memory whose processes are gone (the host rebooted)
+            // still has its files: it stays paused and resumes from them.
+            let result = match result {
+                Err(_)
+                    if rec.paused == Some(PauseMode::Memory)
+                        && warren_runtime_ns::layer::exists(&self.paused_dir(&r.id)) =>
+                {
+                    tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
+                    self.paused_fs.lock().await.insert(r.id.clone());
+                    let rec = Record {
+                        pid1: 0,
+                        paused: Some(PauseMode::Filesystem),
+                        ..rec
+                    };
+                    serde_json::to_value(&rec)
+                        .map(|record| RuntimeSandbox {
+                            record,
+                            ..r.clone()
+                        })
+                        .map_err(|e| RuntimeError::Failed(e.to_string()))
+                }
+                other => other,
+            };
             out.push((r.id, result));
         }
+        drop(live);
+        self.remove_unclaimed_saves(&out).await;
         out
     }
 }

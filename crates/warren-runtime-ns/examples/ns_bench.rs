@@ -182,6 +182,7 @@ async fn main() {
         limits,
         writable_bytes: 256 << 20,
         agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
+        seed: None,
     };
     println!(
         "# namespace runtime benchmark ({} samples, {} idle sandboxes)",

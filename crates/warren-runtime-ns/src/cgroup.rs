@@ -228,6 +228,81 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// Freezes every process of the sandbox and returns once all are frozen: nothing in it runs
+    /// or changes its files until [`SandboxCgroup::thaw`]. Idempotent.
+    pub fn freeze(&self) -> io::Result<()> {
+        self.set_frozen(true)
+    }
+
+    /// Lets a frozen sandbox run again. Idempotent.
+    pub fn thaw(&self) -> io::Result<()> {
+        self.set_frozen(false)
+    }
+
+    /// Whether the sandbox is frozen (or freezing).
+    pub fn is_frozen(&self) -> bool {
+        match self.version {
+            Version::V2 => fs::read_to_string(self.dirs[0].join("cgroup.freeze"))
+                .map(|s| s.trim() == "1")
+                .unwrap_or(false),
+            Version::V1 => fs::read_to_string(self.dir("freezer").join("freezer.state"))
+                .map(|s| s.trim() != "THAWED")
+                .unwrap_or(false),
+        }
+    }
+
+    fn set_frozen(&self, frozen: bool) -> io::Result<()> {
+        // A task in an uninterruptible sleep (e.g. waiting on disk) delays freezing; anything
+        // still not frozen after this long is stuck and the caller gets an error.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        match self.version {
+            Version::V2 => {
+                write(
+                    &self.dirs[0].join("cgroup.freeze"),
+                    if frozen { "1" } else { "0" },
+                )?;
+                let want = if frozen { "frozen 1" } else { "frozen 0" };
+                loop {
+                    let events = fs::read_to_string(self.dirs[0].join("cgroup.events"))?;
+                    if events.lines().any(|l| l.trim() == want) {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            Version::V1 => {
+                let state = self.dir("freezer").join("freezer.state");
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                loop {
+                    // v1 reports FREEZING until every task stopped; writing again retries the
+                    // tasks that were busy.
+                    write(&state, want)?;
+                    if fs::read_to_string(&state)?.trim() == want {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        if frozen {
+            let _ = self.set_frozen(false);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "cgroup {} did not {} in time",
+                self.dir("freezer").display(),
+                if frozen { "freeze" } else { "thaw" }
+            ),
+        ))
+    }
+
     /// Removes the (empty) cgroup directories.
     pub fn remove(&self) -> io::Result<()> {
         for d in &self.dirs {

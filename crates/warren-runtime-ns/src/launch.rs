@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
-use nix::mount::{umount2, MntFlags};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::cgroup::{self, Limits, SandboxCgroup};
 use crate::config::{InitConfig, Report, CONFIG_ENV, ID_COUNT, STATUS_FD, SYNC_FD};
@@ -40,6 +40,9 @@ pub struct LaunchSpec {
     pub limits: Limits,
     pub writable_bytes: u64,
     pub agent_args: Vec<String>,
+    /// A saved writable layer (see [`crate::layer`]) to start from instead of an empty one:
+    /// how paused sandboxes resume from their files and snapshots become new sandboxes.
+    pub seed: Option<PathBuf>,
 }
 
 /// A started sandbox.
@@ -100,16 +103,57 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
     }
     let cg = SandboxCgroup::create(&cfg.cgroup_parent, &spec.id, spec.limits)
         .map_err(io("create cgroup"))?;
-    match start(cfg, spec, &dir, cg.clone()).await {
+    let started = match prepare_writable(cfg, spec, &dir).await {
+        Ok(()) => start(cfg, spec, &dir, cg.clone()).await,
+        Err(e) => Err(e),
+    };
+    match started {
         Ok(sbx) => Ok(sbx),
         Err(e) => {
             let _ = cg.kill_all();
             let _ = cg.remove();
             let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+            let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
             let _ = fs::remove_dir_all(&dir);
             Err(e)
         }
     }
+}
+
+/// Mounts the sandbox's writable layer, a tmpfs of bounded size, on the host (so the manager
+/// can save it while the sandbox is frozen) and fills it from `spec.seed`. The sandbox's mount
+/// namespace inherits it and builds its overlay on it; its root (the host's `id_base`) owns
+/// it. Its pages are charged to the sandbox's memory cgroup when the sandbox writes them.
+async fn prepare_writable(
+    cfg: &NsConfig,
+    spec: &LaunchSpec,
+    dir: &Path,
+) -> Result<(), LaunchError> {
+    let rw = dir.join("rw");
+    let opts = format!(
+        "size={},mode=0755,uid={base},gid={base}",
+        spec.writable_bytes.max(1 << 20),
+        base = cfg.id_base
+    );
+    mount(
+        Some("tmpfs"),
+        &rw,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(nix_io("mount the writable layer"))?;
+    let upper = rw.join("upper");
+    match &spec.seed {
+        Some(seed) => crate::layer::restore(seed, &upper)
+            .await
+            .map_err(|e| LaunchError::Init(format!("restore the saved filesystem: {e}")))?,
+        None => fs::create_dir(&upper).map_err(io("create the upper layer"))?,
+    }
+    let owner = Some(nix::unistd::Uid::from_raw(cfg.id_base));
+    let group = Some(nix::unistd::Gid::from_raw(cfg.id_base));
+    nix::unistd::chown(&upper, owner, group).map_err(nix_io("chown the upper layer"))?;
+    Ok(())
 }
 
 async fn start(
@@ -259,6 +303,12 @@ impl Sandbox {
         })
     }
 
+    /// The upper directory of the sandbox's writable layer, as the host sees it: everything
+    /// the sandbox changed relative to its image (overlayfs whiteouts mark deletions).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.dir.join("rw").join("upper")
+    }
+
     /// Whether PID 1 still runs.
     pub fn is_running(&self) -> bool {
         self.cgroup.pids().contains(&self.pid1)
@@ -288,6 +338,8 @@ impl Sandbox {
 fn remove_state(cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
     cg.remove().map_err(io("remove cgroup"))?;
     let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    // Detach before deleting: removing files through the mount would only empty it.
+    let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -9,6 +9,7 @@
 pub mod cgroup;
 pub mod config;
 pub mod launch;
+pub mod layer;
 pub mod nsinit;
 pub mod seccomp;
 mod sys;

@@ -5,7 +5,7 @@
 //! there), waits until the manager has written the id maps and placed it in the sandbox's
 //! cgroups, becomes root of the user namespace, creates the remaining
 //! namespaces (mount, uts, ipc, cgroup, pid) and forks PID 1. PID 1 builds the root filesystem
-//! (overlay of the template image and a bounded tmpfs), a minimal `/dev`, `/proc`, `/tmp`,
+//! (overlay of the template image and a bounded tmpfs), a minimal `/dev`, `/proc`,
 //! pivots into it, installs the seccomp filter and becomes the guest agent. nsinit itself stays
 //! as PID 1's parent: it reaps it and records how it ended.
 //!
@@ -194,17 +194,9 @@ fn become_sandbox(
     let lower = cfg.sandbox_dir.join("lower");
     let rw = cfg.sandbox_dir.join("rw");
     let root = cfg.sandbox_dir.join("root");
-    // The writable layer is a tmpfs of bounded size: a full disk stops at the quota, and its
-    // pages are charged to the sandbox's memory cgroup.
-    let size = format!("size={},mode=0755", cfg.writable_bytes.max(1 << 20));
-    mnt(
-        Some("tmpfs"),
-        &rw,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(&size),
-    )?;
-    mkdir(&rw.join("upper"), 0o755)?;
+    // The writable layer (a bounded tmpfs, so a full disk stops at the quota) was mounted by
+    // the manager, which keeps it reachable for pauses and snapshots; `upper` may hold a
+    // restored filesystem.
     mkdir(&rw.join("work"), 0o755)?;
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
@@ -265,14 +257,9 @@ fn become_sandbox(
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
         None,
     )?;
+    // /tmp is part of the writable layer (not a tmpfs of its own), so what a sandbox keeps
+    // there is saved by pauses and snapshots like any other file, and counts against its disk.
     mkdir(&root.join("tmp"), 0o1777)?;
-    mnt(
-        Some("tmpfs"),
-        &root.join("tmp"),
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )?;
     build_dev(&root)?;
 
     let etc = root.join("etc");

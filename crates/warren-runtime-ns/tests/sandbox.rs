@@ -138,6 +138,7 @@ async fn start(test: &str, limits: Limits, writable: u64) -> Running {
         limits,
         writable_bytes: writable,
         agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
+        seed: None,
     };
     let sbx = launch::launch(&cfg, &spec).await.expect("launch");
     let r = Running {

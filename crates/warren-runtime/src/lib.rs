@@ -2,8 +2,9 @@
 //!
 //! The control plane decides and records; a [`SandboxRuntime`] makes sandboxes exist on this
 //! host. Every sandbox's guest agent is reachable at a host address (`agent`), where the proxy
-//! sends its traffic. Optional abilities (pause, snapshot, fork, resize) will be separate
-//! traits; [`Capabilities`] says which a back end has.
+//! sends its traffic. Optional abilities (pause, snapshots, fork) are trait methods with a
+//! default that refuses; [`Capabilities`] says which a back end really has, so the API can say
+//! so instead of pretending.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,10 @@ pub struct CreateSpec {
     pub env_vars: BTreeMap<String, String>,
     /// Token the agent demands in `X-Access-Token` (none: open agent).
     pub access_token: Option<String>,
+    /// Start from this snapshot (see [`SandboxRuntime::snapshot`]) instead of the template's
+    /// pristine state: its filesystem, and its memory where the back end captures memory.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
 }
 
 /// A sandbox as the runtime created or found it.
@@ -51,10 +56,44 @@ pub struct Exit {
 /// Which optional abilities a back end has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
+    /// Pause keeping running processes (they continue where they were on resume).
     pub pause_memory: bool,
+    /// Pause keeping only the filesystem (resume starts the sandbox afresh on it).
     pub pause_filesystem: bool,
+    /// Snapshots of a running sandbox (it keeps running); new sandboxes start from them.
     pub snapshot: bool,
-    pub fork: bool,
+    /// Snapshots (and therefore forks) carry memory and running processes, not only files.
+    pub snapshot_memory: bool,
+}
+
+/// What a pause keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    /// Memory, processes and files: resume continues where the sandbox stopped.
+    Memory,
+    /// Files only: resume starts the sandbox afresh on its saved filesystem.
+    Filesystem,
+}
+
+/// How a resume brought a sandbox back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeKind {
+    /// Its processes continue where they were paused.
+    Memory,
+    /// It started afresh on its saved filesystem (a filesystem pause, or its memory was lost,
+    /// e.g. the host rebooted while it was paused).
+    Filesystem,
+}
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Whether memory and processes are in it (else only the filesystem).
+    pub memory: bool,
+    /// Bytes it takes on the host's disk.
+    pub bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +106,9 @@ pub enum RuntimeError {
     InvalidArgument(String),
     #[error("host capacity exhausted: {0}")]
     Exhausted(String),
+    /// The back end cannot do this (see [`Capabilities`]).
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("{0}")]
     Failed(String),
 }
@@ -89,4 +131,40 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)>;
+
+    /// Pauses a running sandbox. When it returns, everything the sandbox wrote is durable on
+    /// the host's disk; the returned record replaces the stored one and is what `reattach`
+    /// and `resume` get back.
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        let _ = (id, mode);
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime cannot pause sandboxes",
+            self.name()
+        )))
+    }
+
+    /// Resumes a paused sandbox. `spec` is the sandbox's create spec (with the current access
+    /// token), needed when it starts afresh on its saved filesystem.
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime cannot resume sandbox {}",
+            self.name(),
+            spec.id
+        )))
+    }
+
+    /// Saves a running sandbox's state under `key` (letters, digits, `-`); the sandbox keeps
+    /// running. Durable when it returns; an existing snapshot with that key is replaced.
+    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+        let _ = (id, key);
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime cannot take snapshots",
+            self.name()
+        )))
+    }
+
+    /// Deletes a snapshot; deleting an unknown key is `NotFound`.
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        Err(RuntimeError::NotFound(key.to_string()))
+    }
 }

@@ -12,6 +12,7 @@ pub mod error;
 mod extract;
 mod normalize;
 pub mod openapi;
+mod persistence;
 pub mod proxy;
 mod routes;
 pub mod types;
@@ -19,7 +20,7 @@ pub mod types;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{middleware, Router};
 use warren_control::Control;
 
@@ -72,6 +73,23 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .route(
             "/sandboxes/{sandbox_id}/metrics",
             get(routes::sandbox_metrics),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/pause",
+            post(persistence::pause_sandbox),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/snapshots",
+            post(persistence::create_snapshot),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/fork",
+            post(persistence::fork_sandbox),
+        )
+        .route("/snapshots", get(persistence::list_snapshots))
+        .route(
+            "/templates/{template_id}",
+            delete(persistence::delete_snapshot),
         )
         .fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(config.body_limit))

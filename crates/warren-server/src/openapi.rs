@@ -4,11 +4,12 @@
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes;
 use crate::types::{
-    ConnectSandbox, ErrorBody, ListedSandbox, NewSandbox, SandboxCreated, SandboxDetail,
-    SandboxMetric, SetTimeout,
+    AutoResume, ConnectSandbox, ErrorBody, ForkResultItem, ForkSandbox, LifecycleInfo,
+    ListedSandbox, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated,
+    SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
 };
+use crate::{persistence, routes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -22,10 +23,16 @@ use crate::types::{
         routes::kill_sandbox,
         routes::set_timeout,
         routes::sandbox_metrics,
+        persistence::pause_sandbox,
+        persistence::create_snapshot,
+        persistence::list_snapshots,
+        persistence::delete_snapshot,
+        persistence::fork_sandbox,
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
-        ListedSandbox, SandboxMetric
+        ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
+        ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo
     )),
     modifiers(&ApiKeyAuth)
 )]

@@ -5,7 +5,8 @@
 //! without buffering, to the sandbox's address on that port over a pooled HTTP/1.1 connection
 //! (clients may speak HTTP/1.1 or h2c to us). WebSocket and other upgrades are spliced. When
 //! the sandbox is killed its route's cancellation token fires and every open stream is cut
-//! abruptly, so SDKs see an aborted stream and then `502 The sandbox was not found`.
+//! abruptly, so SDKs see an aborted stream and then `502 The sandbox was not found`. A pause
+//! cuts streams the same way; a paused sandbox with `autoResume` is resumed by its next request.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -234,8 +235,18 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
-    let Some(route) = st.control.route(&target.id) else {
-        return not_found(&target.id);
+    // A paused sandbox whose lifecycle says `autoResume` wakes here, on its first request.
+    let route = match st.control.route_or_resume(&target.id).await {
+        Ok(Some(route)) => route,
+        Ok(None) => return not_found(&target.id),
+        Err(e) => {
+            tracing::warn!(sandbox_id = %target.id, error = %e, "auto-resume failed");
+            return sandbox_error(
+                StatusCode::BAD_GATEWAY,
+                &target.id,
+                "The sandbox is paused and could not be resumed",
+            );
+        }
     };
     // Port 49983 is "the agent", wherever the runtime put it; other ports are the sandbox's
     // own services at the agent's address.

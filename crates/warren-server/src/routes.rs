@@ -10,8 +10,8 @@ use warren_control::{parse_metadata_query, CreateRequest, ListQuery, ListStates,
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Authed, OptionalJson};
 use crate::types::{
-    ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NewSandbox, SandboxCreated,
-    SandboxDetail, SandboxMetric, SetTimeout,
+    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NewSandbox, RuntimeInfo,
+    SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
 };
 use crate::AppState;
 
@@ -45,11 +45,7 @@ pub(crate) async fn create_sandbox(
     _: Authed,
     ApiJson(body): ApiJson<NewSandbox>,
 ) -> ApiResult<impl IntoResponse> {
-    if body.auto_pause == Some(true) {
-        return Err(ApiError::bad_request(
-            "autoPause is not supported by this server yet",
-        ));
-    }
+    let lifecycle = lifecycle_of(&body);
     let sandbox = st
         .control
         .create(CreateRequest {
@@ -58,6 +54,7 @@ pub(crate) async fn create_sandbox(
             metadata: body.metadata.unwrap_or_default(),
             env_vars: body.env_vars.unwrap_or_default(),
             allow_internet_access: body.allow_internet_access,
+            lifecycle,
         })
         .await?;
     let cfg = st.control.config();
@@ -71,7 +68,8 @@ pub(crate) async fn create_sandbox(
     ))
 }
 
-/// Connects to a running sandbox, extending its life to at least `timeout` seconds.
+/// Connects to a sandbox, extending its life to at least `timeout` seconds; a paused sandbox
+/// is resumed (201).
 #[utoipa::path(
     post, path = "/v2/sandboxes/{sandboxID}/connect", request_body = ConnectSandbox,
     params(("sandboxID" = String, Path)),
@@ -80,6 +78,8 @@ pub(crate) async fn create_sandbox(
         (status = 201, description = "Sandbox was resumed", body = SandboxCreated),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 500, body = ErrorBody),
+        (status = 503, description = "Resume failed; the sandbox stays paused", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -191,10 +191,12 @@ pub(crate) async fn get_sandbox(
 ) -> ApiResult<Json<SandboxDetail>> {
     let sandbox = st.control.get(&id).await?;
     let cfg = st.control.config();
+    let (name, caps) = st.control.runtime_info();
     Ok(Json(SandboxDetail::new(
         &sandbox,
         &cfg.envd_version,
         cfg.domain.as_deref(),
+        RuntimeInfo::new(name, caps),
     )))
 }
 
@@ -244,7 +246,12 @@ pub(crate) async fn sandbox_metrics(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
     let sandbox = st.control.get(&id).await?;
-    let Some(rt) = sandbox.runtime.as_ref() else {
+    // A paused sandbox's agent is frozen or gone: it has no current usage to report.
+    let Some(rt) = sandbox
+        .runtime
+        .as_ref()
+        .filter(|_| sandbox.state == warren_control::SandboxState::Running)
+    else {
         return Ok(Json(Vec::new()));
     };
     let metric = st

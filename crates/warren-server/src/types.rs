@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use warren_control::Sandbox;
+use warren_control::{Capabilities, OnTimeout, PauseMode, Sandbox, Snapshot};
 
 /// Every error response.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -27,8 +27,13 @@ pub struct NewSandbox {
     pub template_id: String,
     /// Seconds until the sandbox is killed (default 300).
     pub timeout: Option<i64>,
-    /// Pause instead of kill at timeout: not supported yet, `true` is rejected.
+    /// Pause instead of kill at the end time.
     pub auto_pause: Option<bool>,
+    /// With `autoPause`: `false` pauses keeping only the filesystem; absent = the best the
+    /// runtime has.
+    pub auto_pause_memory: Option<bool>,
+    /// Traffic through the proxy resumes the paused sandbox.
+    pub auto_resume: Option<AutoResume>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "allow_internet_access")]
@@ -41,12 +46,133 @@ pub struct NewSandbox {
     pub secure: Option<bool>,
 }
 
+/// `autoResume` of create.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AutoResume {
+    pub enabled: bool,
+}
+
+/// Request of `POST /sandboxes/{sandboxID}/pause`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseSandbox {
+    /// Keep memory and processes (`true`) or only the filesystem (`false`); absent = the best
+    /// the runtime has.
+    pub memory: Option<bool>,
+    /// Accepted; a pause never succeeds without the guest's state being saved.
+    pub require_healthy_guest: Option<bool>,
+}
+
+/// Request of `POST /sandboxes/{sandboxID}/snapshots`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct NewSnapshot {
+    /// Reusing a name replaces the older snapshot of that name.
+    pub name: Option<String>,
+    /// Ask for memory in the snapshot (`true`) or only files (`false`); absent = the best the
+    /// runtime has.
+    pub memory: Option<bool>,
+}
+
+/// A snapshot (`SnapshotInfo`); `snapshotID` works as `templateID` in create.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Whether memory and processes are in it (else only the filesystem).
+    pub memory: bool,
+    pub size_bytes: u64,
+    pub created_at: String,
+}
+
+/// Query of `GET /snapshots`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SnapshotListParams {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: Option<String>,
+    /// Name or id, optionally tag-qualified.
+    pub name: Option<String>,
+    /// 1..=100, default 100.
+    pub limit: Option<String>,
+    #[serde(rename = "nextToken")]
+    pub next_token: Option<String>,
+}
+
+/// Request of `POST /sandboxes/{sandboxID}/fork`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct ForkSandbox {
+    /// Seconds the children live (default 300).
+    pub timeout: Option<i64>,
+    /// Children to create, 1..=100 (default 1).
+    pub count: Option<i64>,
+}
+
+/// One child of a fork: its sandbox or why it failed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkResultItem {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxCreated>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// `lifecycle` of a sandbox's detail.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleInfo {
+    pub auto_resume: bool,
+    /// `kill` or `pause`.
+    pub on_timeout: String,
+}
+
+/// Which runtime runs the sandbox and what it can keep (a Warren extension; SDKs ignore it).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeInfo {
+    /// `ns` or `vm`.
+    pub name: String,
+    /// Pause modes it has: `full` (memory and processes), `filesystem`.
+    pub pause_modes: Vec<String>,
+    /// Snapshot (and fork) modes it has: `full`, `filesystem`.
+    pub snapshot_modes: Vec<String>,
+}
+
+impl RuntimeInfo {
+    pub fn new(name: &str, caps: Capabilities) -> RuntimeInfo {
+        let modes = |full: bool, fs: bool| {
+            let mut v = Vec::new();
+            if full {
+                v.push("full".to_string());
+            }
+            if fs {
+                v.push("filesystem".to_string());
+            }
+            v
+        };
+        RuntimeInfo {
+            name: name.to_string(),
+            pause_modes: modes(caps.pause_memory, caps.pause_filesystem),
+            snapshot_modes: modes(
+                caps.snapshot && caps.snapshot_memory,
+                caps.snapshot && !caps.snapshot_memory,
+            ),
+        }
+    }
+}
+
 /// Request of `POST /v2/sandboxes/{sandboxID}/connect`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct ConnectSandbox {
     /// Seconds; the sandbox then lives at least this long (default 300).
     pub timeout: Option<i64>,
-    /// `false` asks for a cold resume of a paused sandbox; ignored while nothing pauses.
+    /// `false` asks for a cold resume of a paused sandbox; accepted, the runtime resumes the
+    /// way the sandbox was paused.
     pub memory: Option<bool>,
 }
 
@@ -101,6 +227,11 @@ pub struct SandboxDetail {
     pub allow_internet_access: Option<bool>,
     pub domain: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    pub lifecycle: LifecycleInfo,
+    /// While paused: `full` (memory kept) or `filesystem`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
+    pub runtime: RuntimeInfo,
 }
 
 /// Items of `GET /v2/sandboxes`.
@@ -181,7 +312,12 @@ impl SandboxCreated {
 }
 
 impl SandboxDetail {
-    pub fn new(s: &Sandbox, envd_version: &str, domain: Option<&str>) -> Self {
+    pub fn new(
+        s: &Sandbox,
+        envd_version: &str,
+        domain: Option<&str>,
+        runtime: RuntimeInfo,
+    ) -> Self {
         SandboxDetail {
             template_id: s.template.clone(),
             sandbox_id: s.id.clone(),
@@ -198,7 +334,47 @@ impl SandboxDetail {
             allow_internet_access: Some(s.allow_internet_access),
             domain: domain.map(str::to_string),
             metadata: s.metadata.clone(),
+            lifecycle: LifecycleInfo {
+                auto_resume: s.lifecycle.auto_resume,
+                on_timeout: s.lifecycle.on_timeout.as_str().into(),
+            },
+            pause_mode: s.pause_mode.map(|m| {
+                match m {
+                    PauseMode::Memory => "full",
+                    PauseMode::Filesystem => "filesystem",
+                }
+                .to_string()
+            }),
+            runtime,
         }
+    }
+}
+
+impl SnapshotInfo {
+    pub fn new(s: &Snapshot) -> Self {
+        SnapshotInfo {
+            snapshot_id: s.id.clone(),
+            names: s.names.clone(),
+            sandbox_id: s.sandbox_id.clone(),
+            template_id: s.template.clone(),
+            memory: s.memory,
+            size_bytes: s.bytes,
+            created_at: rfc3339(s.created_at),
+        }
+    }
+}
+
+/// The domain lifecycle of create's `autoPause`, `autoPauseMemory`, `autoResume`.
+pub fn lifecycle_of(body: &NewSandbox) -> warren_control::Lifecycle {
+    let pause = body.auto_pause == Some(true);
+    warren_control::Lifecycle {
+        on_timeout: if pause {
+            OnTimeout::Pause
+        } else {
+            OnTimeout::Kill
+        },
+        pause_memory: if pause { body.auto_pause_memory } else { None },
+        auto_resume: body.auto_resume.as_ref().is_some_and(|a| a.enabled),
     }
 }
 

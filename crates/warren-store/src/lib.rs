@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod migrations;
+mod snapshots;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use warren_control::{ApiKey, Sandbox, SandboxState, Store, StoreError};
+use warren_control::{ApiKey, Sandbox, SandboxState, Snapshot, Store, StoreError};
 use warren_runtime::RuntimeSandbox;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +44,7 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
@@ -130,18 +131,18 @@ impl SqliteStore {
     }
 }
 
-fn micros(t: DateTime<Utc>) -> i64 {
+pub(crate) fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
 
-fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
+pub(crate) fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(us)
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {us}")))
 }
 
 const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
      allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
-     traffic_access_token, runtime";
+     traffic_access_token, runtime, env_vars, lifecycle, pause_mode";
 
 /// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
 struct SandboxRow {
@@ -159,6 +160,9 @@ struct SandboxRow {
     envd_access_token: String,
     traffic_access_token: String,
     runtime: Option<String>,
+    env_vars: String,
+    lifecycle: String,
+    pause_mode: Option<String>,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
@@ -177,6 +181,9 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         envd_access_token: r.get(11)?,
         traffic_access_token: r.get(12)?,
         runtime: r.get(13)?,
+        env_vars: r.get(14)?,
+        lifecycle: r.get(15)?,
+        pause_mode: r.get(16)?,
     })
 }
 
@@ -189,8 +196,20 @@ impl SandboxRow {
             Some(json) => Some(serde_json::from_str(json).map_err(|_| corrupt("runtime record"))?),
             None => None,
         };
+        let env_vars = serde_json::from_str(&self.env_vars).map_err(|_| corrupt("env vars"))?;
+        let lifecycle = serde_json::from_str(&self.lifecycle).map_err(|_| corrupt("lifecycle"))?;
+        let pause_mode = match &self.pause_mode {
+            Some(m) => Some(
+                serde_json::from_value(serde_json::Value::String(m.clone()))
+                    .map_err(|_| corrupt("pause mode"))?,
+            ),
+            None => None,
+        };
         Ok(Sandbox {
             state,
+            env_vars,
+            lifecycle,
+            pause_mode,
             metadata,
             runtime,
             started_at: from_micros(self.started_at_us)?,
@@ -216,12 +235,22 @@ fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), Sto
         .map(serde_json::to_string)
         .transpose()
         .map_err(backend)?;
+    let env_vars = serde_json::to_string(&s.env_vars).map_err(backend)?;
+    let lifecycle = serde_json::to_string(&s.lifecycle).map_err(backend)?;
+    let pause_mode = s
+        .pause_mode
+        .map(|m| match serde_json::to_value(m) {
+            Ok(serde_json::Value::String(m)) => Ok(m),
+            _ => Err(backend("pause mode does not serialise to a string")),
+        })
+        .transpose()?;
     let sql = if insert {
-        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)")
+        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)")
     } else {
         "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
          disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
-         envd_access_token=?12, traffic_access_token=?13, runtime=?14 WHERE id=?1"
+         envd_access_token=?12, traffic_access_token=?13, runtime=?14, env_vars=?15, \
+         lifecycle=?16, pause_mode=?17 WHERE id=?1"
             .to_string()
     };
     let n = conn
@@ -242,6 +271,9 @@ fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), Sto
                 s.envd_access_token,
                 s.traffic_access_token,
                 runtime,
+                env_vars,
+                lifecycle,
+                pause_mode,
             ],
         )
         .map_err(backend)?;
@@ -323,6 +355,36 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn insert_snapshot(
+        &self,
+        snapshot: &Snapshot,
+        replaces: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let s = snapshot.clone();
+        let replaces = replaces.map(str::to_string);
+        self.with(move |c| snapshots::insert(c, &s, replaces.as_deref()))
+            .await
+    }
+
+    async fn get_snapshot(&self, id: &str) -> Result<Option<Snapshot>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| snapshots::get(c, "id", &id)).await
+    }
+
+    async fn snapshot_by_name(&self, name: &str) -> Result<Option<Snapshot>, StoreError> {
+        let name = name.to_string();
+        self.with(move |c| snapshots::get(c, "name", &name)).await
+    }
+
+    async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
+        self.with(snapshots::all).await
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| snapshots::delete(c, &id)).await
     }
 
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError> {

@@ -1,8 +1,9 @@
 //! Versioned schema. Append new versions; never edit an applied one.
 
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE sandboxes (
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY NOT NULL,
         template TEXT NOT NULL,
         state TEXT NOT NULL,
@@ -27,4 +28,30 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[(
         created_at_us INTEGER NOT NULL,
         revoked_at_us INTEGER
     );",
-)];
+    ),
+    (
+        2,
+        // Pause, resume, snapshots, fork: what a later resume or fork needs of a sandbox, and
+        // the snapshots themselves.
+        "ALTER TABLE sandboxes ADD COLUMN env_vars TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE sandboxes ADD COLUMN pause_mode TEXT;
+        CREATE TABLE snapshots (
+            id TEXT PRIMARY KEY NOT NULL,
+            name TEXT UNIQUE,
+            runtime_key TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            template TEXT NOT NULL,
+            cpu_count INTEGER NOT NULL,
+            memory_mb INTEGER NOT NULL,
+            disk_mb INTEGER NOT NULL,
+            allow_internet_access INTEGER NOT NULL,
+            env_vars TEXT NOT NULL,
+            metadata TEXT NOT NULL,
+            memory INTEGER NOT NULL,
+            bytes INTEGER NOT NULL,
+            created_at_us INTEGER NOT NULL
+        );
+        CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);",
+    ),
+];

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{TimeZone, Utc};
-use warren_control::{ApiKey, Sandbox, SandboxState, Store};
+use warren_control::{
+    ApiKey, Lifecycle, OnTimeout, PauseMode, Sandbox, SandboxState, Snapshot, Store,
+};
 use warren_runtime::RuntimeSandbox;
 use warren_store::SqliteStore;
 
@@ -23,7 +25,100 @@ fn sandbox(id: &str) -> Sandbox {
         envd_access_token: "ea_x".into(),
         traffic_access_token: "ta_x".into(),
         runtime: None,
+        env_vars: BTreeMap::from([("SECRET".to_string(), "s3cr3t".to_string())]),
+        lifecycle: Lifecycle::default(),
+        pause_mode: None,
     }
+}
+
+fn snapshot(id: &str, name: Option<&str>, secs: i64) -> Snapshot {
+    Snapshot {
+        id: id.into(),
+        names: name.map(str::to_string).into_iter().collect(),
+        key: format!("key-{id}"),
+        sandbox_id: "iabc".into(),
+        template: "base".into(),
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_mb: 2048,
+        allow_internet_access: false,
+        env_vars: BTreeMap::from([("A".to_string(), "1".to_string())]),
+        metadata: BTreeMap::from([("m".to_string(), "n".to_string())]),
+        memory: false,
+        bytes: 123_456_789_012,
+        created_at: Utc.timestamp_micros(secs * 1_000_000).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn paused_sandboxes_keep_what_resume_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    let mut s = sandbox("ipause");
+    s.state = SandboxState::Paused;
+    s.pause_mode = Some(PauseMode::Filesystem);
+    s.lifecycle = Lifecycle {
+        on_timeout: OnTimeout::Pause,
+        pause_memory: Some(false),
+        auto_resume: true,
+    };
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        store.insert_sandbox(&s).await.unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let got = store.get_sandbox("ipause").await.unwrap().unwrap();
+    assert_eq!(got, s);
+    s.state = SandboxState::Running;
+    s.pause_mode = None;
+    store.update_sandbox(&s).await.unwrap();
+    assert_eq!(store.get_sandbox("ipause").await.unwrap().unwrap(), s);
+}
+
+#[tokio::test]
+async fn snapshots_round_trip_replace_by_name_and_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .insert_snapshot(&snapshot("s1", Some("nightly"), 10), None)
+            .await
+            .unwrap();
+        store
+            .insert_snapshot(&snapshot("s2", None, 20), None)
+            .await
+            .unwrap();
+        // A second snapshot under a taken name without replacing is refused.
+        assert!(store
+            .insert_snapshot(&snapshot("s3", Some("nightly"), 30), None)
+            .await
+            .is_err());
+        store
+            .insert_snapshot(&snapshot("s3", Some("nightly"), 30), Some("s1"))
+            .await
+            .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(store.get_snapshot("s1").await.unwrap().is_none());
+    let by_name = store.snapshot_by_name("nightly").await.unwrap().unwrap();
+    assert_eq!(by_name, snapshot("s3", Some("nightly"), 30));
+    assert_eq!(
+        store.get_snapshot("s2").await.unwrap().unwrap(),
+        snapshot("s2", None, 20)
+    );
+    let mut ids: Vec<String> = store
+        .snapshots()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["s2", "s3"]);
+    assert!(store.delete_snapshot("s2").await.unwrap());
+    assert!(!store.delete_snapshot("s2").await.unwrap());
+    assert_eq!(store.snapshots().await.unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -102,4 +197,39 @@ async fn api_keys_store_hashes_only() {
     assert!(!store.revoke_api_key("k1").await.unwrap());
     assert!(store.api_key_by_hash(&key.hash).await.unwrap().is_none());
     assert!(store.api_keys().await.unwrap()[0].revoked_at.is_some());
+}
+
+/// A database written before pause existed (schema version 1) opens with its sandboxes intact
+/// and the new fields at their defaults.
+#[tokio::test]
+async fn version_1_databases_upgrade_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY NOT NULL, applied_at TEXT NOT NULL);
+             INSERT INTO schema_migrations VALUES (1, 'then');
+             CREATE TABLE sandboxes (
+                id TEXT PRIMARY KEY NOT NULL, template TEXT NOT NULL, state TEXT NOT NULL,
+                failure TEXT, cpu_count INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
+                disk_mb INTEGER NOT NULL, allow_internet_access INTEGER NOT NULL,
+                metadata TEXT NOT NULL, started_at_us INTEGER NOT NULL, end_at_us INTEGER NOT NULL,
+                envd_access_token TEXT NOT NULL, traffic_access_token TEXT NOT NULL, runtime TEXT);
+             CREATE INDEX sandboxes_state ON sandboxes(state);
+             CREATE TABLE api_keys (id TEXT PRIMARY KEY NOT NULL, name TEXT NOT NULL,
+                hash TEXT NOT NULL UNIQUE, prefix TEXT NOT NULL, created_at_us INTEGER NOT NULL,
+                revoked_at_us INTEGER);
+             INSERT INTO sandboxes VALUES ('iold', 'base', 'running', NULL, 2, 512, 2048, 1,
+                '{}', 1, 2, 'ea', 'ta', NULL);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let old = store.get_sandbox("iold").await.unwrap().unwrap();
+    assert_eq!(old.state, SandboxState::Running);
+    assert!(old.env_vars.is_empty());
+    assert_eq!(old.lifecycle, Lifecycle::default());
+    assert_eq!(old.pause_mode, None);
+    assert!(store.snapshots().await.unwrap().is_empty());
 }

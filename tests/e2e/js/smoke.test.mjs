@@ -146,6 +146,32 @@ test('E2B JS SDK smoke against warren serve', { timeout: 1_200_000 }, async (t) 
       assert.ok(!after.some((p) => p.pid === handle.pid), 'killed pid still in commands.list()')
     })
 
+    await t.test('pause, resume, snapshot, fork', async () => {
+      const p = await Sandbox.create({ timeoutMs: 120_000 })
+      created.push(p)
+      await p.files.write('/home/user/kept.txt', 'kept by pause')
+      assert.equal(await p.pause(), true)
+      assert.equal(await Sandbox.pause(p.sandboxId), false, 'already paused')
+      const back = await Sandbox.connect(p.sandboxId)
+      assert.equal(await back.files.read('/home/user/kept.txt'), 'kept by pause')
+
+      const snap = await back.createSnapshot({ name: `js-smoke-${process.pid}` })
+      assert.deepEqual(snap.names, [`js-smoke-${process.pid}`])
+      const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+      created.push(fromSnap)
+      assert.equal(await fromSnap.files.read('/home/user/kept.txt'), 'kept by pause')
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+
+      const forks = await back.fork({ count: 2, timeoutMs: 60_000 })
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        assert.ok(!(f instanceof Error), `fork failed: ${f}`)
+        created.push(f)
+        assert.equal(await f.files.read('/home/user/kept.txt'), 'kept by pause')
+      }
+    })
+
     await t.test('list, kill, list', async () => {
       assert.ok((await listIds(Sandbox)).includes(sbx.sandboxId), 'sandbox missing from Sandbox.list()')
       await sbx.kill()

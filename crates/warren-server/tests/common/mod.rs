@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use warren_control::{Config, Control};
 use warren_runtime::{
-    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
 };
 use warren_server::ServerConfig;
 use warren_store::SqliteStore;
@@ -72,10 +73,42 @@ fn wait_healthy(port: u16) -> bool {
     false
 }
 
-/// Each sandbox is a `warren-agent` child process on its own loopback port.
+/// Each sandbox is a `warren-agent` child process on its own loopback port. With
+/// `persistence()`, a pause stops the process (SIGSTOP) and a resume continues it (SIGCONT),
+/// and snapshots are recorded keys (the agent has no filesystem of its own to save): enough
+/// for the HTTP mapping and proxy behaviour, while the real runtime is tested end to end.
 #[derive(Default)]
 pub struct AgentRuntime {
     children: Mutex<HashMap<String, Child>>,
+    caps: Mutex<Capabilities>,
+    agents: Mutex<HashMap<String, SocketAddr>>,
+    pub snapshots: Mutex<Vec<String>>,
+}
+
+fn signal(child: &Child, sig: &str) -> Result<(), RuntimeError> {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .map_err(|e| RuntimeError::Failed(e.to_string()))?
+        .success();
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::Failed(format!("kill {sig} failed")))
+    }
+}
+
+impl AgentRuntime {
+    pub fn persistence() -> AgentRuntime {
+        let rt = AgentRuntime::default();
+        *rt.caps.lock().unwrap() = Capabilities {
+            pause_memory: true,
+            pause_filesystem: false,
+            snapshot: true,
+            snapshot_memory: false,
+        };
+        rt
+    }
 }
 
 #[async_trait]
@@ -84,7 +117,7 @@ impl SandboxRuntime for AgentRuntime {
         "test-agent"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        *self.caps.lock().unwrap()
     }
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         if spec.template != "base" {
@@ -121,11 +154,64 @@ impl SandboxRuntime for AgentRuntime {
                 .await
                 .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         }
+        if let Some(key) = &spec.from_snapshot {
+            if !self.snapshots.lock().unwrap().contains(key) {
+                return Err(RuntimeError::NotFound(key.clone()));
+            }
+        }
+        let agent = SocketAddr::from(([127, 0, 0, 1], port));
+        self.agents.lock().unwrap().insert(spec.id.clone(), agent);
         Ok(RuntimeSandbox {
             id: spec.id,
-            agent: SocketAddr::from(([127, 0, 0, 1], port)),
+            agent,
             record: serde_json::json!({"port": port}),
         })
+    }
+    async fn pause(&self, id: &str, _mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        let children = self.children.lock().unwrap();
+        let child = children
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        signal(child, "-STOP")?;
+        let agent = self.agents.lock().unwrap()[id];
+        Ok(RuntimeSandbox {
+            id: id.into(),
+            agent,
+            record: serde_json::json!({"port": agent.port(), "stopped": true}),
+        })
+    }
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        let children = self.children.lock().unwrap();
+        let child = children
+            .get(&spec.id)
+            .ok_or_else(|| RuntimeError::NotFound(spec.id.clone()))?;
+        signal(child, "-CONT")?;
+        let agent = self.agents.lock().unwrap()[&spec.id];
+        let rt = RuntimeSandbox {
+            id: spec.id,
+            agent,
+            record: serde_json::json!({"port": agent.port()}),
+        };
+        Ok((rt, ResumeKind::Memory))
+    }
+    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+        if !self.children.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.into()));
+        }
+        self.snapshots.lock().unwrap().push(key.into());
+        Ok(SnapshotInfo {
+            memory: false,
+            bytes: 0,
+        })
+    }
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        let mut snaps = self.snapshots.lock().unwrap();
+        let before = snaps.len();
+        snaps.retain(|k| k != key);
+        if snaps.len() == before {
+            return Err(RuntimeError::NotFound(key.into()));
+        }
+        Ok(())
     }
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
         let mut child = self
@@ -134,6 +220,7 @@ impl SandboxRuntime for AgentRuntime {
             .unwrap()
             .remove(id)
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        // A stopped process dies of SIGKILL too.
         let _ = child.kill();
         let _ = child.wait();
         Ok(())

@@ -1,0 +1,118 @@
+//! Fork: `count` new sandboxes from one checkpoint of a running parent.
+//!
+//! The parent is checkpointed once (a runtime snapshot under a temporary key; it keeps
+//! running), the children start from it concurrently with a bound, each succeeding or failing
+//! on its own, and the checkpoint is deleted once every child has started or failed. Children
+//! inherit the parent's template, resources, env vars, metadata, internet access and lifecycle.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use crate::control::{Control, Plan};
+use crate::error::ControlError;
+use crate::model::{Sandbox, SandboxState};
+use crate::secrets::random_id;
+
+/// Most children of one fork request (the SDKs' limit too).
+pub const MAX_FORK_COUNT: u32 = 100;
+
+/// Children created at once: each is a full sandbox start, and a host has finite CPU and disk
+/// bandwidth; more in parallel only makes each slower.
+const PARALLEL_CHILDREN: usize = 8;
+
+/// One child's outcome.
+pub type ForkResult = Result<Sandbox, ControlError>;
+
+impl Control {
+    /// Forks a running sandbox into `count` (default 1) children living `timeout` seconds.
+    /// The whole request fails only when the parent cannot be checkpointed.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: Option<i64>,
+        timeout: Option<i64>,
+    ) -> Result<Vec<ForkResult>, ControlError> {
+        let count = match count {
+            None => 1,
+            Some(n) if (1..=i64::from(MAX_FORK_COUNT)).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ControlError::InvalidArgument(format!(
+                    "count must be between 1 and {MAX_FORK_COUNT}, not {n}"
+                )))
+            }
+        };
+        let timeout = self.timeout(timeout)?;
+        let id = id.to_string();
+        self.detached(move |c| async move { c.fork_now(&id, count, timeout).await })
+            .await
+    }
+
+    async fn fork_now(
+        &self,
+        id: &str,
+        count: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<ForkResult>, ControlError> {
+        let caps = self.inner.runtime.capabilities();
+        if !caps.snapshot {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {} runtime cannot fork sandboxes (it takes no snapshots)",
+                self.inner.runtime.name()
+            )));
+        }
+        let key = random_id("fork", 20)?;
+        let plan = {
+            let sb = self.locked(id).await?;
+            if sb.state != SandboxState::Running {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {id} is {}; only running sandboxes can be forked",
+                    sb.state.as_str()
+                )));
+            }
+            self.inner.runtime.snapshot(id, &key).await.map_err(|e| {
+                self.runtime_error(e, &format!("checkpointing sandbox {id} failed"))
+            })?;
+            Plan {
+                template: sb.template.clone(),
+                cpu_count: sb.cpu_count,
+                memory_mb: sb.memory_mb,
+                disk_mb: sb.disk_mb,
+                allow_internet_access: sb.allow_internet_access,
+                env_vars: sb.env_vars.clone(),
+                metadata: sb.metadata.clone(),
+                lifecycle: sb.lifecycle,
+                timeout,
+                from_snapshot: Some(key.clone()),
+            }
+        };
+
+        let gate = Arc::new(Semaphore::new(PARALLEL_CHILDREN));
+        let mut tasks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let c = self.clone();
+            let plan = plan.clone();
+            let gate = gate.clone();
+            tasks.push(tokio::spawn(async move {
+                let _permit = gate
+                    .acquire()
+                    .await
+                    .map_err(|_| ControlError::Internal("fork gate closed".into()))?;
+                c.create_planned(plan).await
+            }));
+        }
+        let mut out = Vec::with_capacity(count);
+        for t in tasks {
+            out.push(match t.await {
+                Ok(r) => r,
+                Err(e) => Err(ControlError::Internal(format!(
+                    "fork child task failed: {e}"
+                ))),
+            });
+        }
+        self.forget_runtime_snapshot(&key).await;
+        let ok = out.iter().filter(|r| r.is_ok()).count();
+        tracing::info!(sandbox_id = %id, count, ok, "sandbox forked");
+        Ok(out)
+    }
+}

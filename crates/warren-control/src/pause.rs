@@ -1,0 +1,253 @@
+//! Pause, resume, auto-resume and what happens at the end time.
+//!
+//! A pause cuts the sandbox's proxied streams first (clients see them aborted, as on a kill),
+//! then has the runtime pause it; only once the runtime says everything is durable is the new
+//! runtime record stored and the pause acknowledged. A resume that fails leaves the sandbox
+//! paused: its saved state is never given up because one attempt did not work.
+
+use chrono::Utc;
+use tokio::sync::OwnedMutexGuard;
+use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
+
+use crate::control::{spec_of, Control, Route};
+use crate::error::ControlError;
+use crate::model::{Lifecycle, OnTimeout, Sandbox, SandboxState};
+
+impl Control {
+    /// Maps a runtime failure to the caller's error category, saying what was being done.
+    pub(crate) fn runtime_error(&self, e: RuntimeError, doing: &str) -> ControlError {
+        match e {
+            RuntimeError::UnknownTemplate(t) => {
+                ControlError::NotFound(format!("{doing}: template '{t}' not found"))
+            }
+            RuntimeError::NotFound(m) => ControlError::NotFound(format!("{doing}: {m} not found")),
+            RuntimeError::InvalidArgument(m) => {
+                ControlError::InvalidArgument(format!("{doing}: {m}"))
+            }
+            RuntimeError::Unsupported(m) => ControlError::InvalidArgument(format!("{doing}: {m}")),
+            RuntimeError::Exhausted(m) => ControlError::ResourceExhausted {
+                message: format!("{doing}: host capacity exhausted: {m}"),
+                retry_after: self.inner.config.retry_after,
+            },
+            RuntimeError::Failed(m) => ControlError::Internal(format!("{doing}: {m}")),
+        }
+    }
+
+    /// The pause mode for a request's `memory` flag: what was asked if the runtime has it,
+    /// else the best it has when nothing was asked.
+    pub(crate) fn pause_mode(&self, memory: Option<bool>) -> Result<PauseMode, ControlError> {
+        let caps = self.inner.runtime.capabilities();
+        let name = self.inner.runtime.name();
+        match memory {
+            Some(true) if caps.pause_memory => Ok(PauseMode::Memory),
+            Some(true) => Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime cannot pause with memory{}",
+                if caps.pause_filesystem {
+                    "; a filesystem-only pause (memory: false, mode=\"filesystem\") works"
+                } else {
+                    ""
+                }
+            ))),
+            Some(false) if caps.pause_filesystem => Ok(PauseMode::Filesystem),
+            Some(false) => Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime cannot pause keeping only the filesystem"
+            ))),
+            None if caps.pause_memory => Ok(PauseMode::Memory),
+            None if caps.pause_filesystem => Ok(PauseMode::Filesystem),
+            None => Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime cannot pause sandboxes"
+            ))),
+        }
+    }
+
+    /// Refuses a lifecycle this runtime cannot honour, at create time rather than at the end.
+    pub(crate) fn check_lifecycle(&self, lifecycle: &Lifecycle) -> Result<(), ControlError> {
+        match lifecycle.on_timeout {
+            OnTimeout::Kill if lifecycle.auto_resume => Err(ControlError::InvalidArgument(
+                "autoResume needs autoPause: a killed sandbox cannot be resumed".into(),
+            )),
+            OnTimeout::Kill => Ok(()),
+            OnTimeout::Pause => self.pause_mode(lifecycle.pause_memory).map(|_| ()),
+        }
+    }
+
+    /// Pauses a running sandbox. `memory`: keep memory and processes (`true`), only the
+    /// filesystem (`false`), or the best the runtime has (`None`). Pausing a paused sandbox is
+    /// `FailedPrecondition` (409).
+    pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
+        let id = id.to_string();
+        self.detached(|c| async move {
+            let mode = c.pause_mode(memory)?;
+            let mut sb = c.locked(&id).await?;
+            c.pause_locked(&mut sb, mode).await
+        })
+        .await
+    }
+
+    pub(crate) async fn pause_locked(
+        &self,
+        sb: &mut OwnedMutexGuard<Sandbox>,
+        mode: PauseMode,
+    ) -> Result<(), ControlError> {
+        let id = sb.id.clone();
+        match sb.state {
+            SandboxState::Running => {}
+            SandboxState::Paused => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {id} is already paused"
+                )))
+            }
+            other => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {id} is {}",
+                    other.as_str()
+                )))
+            }
+        }
+        // Streams are cut before the runtime freezes the sandbox, so no client waits on a
+        // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
+        // that arrives meanwhile waits for the pause and then resumes it.
+        self.set_wakeable(&id, sb.lifecycle.auto_resume);
+        self.unroute(&id);
+        self.unschedule(&id);
+        let rt = match self.inner.runtime.pause(&id, mode).await {
+            Ok(rt) => rt,
+            Err(e) => {
+                // The runtime refused or failed; the sandbox is still the running one it was.
+                self.set_wakeable(&id, false);
+                self.route_running(sb);
+                tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
+                let doing = format!("pausing sandbox {id} failed (it keeps running)");
+                return Err(match e {
+                    RuntimeError::Failed(m) => ControlError::Unavailable(format!("{doing}: {m}")),
+                    other => self.runtime_error(other, &doing),
+                });
+            }
+        };
+        let mut next = (**sb).clone();
+        next.runtime = Some(rt);
+        next.transition(SandboxState::Paused)
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
+        next.pause_mode = Some(mode);
+        // It is paused whether or not the store takes the record: keep the truth in memory so
+        // a connect resumes it, and report the store failure.
+        **sb = next;
+        self.inner.store.update_sandbox(sb).await?;
+        tracing::info!(sandbox_id = %id, mode = ?mode, "sandbox paused");
+        Ok(())
+    }
+
+    /// Resumes a paused sandbox (connect holds its lock): the runtime brings it back with the
+    /// current access token and env vars, then it is routed again until now + `timeout`.
+    pub(crate) async fn resume_locked(
+        &self,
+        sb: &mut OwnedMutexGuard<Sandbox>,
+        timeout: std::time::Duration,
+    ) -> Result<(), ControlError> {
+        let id = sb.id.clone();
+        let (rt, kind) = match self.inner.runtime.resume(spec_of(sb)).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(sandbox_id = %id, error = %e, "resume failed; sandbox stays paused");
+                let doing = format!("resuming sandbox {id} failed (it stays paused; retry)");
+                return Err(match e {
+                    RuntimeError::Failed(m) => ControlError::Unavailable(format!("{doing}: {m}")),
+                    other => self.runtime_error(other, &doing),
+                });
+            }
+        };
+        let mut next = (**sb).clone();
+        next.runtime = Some(rt);
+        next.transition(SandboxState::Running)
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
+        let paused_mode = next.pause_mode.take();
+        next.end_at = Utc::now() + timeout;
+        if let Err(e) = self.inner.store.update_sandbox(&next).await {
+            // Not acknowledged: put it back to sleep so record and reality agree again.
+            let mode = paused_mode.unwrap_or(PauseMode::Filesystem);
+            match self.inner.runtime.pause(&id, mode).await {
+                Ok(rt) => {
+                    let mut back = (**sb).clone();
+                    back.runtime = Some(rt);
+                    **sb = back;
+                    let _ = self.inner.store.update_sandbox(sb).await;
+                }
+                Err(pe) => {
+                    tracing::error!(sandbox_id = %id, error = %pe, "re-pausing after store failure");
+                    **sb = next;
+                    self.route_running(sb);
+                }
+            }
+            return Err(e.into());
+        }
+        **sb = next;
+        self.set_wakeable(&id, false);
+        self.route_running(sb);
+        if paused_mode == Some(PauseMode::Memory) && kind == ResumeKind::Filesystem {
+            // E.g. the host rebooted while it was paused: its files are back, its processes
+            // started afresh.
+            tracing::warn!(sandbox_id = %id, "memory of the paused sandbox was lost; resumed from its files");
+        }
+        tracing::info!(sandbox_id = %id, kind = ?kind, "sandbox resumed");
+        Ok(())
+    }
+
+    /// The proxy's lookup: the route of a running sandbox, or, for a paused one whose
+    /// lifecycle says `autoResume`, resumes it (default timeout) and returns its new route.
+    pub async fn route_or_resume(&self, id: &str) -> Result<Option<Route>, ControlError> {
+        if let Some(route) = self.route(id) {
+            return Ok(Some(route));
+        }
+        if !self.is_wakeable(id) {
+            return Ok(None);
+        }
+        let id = id.to_string();
+        self.detached(|c| async move {
+            let mut sb = match c.locked(&id).await {
+                Ok(sb) => sb,
+                // Killed while this request waited: the plain "not found" answer.
+                Err(ControlError::NotFound(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            // Another request may have resumed it while this one waited for the lock.
+            if sb.state == SandboxState::Paused && sb.lifecycle.auto_resume {
+                let timeout = c.inner.config.default_timeout;
+                c.resume_locked(&mut sb, timeout).await?;
+                tracing::info!(sandbox_id = %id, "sandbox resumed by traffic");
+            }
+            Ok(c.route(&id))
+        })
+        .await
+    }
+
+    /// What the end time does: pause (`onTimeout = pause`) or kill.
+    pub(crate) async fn end_time_reached(&self, id: &str) -> Result<(), ControlError> {
+        let id = id.to_string();
+        self.detached(|c| async move {
+            let mut sb = c.locked(&id).await?;
+            if sb.state != SandboxState::Running {
+                return Ok(());
+            }
+            // The end time may have moved (connect, set_timeout) after it was found due.
+            if sb.end_at > Utc::now() {
+                c.schedule_end(&id, sb.end_at);
+                return Ok(());
+            }
+            if sb.lifecycle.on_timeout == OnTimeout::Pause {
+                let mode = c.pause_mode(sb.lifecycle.pause_memory)?;
+                match c.pause_locked(&mut sb, mode).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        // Killing would lose what the caller asked to keep; try again later.
+                        let retry = Utc::now() + chrono::Duration::seconds(60);
+                        c.schedule_end(&id, retry);
+                        return Err(e);
+                    }
+                }
+            }
+            drop(sb);
+            c.kill_now(&id).await
+        })
+        .await
+    }
+}

@@ -1,0 +1,278 @@
+//! Snapshots: a running sandbox's state saved by the runtime (the sandbox keeps running), from
+//! which new sandboxes start. A snapshot id (or name) is a valid `templateID` in create.
+//!
+//! The runtime's copy is made durable first, then the record; a name that is reused replaces the
+//! older snapshot, whose runtime copy is deleted only after the new record is durable, so at
+//! every moment the name resolves to a complete snapshot.
+
+use std::collections::BTreeMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::model::SandboxState;
+use crate::secrets::random_id;
+
+/// One snapshot as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// What the API calls `snapshotID`; usable as `templateID`.
+    pub id: String,
+    /// The caller's name for it, if any (names are unique).
+    pub names: Vec<String>,
+    /// The runtime's key for its saved state.
+    pub key: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    pub allow_internet_access: bool,
+    /// The source sandbox's env vars, given to sandboxes created from it. May hold secrets.
+    pub env_vars: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    /// Whether memory and processes are in it (else only the filesystem).
+    pub memory: bool,
+    pub bytes: u64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Filters and page of `list_snapshots`.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotQuery {
+    pub sandbox_id: Option<String>,
+    /// Name or id, optionally tag-qualified (`name:default`).
+    pub name: Option<String>,
+    pub limit: Option<u32>,
+    pub next_token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnapshotPage {
+    pub items: Vec<Snapshot>,
+    pub next_token: Option<String>,
+}
+
+const MAX_LIMIT: u32 = 100;
+
+/// `name:tag` → `name`; SDKs and upstream ids carry a `:default` tag.
+fn strip_tag(s: &str) -> &str {
+    s.rsplit_once(':').map_or(s, |(n, _)| n)
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+}
+
+fn encode_cursor(s: &Snapshot) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}:{}", s.created_at.timestamp_micros(), s.id))
+}
+
+fn decode_cursor(token: &str) -> Result<(i64, String), ControlError> {
+    let bad = || ControlError::InvalidArgument("invalid nextToken".into());
+    let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let raw = String::from_utf8(raw).map_err(|_| bad())?;
+    let (ts, id) = raw.split_once(':').ok_or_else(bad)?;
+    Ok((ts.parse().map_err(|_| bad())?, id.to_string()))
+}
+
+impl Control {
+    /// The snapshot a `templateID` (or list filter) names: by id, then by name; an optional
+    /// tag is ignored.
+    pub(crate) async fn find_snapshot(&self, r: &str) -> Result<Option<Snapshot>, ControlError> {
+        let r = strip_tag(r.trim());
+        if r.is_empty() {
+            return Ok(None);
+        }
+        let store = &self.inner.store;
+        if let Some(s) = store.get_snapshot(r).await? {
+            return Ok(Some(s));
+        }
+        Ok(store.snapshot_by_name(r).await?)
+    }
+
+    /// Snapshots a running sandbox (it keeps running). `memory`: ask for memory in it
+    /// (`true`), only files (`false`), or the best the runtime has (`None`); the record says
+    /// which it got.
+    pub async fn create_snapshot(
+        &self,
+        sandbox_id: &str,
+        name: Option<String>,
+        memory: Option<bool>,
+    ) -> Result<Snapshot, ControlError> {
+        let sandbox_id = sandbox_id.to_string();
+        self.detached(|c| async move { c.create_snapshot_now(&sandbox_id, name, memory).await })
+            .await
+    }
+
+    async fn create_snapshot_now(
+        &self,
+        sandbox_id: &str,
+        name: Option<String>,
+        memory: Option<bool>,
+    ) -> Result<Snapshot, ControlError> {
+        let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
+        if let Some(n) = &name {
+            if !valid_name(n) {
+                return Err(ControlError::InvalidArgument(format!(
+                    "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_', '.', '/'"
+                )));
+            }
+        }
+        self.check_snapshot_mode(memory)?;
+        let sb = self.locked(sandbox_id).await?;
+        if sb.state != SandboxState::Running {
+            return Err(ControlError::FailedPrecondition(format!(
+                "sandbox {sandbox_id} is {}; only running sandboxes can be snapshotted",
+                sb.state.as_str()
+            )));
+        }
+        let id = random_id("s", 20)?;
+        let key = id.clone();
+        // The sandbox's lock is held so a pause or kill waits for the snapshot to finish.
+        let info = self
+            .inner
+            .runtime
+            .snapshot(sandbox_id, &key)
+            .await
+            .map_err(|e| {
+                self.runtime_error(e, &format!("snapshotting sandbox {sandbox_id} failed"))
+            })?;
+        let snap = Snapshot {
+            id,
+            names: name.iter().cloned().collect(),
+            key,
+            sandbox_id: sb.id.clone(),
+            template: sb.template.clone(),
+            cpu_count: sb.cpu_count,
+            memory_mb: sb.memory_mb,
+            disk_mb: sb.disk_mb,
+            allow_internet_access: sb.allow_internet_access,
+            env_vars: sb.env_vars.clone(),
+            metadata: sb.metadata.clone(),
+            memory: info.memory,
+            bytes: info.bytes,
+            created_at: Utc::now(),
+        };
+        drop(sb);
+        let older = match &name {
+            Some(n) => self.inner.store.snapshot_by_name(n).await?,
+            None => None,
+        };
+        if let Err(e) = self
+            .inner
+            .store
+            .insert_snapshot(&snap, older.as_ref().map(|o| o.id.as_str()))
+            .await
+        {
+            // Not acknowledged: do not keep an unrecorded copy.
+            self.forget_runtime_snapshot(&snap.key).await;
+            return Err(e.into());
+        }
+        if let Some(old) = older {
+            self.forget_runtime_snapshot(&old.key).await;
+        }
+        tracing::info!(snapshot_id = %snap.id, sandbox_id = %sandbox_id, memory = snap.memory, bytes = snap.bytes, "snapshot created");
+        Ok(snap)
+    }
+
+    /// Refuses a snapshot mode the runtime does not have.
+    fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<(), ControlError> {
+        let caps = self.inner.runtime.capabilities();
+        let name = self.inner.runtime.name();
+        if !caps.snapshot {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime cannot take snapshots"
+            )));
+        }
+        if memory == Some(true) && !caps.snapshot_memory {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime's snapshots cannot keep memory; a filesystem snapshot \
+                 (memory: false, mode=\"filesystem\") works"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn forget_runtime_snapshot(&self, key: &str) {
+        match self.inner.runtime.delete_snapshot(key).await {
+            Ok(()) | Err(warren_runtime::RuntimeError::NotFound(_)) => {}
+            Err(e) => tracing::warn!(snapshot_key = %key, error = %e, "deleting runtime snapshot"),
+        }
+    }
+
+    /// Snapshots, newest first, filtered by source sandbox and/or name.
+    pub async fn list_snapshots(&self, q: &SnapshotQuery) -> Result<SnapshotPage, ControlError> {
+        let limit = match q.limit {
+            None => MAX_LIMIT,
+            Some(l) if (1..=MAX_LIMIT).contains(&l) => l,
+            Some(l) => {
+                return Err(ControlError::InvalidArgument(format!(
+                    "limit must be between 1 and {MAX_LIMIT}, not {l}"
+                )))
+            }
+        } as usize;
+        let cursor = q.next_token.as_deref().map(decode_cursor).transpose()?;
+        let name = q.name.as_deref().map(|n| strip_tag(n.trim()));
+        let mut items = self.inner.store.snapshots().await?;
+        items.retain(|s| {
+            q.sandbox_id.as_ref().is_none_or(|id| &s.sandbox_id == id)
+                && name.is_none_or(|n| s.id == n || s.names.iter().any(|m| m == n))
+        });
+        let key = |s: &Snapshot| (s.created_at.timestamp_micros(), s.id.clone());
+        items.sort_by_key(|s| std::cmp::Reverse(key(s)));
+        if let Some(c) = cursor {
+            items.retain(|s| key(s) < c);
+        }
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let next_token = if more {
+            items.last().map(encode_cursor)
+        } else {
+            None
+        };
+        Ok(SnapshotPage { items, next_token })
+    }
+
+    /// Deletes a snapshot by id or name (tag optional); sandboxes created from it live on.
+    pub async fn delete_snapshot(&self, r: &str) -> Result<(), ControlError> {
+        let r = r.to_string();
+        self.detached(|c| async move {
+            let snap = c
+                .find_snapshot(&r)
+                .await?
+                .ok_or_else(|| ControlError::NotFound(format!("snapshot {r} not found")))?;
+            // The record goes first: once it is gone nothing can start from the key.
+            if !c.inner.store.delete_snapshot(&snap.id).await? {
+                return Err(ControlError::NotFound(format!("snapshot {r} not found")));
+            }
+            c.forget_runtime_snapshot(&snap.key).await;
+            tracing::info!(snapshot_id = %snap.id, "snapshot deleted");
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_and_names() {
+        assert_eq!(strip_tag("sabc:default"), "sabc");
+        assert_eq!(strip_tag("team/name:v1"), "team/name");
+        assert_eq!(strip_tag("plain"), "plain");
+        assert!(valid_name("my-snap_1.0/x"));
+        assert!(!valid_name("a:b"));
+        assert!(!valid_name(""));
+        assert!(!valid_name(&"x".repeat(129)));
+    }
+}

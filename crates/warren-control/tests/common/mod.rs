@@ -1,0 +1,299 @@
+//! In-test fakes of the runtime and the store, on purpose and ONLY for the domain unit tests:
+//! they check the control plane's decisions (states, expiry, limits, recovery, pause, snapshot
+//! and fork bookkeeping) without creating real sandboxes. Real agents, the SQLite store and
+//! the real namespace runtime are exercised by `warren-server`'s, `warren-store`'s and the
+//! end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use warren_control::{
+    ApiKey, Config, Control, CreateRequest, Sandbox, SandboxState, Snapshot, Store, StoreError,
+};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
+};
+
+#[derive(Default)]
+pub struct FakeRuntime {
+    pub alive: Mutex<HashMap<String, RuntimeSandbox>>,
+    /// Ids `reattach` should report as lost.
+    pub lose: Mutex<Vec<String>>,
+    pub caps: Mutex<Capabilities>,
+    /// Paused sandboxes and how.
+    pub paused: Mutex<HashMap<String, PauseMode>>,
+    /// Snapshot key -> source sandbox id.
+    pub snapshots: Mutex<HashMap<String, String>>,
+    /// Every create and resume spec, in order.
+    pub specs: Mutex<Vec<CreateSpec>>,
+    pub fail_resume: Mutex<bool>,
+    /// Creates from a snapshot fail for this many more calls.
+    pub fail_creates: Mutex<usize>,
+}
+
+#[async_trait]
+impl SandboxRuntime for FakeRuntime {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn capabilities(&self) -> Capabilities {
+        *self.caps.lock().unwrap()
+    }
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        self.specs.lock().unwrap().push(spec.clone());
+        if spec.template != "base" {
+            return Err(RuntimeError::UnknownTemplate(spec.template));
+        }
+        if let Some(key) = &spec.from_snapshot {
+            if !self.snapshots.lock().unwrap().contains_key(key) {
+                return Err(RuntimeError::NotFound(key.clone()));
+            }
+            let mut fail = self.fail_creates.lock().unwrap();
+            if *fail > 0 {
+                *fail -= 1;
+                return Err(RuntimeError::Failed("no room for this child".into()));
+            }
+        }
+        let rt = RuntimeSandbox {
+            id: spec.id.clone(),
+            agent: SocketAddr::from(([127, 0, 0, 1], 1)),
+            record: serde_json::json!({"fake": true}),
+        };
+        self.alive.lock().unwrap().insert(spec.id, rt.clone());
+        Ok(rt)
+    }
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        let was_paused = self.paused.lock().unwrap().remove(id).is_some();
+        let was_alive = self.alive.lock().unwrap().remove(id).is_some();
+        if was_paused || was_alive {
+            Ok(())
+        } else {
+            Err(RuntimeError::NotFound(id.into()))
+        }
+    }
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        let mut rt = self
+            .alive
+            .lock()
+            .unwrap()
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        rt.record = serde_json::json!({"fake": true, "paused": mode});
+        self.paused.lock().unwrap().insert(id.into(), mode);
+        Ok(rt)
+    }
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        self.specs.lock().unwrap().push(spec.clone());
+        if *self.fail_resume.lock().unwrap() {
+            return Err(RuntimeError::Failed("disk is full".into()));
+        }
+        let mode = self
+            .paused
+            .lock()
+            .unwrap()
+            .remove(&spec.id)
+            .ok_or_else(|| RuntimeError::NotFound(spec.id.clone()))?;
+        let rt = RuntimeSandbox {
+            id: spec.id.clone(),
+            agent: SocketAddr::from(([127, 0, 0, 1], 2)),
+            record: serde_json::json!({"fake": true}),
+        };
+        self.alive.lock().unwrap().insert(spec.id, rt.clone());
+        let kind = match mode {
+            PauseMode::Memory => ResumeKind::Memory,
+            PauseMode::Filesystem => ResumeKind::Filesystem,
+        };
+        Ok((rt, kind))
+    }
+    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+        if !self.alive.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.into()));
+        }
+        self.snapshots.lock().unwrap().insert(key.into(), id.into());
+        Ok(SnapshotInfo {
+            memory: self.capabilities().snapshot_memory,
+            bytes: 4096,
+        })
+    }
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        self.snapshots
+            .lock()
+            .unwrap()
+            .remove(key)
+            .map(|_| ())
+            .ok_or_else(|| RuntimeError::NotFound(key.into()))
+    }
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        if self.alive.lock().unwrap().contains_key(id) {
+            Ok(None)
+        } else {
+            Err(RuntimeError::NotFound(id.into()))
+        }
+    }
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        let lose = self.lose.lock().unwrap().clone();
+        records
+            .into_iter()
+            .map(|r| {
+                if lose.contains(&r.id) {
+                    (
+                        r.id.clone(),
+                        Err(RuntimeError::Failed("process is gone".into())),
+                    )
+                } else {
+                    (r.id.clone(), Ok(r))
+                }
+            })
+            .collect()
+    }
+}
+
+#[derive(Default)]
+pub struct MemStore {
+    pub sandboxes: Mutex<HashMap<String, Sandbox>>,
+    pub keys: Mutex<Vec<ApiKey>>,
+    pub snapshots: Mutex<HashMap<String, Snapshot>>,
+}
+
+#[async_trait]
+impl Store for MemStore {
+    async fn insert_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(s.id.clone(), s.clone());
+        Ok(())
+    }
+    async fn update_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
+        self.insert_sandbox(s).await
+    }
+    async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError> {
+        Ok(self.sandboxes.lock().unwrap().get(id).cloned())
+    }
+    async fn sandboxes_in(&self, states: &[SandboxState]) -> Result<Vec<Sandbox>, StoreError> {
+        Ok(self
+            .sandboxes
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| states.contains(&s.state))
+            .cloned()
+            .collect())
+    }
+    async fn insert_snapshot(
+        &self,
+        s: &Snapshot,
+        replaces: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut snaps = self.snapshots.lock().unwrap();
+        if let Some(old) = replaces {
+            snaps.remove(old);
+        }
+        snaps.insert(s.id.clone(), s.clone());
+        Ok(())
+    }
+    async fn get_snapshot(&self, id: &str) -> Result<Option<Snapshot>, StoreError> {
+        Ok(self.snapshots.lock().unwrap().get(id).cloned())
+    }
+    async fn snapshot_by_name(&self, name: &str) -> Result<Option<Snapshot>, StoreError> {
+        Ok(self
+            .snapshots
+            .lock()
+            .unwrap()
+            .values()
+            .find(|s| s.names.iter().any(|n| n == name))
+            .cloned())
+    }
+    async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
+        Ok(self.snapshots.lock().unwrap().values().cloned().collect())
+    }
+    async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.snapshots.lock().unwrap().remove(id).is_some())
+    }
+    async fn insert_api_key(&self, k: &ApiKey) -> Result<(), StoreError> {
+        self.keys.lock().unwrap().push(k.clone());
+        Ok(())
+    }
+    async fn api_key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
+        Ok(self
+            .keys
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|k| k.hash == hash && k.revoked_at.is_none())
+            .cloned())
+    }
+    async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError> {
+        Ok(self.keys.lock().unwrap().clone())
+    }
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        let mut keys = self.keys.lock().unwrap();
+        match keys
+            .iter_mut()
+            .find(|k| k.id == id && k.revoked_at.is_none())
+        {
+            Some(k) => {
+                k.revoked_at = Some(chrono::Utc::now());
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+pub fn base() -> CreateRequest {
+    CreateRequest {
+        template: "base".into(),
+        ..Default::default()
+    }
+}
+
+pub async fn start(config: Config) -> (Control, Arc<MemStore>, Arc<FakeRuntime>) {
+    let store = Arc::new(MemStore::default());
+    let rt = Arc::new(FakeRuntime::default());
+    let c = Control::start(store.clone(), rt.clone(), config)
+        .await
+        .unwrap();
+    (c, store, rt)
+}
+
+/// Everything a runtime can have.
+pub fn full_caps() -> Capabilities {
+    Capabilities {
+        pause_memory: true,
+        pause_filesystem: true,
+        snapshot: true,
+        snapshot_memory: true,
+    }
+}
+
+/// What the namespace runtime without CRIU has.
+pub fn ns_caps() -> Capabilities {
+    Capabilities {
+        pause_memory: true,
+        pause_filesystem: true,
+        snapshot: true,
+        snapshot_memory: false,
+    }
+}
+
+pub async fn start_with(
+    caps: Capabilities,
+    config: Config,
+) -> (Control, Arc<MemStore>, Arc<FakeRuntime>) {
+    let store = Arc::new(MemStore::default());
+    let rt = Arc::new(FakeRuntime::default());
+    *rt.caps.lock().unwrap() = caps;
+    let c = Control::start(store.clone(), rt.clone(), config)
+        .await
+        .unwrap();
+    (c, store, rt)
+}

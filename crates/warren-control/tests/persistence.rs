@@ -1,0 +1,382 @@
+//! Pause, resume, snapshots and fork in the domain alone, against the fakes of `common`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{base, full_caps, ns_caps, start_with};
+use warren_control::{
+    Capabilities, Config, Control, ControlError, CreateRequest, Lifecycle, OnTimeout, PauseMode,
+    SandboxState, SnapshotQuery, Store,
+};
+
+fn with_env() -> CreateRequest {
+    CreateRequest {
+        env_vars: BTreeMap::from([("TOKEN".to_string(), "t0p".to_string())]),
+        metadata: BTreeMap::from([("team".to_string(), "a".to_string())]),
+        allow_internet_access: Some(false),
+        ..base()
+    }
+}
+
+#[tokio::test]
+async fn pause_resume_round_trip_keeps_env_and_token() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(with_env()).await.unwrap();
+    let route = c.route(&sb.id).unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+    assert!(route.cancel.is_cancelled(), "open streams must be cut");
+    assert!(c.route(&sb.id).is_none());
+    let rec = store.get_sandbox(&sb.id).await.unwrap().unwrap();
+    assert_eq!(rec.state, SandboxState::Paused);
+    assert_eq!(
+        rec.pause_mode,
+        Some(PauseMode::Memory),
+        "best mode by default"
+    );
+    assert_eq!(rec.runtime.unwrap().record["paused"], "memory");
+    assert_eq!(c.get(&sb.id).await.unwrap().api_state(), "paused");
+
+    // Pausing again is the 409 the SDK turns into `False`.
+    assert!(matches!(
+        c.pause(&sb.id, None).await,
+        Err(ControlError::FailedPrecondition(_))
+    ));
+
+    for _ in 0..3 {
+        let (after, resumed) = c.connect(&sb.id, Some(60)).await.unwrap();
+        assert!(resumed);
+        assert_eq!(after.state, SandboxState::Running);
+        assert_eq!(after.pause_mode, None);
+        assert!(c.route(&sb.id).is_some());
+        let spec = rt.specs.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(spec.id, sb.id);
+        assert_eq!(spec.env_vars["TOKEN"], "t0p");
+        assert_eq!(
+            spec.access_token.as_deref(),
+            Some(sb.envd_access_token.as_str())
+        );
+        assert!(!spec.allow_internet_access);
+        assert_eq!(spec.from_snapshot, None);
+        // Connecting to the running sandbox again is not a resume.
+        assert!(!c.connect(&sb.id, Some(60)).await.unwrap().1);
+        c.pause(&sb.id, Some(false)).await.unwrap();
+        assert_eq!(
+            store.get_sandbox(&sb.id).await.unwrap().unwrap().pause_mode,
+            Some(PauseMode::Filesystem)
+        );
+    }
+    // Killing a paused sandbox frees its saved state.
+    c.kill(&sb.id).await.unwrap();
+    assert!(rt.paused.lock().unwrap().is_empty());
+    assert!(matches!(
+        c.get(&sb.id).await,
+        Err(ControlError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn failed_resume_leaves_it_paused() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    c.pause(&sb.id, Some(true)).await.unwrap();
+    *rt.fail_resume.lock().unwrap() = true;
+    match c.connect(&sb.id, None).await {
+        Err(ControlError::Unavailable(m)) => {
+            assert!(
+                m.contains("stays paused") && m.contains("disk is full"),
+                "{m}"
+            )
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(
+        store.get_sandbox(&sb.id).await.unwrap().unwrap().state,
+        SandboxState::Paused
+    );
+    *rt.fail_resume.lock().unwrap() = false;
+    assert!(c.connect(&sb.id, None).await.unwrap().1);
+}
+
+#[tokio::test]
+async fn unsupported_modes_are_clear_400s() {
+    let caps = Capabilities {
+        pause_filesystem: true,
+        snapshot: true,
+        ..Capabilities::default()
+    };
+    let (c, _, _) = start_with(caps, Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    match c.pause(&sb.id, Some(true)).await {
+        Err(ControlError::InvalidArgument(m)) => assert!(m.contains("filesystem"), "{m}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    match c.create_snapshot(&sb.id, None, Some(true)).await {
+        Err(ControlError::InvalidArgument(m)) => assert!(m.contains("mode=\"filesystem\""), "{m}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    // Still running and routed after the refusals.
+    assert!(c.route(&sb.id).is_some());
+    let r = c
+        .create(CreateRequest {
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: Some(true),
+                auto_resume: false,
+            },
+            ..base()
+        })
+        .await;
+    assert!(matches!(r, Err(ControlError::InvalidArgument(_))));
+
+    let (none, _, _) = start_with(Capabilities::default(), Config::default()).await;
+    let sb = none.create(base()).await.unwrap();
+    assert!(matches!(
+        none.pause(&sb.id, None).await,
+        Err(ControlError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        none.fork(&sb.id, Some(1), None).await,
+        Err(ControlError::InvalidArgument(_))
+    ));
+}
+
+#[tokio::test]
+async fn paused_sandboxes_survive_restart_and_do_not_expire() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+    // A short timeout set while paused does not end it.
+    c.set_timeout(&sb.id, 1).await.unwrap();
+    c.shutdown();
+    let c2 = Control::start(store.clone(), rt.clone(), Config::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let got = c2.get(&sb.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Paused);
+    assert!(c2.route(&sb.id).is_none());
+    assert!(c2.connect(&sb.id, None).await.unwrap().1);
+    assert!(c2.route(&sb.id).is_some());
+}
+
+#[tokio::test]
+async fn on_timeout_pause_then_traffic_resumes() {
+    let (c, store, _) = start_with(full_caps(), Config::default()).await;
+    let sb = c
+        .create(CreateRequest {
+            timeout: Some(1),
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: None,
+                auto_resume: true,
+            },
+            ..base()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let rec = store.get_sandbox(&sb.id).await.unwrap().unwrap();
+    assert_eq!(rec.state, SandboxState::Paused, "paused, not killed");
+    assert!(c.route(&sb.id).is_none());
+    let route = c.route_or_resume(&sb.id).await.unwrap();
+    assert!(route.is_some(), "traffic wakes it");
+    let got = c.get(&sb.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Running);
+    assert!(got.end_at > chrono::Utc::now() + chrono::Duration::seconds(200));
+
+    // Without autoResume traffic does not wake it.
+    let plain = c.create(base()).await.unwrap();
+    c.pause(&plain.id, None).await.unwrap();
+    assert!(c.route_or_resume(&plain.id).await.unwrap().is_none());
+    assert_eq!(c.get(&plain.id).await.unwrap().state, SandboxState::Paused);
+}
+
+#[tokio::test]
+async fn snapshots_create_from_list_replace_delete() {
+    let (c, store, rt) = start_with(ns_caps(), Config::default()).await;
+    let sb = c.create(with_env()).await.unwrap();
+    let s1 = c
+        .create_snapshot(&sb.id, Some("nightly".into()), None)
+        .await
+        .unwrap();
+    assert!(!s1.memory, "the runtime's snapshots carry files only");
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
+
+    // The id, with or without a tag, and the name are templates.
+    for template in [
+        s1.id.clone(),
+        format!("{}:default", s1.id),
+        "nightly".into(),
+    ] {
+        let child = c
+            .create(CreateRequest { template, ..base() })
+            .await
+            .unwrap();
+        assert_eq!(child.template, "base");
+        let spec = rt.specs.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(spec.from_snapshot.as_deref(), Some(s1.key.as_str()));
+        assert_eq!(
+            spec.env_vars["TOKEN"], "t0p",
+            "env vars come with the snapshot"
+        );
+    }
+
+    // Reusing the name replaces the older snapshot and frees its saved state.
+    let s2 = c
+        .create_snapshot(&sb.id, Some("nightly".into()), Some(false))
+        .await
+        .unwrap();
+    assert!(store.get_snapshot(&s1.id).await.unwrap().is_none());
+    assert!(!rt.snapshots.lock().unwrap().contains_key(&s1.key));
+    let s3 = c.create_snapshot(&sb.id, None, None).await.unwrap();
+
+    let all = c.list_snapshots(&SnapshotQuery::default()).await.unwrap();
+    let ids: Vec<&str> = all.items.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, [s3.id.as_str(), s2.id.as_str()], "newest first");
+    let page = c
+        .list_snapshots(&SnapshotQuery {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items[0].id, s3.id);
+    let next = c
+        .list_snapshots(&SnapshotQuery {
+            limit: Some(1),
+            next_token: page.next_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(next.items[0].id, s2.id);
+    assert!(next.next_token.is_none());
+    let named = c
+        .list_snapshots(&SnapshotQuery {
+            name: Some("nightly:default".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(named.items.len(), 1);
+    assert!(c
+        .list_snapshots(&SnapshotQuery {
+            sandbox_id: Some("iother".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    c.delete_snapshot(&s2.id).await.unwrap();
+    assert!(!rt.snapshots.lock().unwrap().contains_key(&s2.key));
+    assert!(matches!(
+        c.delete_snapshot(&s2.id).await,
+        Err(ControlError::NotFound(_))
+    ));
+    // Snapshots outlive their sandbox.
+    c.kill(&sb.id).await.unwrap();
+    assert!(c
+        .create(CreateRequest {
+            template: s3.id.clone(),
+            ..base()
+        })
+        .await
+        .is_ok());
+    assert!(matches!(
+        c.create_snapshot(&sb.id, None, None).await,
+        Err(ControlError::NotFound(_))
+    ));
+    assert!(matches!(
+        c.create_snapshot("inope", Some("bad:name".into()), None)
+            .await,
+        Err(ControlError::InvalidArgument(_))
+    ));
+}
+
+#[tokio::test]
+async fn fork_children_inherit_and_fail_alone() {
+    let (c, _, rt) = start_with(ns_caps(), Config::default()).await;
+    let parent = c
+        .create(CreateRequest {
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: Some(false),
+                auto_resume: false,
+            },
+            ..with_env()
+        })
+        .await
+        .unwrap();
+    for bad in [0, 101, -1] {
+        assert!(matches!(
+            c.fork(&parent.id, Some(bad), None).await,
+            Err(ControlError::InvalidArgument(_))
+        ));
+    }
+    assert!(matches!(
+        c.fork("inope", Some(1), None).await,
+        Err(ControlError::NotFound(_))
+    ));
+
+    *rt.fail_creates.lock().unwrap() = 1;
+    let results = c.fork(&parent.id, Some(4), Some(120)).await.unwrap();
+    assert_eq!(results.len(), 4);
+    let children: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(children.len(), 3, "one child failed on its own");
+    let mut ids: Vec<&str> = children.iter().map(|s| s.id.as_str()).collect();
+    ids.push(&parent.id);
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "children are new sandboxes");
+    for ch in &children {
+        assert_eq!(ch.state, SandboxState::Running);
+        assert_eq!(ch.metadata, parent.metadata);
+        assert_eq!(ch.env_vars, parent.env_vars);
+        assert_eq!(ch.lifecycle, parent.lifecycle);
+        assert!(!ch.allow_internet_access);
+        assert_ne!(ch.envd_access_token, parent.envd_access_token);
+    }
+    // The checkpoint is gone once the children started; the parent still runs.
+    assert!(rt.snapshots.lock().unwrap().is_empty());
+    assert_eq!(
+        c.get(&parent.id).await.unwrap().state,
+        SandboxState::Running
+    );
+
+    c.pause(&parent.id, None).await.unwrap();
+    assert!(matches!(
+        c.fork(&parent.id, None, None).await,
+        Err(ControlError::FailedPrecondition(_))
+    ));
+}
+
+#[tokio::test]
+async fn auto_resume_survives_restart() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c
+        .create(CreateRequest {
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: Some(false),
+                auto_resume: true,
+            },
+            ..base()
+        })
+        .await
+        .unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+    c.shutdown();
+    let c2 = Control::start(store.clone(), rt.clone(), Config::default())
+        .await
+        .unwrap();
+    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_some());
+    assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    // Killed while paused: traffic gets the plain not-found answer.
+    c2.pause(&sb.id, None).await.unwrap();
+    c2.kill(&sb.id).await.unwrap();
+    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_none());
+}
