@@ -53,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         allow_internet_access: false,
         env_vars: BTreeMap::new(),
         access_token: token,
+        from_snapshot: None,
     };
     let result = async {
         let open = rt.create(spec("conformance", None)).await?;

@@ -72,6 +72,7 @@ fn spec(id: String) -> CreateSpec {
         allow_internet_access: true,
         env_vars: BTreeMap::new(),
         access_token: None,
+        from_snapshot: None,
     }
 }
 

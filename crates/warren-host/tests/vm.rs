@@ -54,6 +54,7 @@ fn spec(id: &str) -> CreateSpec {
         allow_internet_access: true,
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
         access_token: Some("tok".into()),
+        from_snapshot: None,
     }
 }
 

@@ -579,6 +579,11 @@ impl SandboxRuntime for VmRuntime {
                 spec.id
             )));
         }
+        if spec.from_snapshot.is_some() {
+            return Err(RuntimeError::Unsupported(
+                "the vm runtime cannot start from a sandbox snapshot yet".into(),
+            ));
+        }
         let (m, agent) = self.fork(&spec).await?;
         // Registered before /init so that a QEMU dying now is torn down by its watcher.
         self.live.lock().await.insert(spec.id.clone(), m.clone());
