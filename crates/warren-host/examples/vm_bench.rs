@@ -97,7 +97,7 @@ fn start_request() -> Vec<u8> {
 /// (called on a thread that may have joined a network namespace).
 fn first_command(addr: SocketAddr, deadline: Instant) -> Result<(), String> {
     loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
             Ok(mut s) => {
                 s.set_read_timeout(Some(Duration::from_secs(30))).ok();
                 s.write_all(&start_request()).map_err(|e| e.to_string())?;

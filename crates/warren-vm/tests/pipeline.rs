@@ -31,11 +31,25 @@ async fn boot_snapshot_and_independent_forks() {
             netns: Some(net.path()),
             run_as: None,
         };
+        let t = std::time::Instant::now();
         let pending = Pending::spawn(&snap, &spec)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        let waiting = t.elapsed();
         let (child, qmp, _files) = pending.complete().await.unwrap_or_else(|e| panic!("{e}"));
+        let running = t.elapsed();
         assert_eq!(qmp.status().await.unwrap(), "running");
+        let r = net
+            .http("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert!(r.starts_with("HTTP/1.1 204"), "{r}");
+        // Printed for whoever looks; no threshold (TCG speed varies with the host's load).
+        eprintln!(
+            "fork {name}: QEMU waiting after {} ms, running after {} ms, first agent reply after {} ms",
+            waiting.as_millis(),
+            running.as_millis(),
+            t.elapsed().as_millis()
+        );
         forks.push((child, qmp));
     }
     for net in [&net_a, &net_b] {
