@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use crate::accel::Accel;
 use crate::error::{Error, Result};
 
+/// Descriptor number of the tap device handed to an unprivileged QEMU.
+const TAP_FD: i32 = 100;
+
 /// The guest's MAC address: fixed, like its IP address, so that snapshots fit every slot.
 pub const GUEST_MAC: &str = "02:77:72:00:00:15";
 
@@ -40,7 +43,9 @@ pub struct VmConfig {
     pub console_log: PathBuf,
     /// Wait for an incoming migration (`-incoming defer`).
     pub incoming: bool,
-    /// Drop to this uid:gid once started (`-run-with user=`).
+    /// Run QEMU as this uid:gid from the start (no root at all). The tap device is opened
+    /// before the switch and handed over as a descriptor; every file QEMU opens must be
+    /// accessible to that user (see [`crate::snapshot::Pending::spawn`]).
     pub run_as: Option<(u32, u32)>,
     /// Appended as they are (e.g. a baseline's `-incoming file:...`).
     pub extra: Vec<String>,
@@ -66,11 +71,17 @@ impl VmConfig {
         push("-sandbox".into());
         push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into());
         push("-object".into());
+        // A fork maps the frozen memory file private and opens it read-only (`rom=off` keeps
+        // the guest's RAM writable: writes go to its copy-on-write pages).
         push(format!(
-            "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
+            "memory-backend-file,id=mem,size={}M,mem-path={},{}",
             self.memory_mb,
             self.mem_file.display(),
-            if self.mem_shared { "on" } else { "off" }
+            if self.mem_shared {
+                "share=on"
+            } else {
+                "share=off,readonly=on,rom=off"
+            }
         ));
         push("-chardev".into());
         push(format!(
@@ -103,7 +114,11 @@ impl VmConfig {
         push("virtio-blk-device,drive=rw".into());
         if let Some(tap) = &self.tap {
             push("-netdev".into());
-            push(format!("tap,id=net0,ifname={tap},script=no,downscript=no"));
+            if self.run_as.is_some() {
+                push(format!("tap,id=net0,fd={TAP_FD}"));
+            } else {
+                push(format!("tap,id=net0,ifname={tap},script=no,downscript=no"));
+            }
             push("-device".into());
             push(format!("virtio-net-device,netdev=net0,mac={GUEST_MAC}"));
         }
@@ -112,10 +127,6 @@ impl VmConfig {
             "unix:{},server=on,wait=off",
             self.qmp_socket.display()
         ));
-        if let Some((uid, gid)) = self.run_as {
-            push("-run-with".into());
-            push(format!("user={uid}:{gid}"));
-        }
         if self.incoming {
             push("-incoming".into());
             push("defer".into());
@@ -152,6 +163,13 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         None => None,
     };
     let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
+    // Everything the child needs after fork is prepared here: no allocation happens there.
+    let tap = match (&cfg.tap, cfg.run_as) {
+        (Some(name), Some(_)) => Some(tap_name(name)?),
+        _ => None,
+    };
+    let tun_path = c"/dev/net/tun";
+    let run_as = cfg.run_as;
     let mut cmd = tokio::process::Command::new(&cfg.qemu);
     cmd.args(cfg.args())
         .stdin(std::process::Stdio::null())
@@ -159,8 +177,8 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         .stderr(err)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (setsid, setns) on a descriptor that stays open in the
-    // parent until spawn returns.
+    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, setgroups, setgid,
+    // setuid) on descriptors and buffers that stay valid in the parent until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -171,12 +189,58 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if let Some(name) = tap {
+                let mut req = tap_request(name);
+                let tun = libc::open(tun_path.as_ptr(), libc::O_RDWR);
+                if tun < 0 || libc::ioctl(tun, TUNSETIFF, &mut req) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // dup2 clears close-on-exec: QEMU inherits the tap as `fd=TAP_FD`.
+                if libc::dup2(tun, TAP_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(tun);
+            }
+            if let Some((uid, gid)) = run_as {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
     let child = cmd.spawn().map_err(Error::io("start", &cfg.qemu))?;
     drop(ns);
     Ok(child)
+}
+
+/// `_IOW('T', 202, int)`: attach to (or create) the tun/tap device named in the request.
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// A tap device's name as `ifreq` wants it (NUL-padded).
+fn tap_name(name: &str) -> Result<[libc::c_char; libc::IFNAMSIZ]> {
+    let mut out = [0 as libc::c_char; libc::IFNAMSIZ];
+    if name.len() >= out.len() {
+        return Err(Error::Invalid(format!("tap name {name} too long")));
+    }
+    for (d, b) in out.iter_mut().zip(name.bytes()) {
+        *d = b as libc::c_char;
+    }
+    Ok(out)
+}
+
+/// The `ifreq` that opens tap device `name` (no packet-info header, vnet header for virtio);
+/// allocation-free, for use between fork and exec.
+fn tap_request(name: [libc::c_char; libc::IFNAMSIZ]) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    req.ifr_name = name;
+    req.ifr_ifru.ifru_flags =
+        (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+    req
 }
 
 /// The last `lines` lines of a console log (for error messages).

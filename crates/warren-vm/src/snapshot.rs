@@ -310,6 +310,12 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = child.start_kill();
+    // Forks may run as unprivileged users: they read these files, nobody writes them.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [snap.state(), snap.mem(), snap.disk()] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
+            .map_err(Error::io("chmod", &p))?;
+    }
     let meta = serde_json::to_vec_pretty(&snap.meta).map_err(|e| Error::Invalid(e.to_string()))?;
     std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
     let _ = std::fs::remove_file(&files.qmp);
@@ -385,6 +391,13 @@ impl Pending {
             .arg(&disk))?;
         let files = VmFiles::new(&spec.dir);
         let _ = std::fs::remove_file(&files.qmp);
+        if let Some((uid, gid)) = spec.run_as {
+            // QEMU runs as this user from the start: it creates its socket and console in
+            // the directory and writes the overlay; the snapshot's files are only read.
+            for p in [&spec.dir, &disk] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(Error::io("chown", p))?;
+            }
+        }
         let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
         cfg.run_as = spec.run_as;
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;

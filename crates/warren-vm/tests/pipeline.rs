@@ -13,6 +13,12 @@ async fn boot_snapshot_and_independent_forks() {
         return;
     };
     let tmp = tempfile::tempdir_in("/run").unwrap();
+    // Fork b runs QEMU as an unprivileged user, who must reach the snapshot.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let net_a = common::TestNet::new("a");
     let net_b = common::TestNet::new("b");
     let spec = common::template_spec((&common::data_dir(), tmp.path()), &agent, &image, &net_a);
@@ -29,7 +35,7 @@ async fn boot_snapshot_and_independent_forks() {
             dir: tmp.path().join(format!("fork-{name}")),
             tap: Some("tap0".into()),
             netns: Some(net.path()),
-            run_as: None,
+            run_as: (name == "b").then_some((300_001, 300_001)),
         };
         let t = std::time::Instant::now();
         let pending = Pending::spawn(&snap, &spec)
@@ -39,6 +45,15 @@ async fn boot_snapshot_and_independent_forks() {
         let (child, qmp, _files) = pending.complete().await.unwrap_or_else(|e| panic!("{e}"));
         let running = t.elapsed();
         assert_eq!(qmp.status().await.unwrap(), "running");
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", child.id().unwrap())).unwrap();
+        let uid = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .unwrap()
+            .to_string();
+        let expect = if name == "b" { "300001" } else { "0" };
+        assert!(uid.split_whitespace().skip(1).all(|u| u == expect), "{uid}");
         let r = net
             .http("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .unwrap();
