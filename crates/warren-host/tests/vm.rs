@@ -159,6 +159,16 @@ async fn forks_run_commands_independently_and_clean_up() {
         "guest clock {guest} vs host {host}"
     );
     assert!(rt.status("forka").await.unwrap().is_none());
+    // QEMU runs as the VM's own unprivileged user, not root.
+    let pid = a.record["pid"].as_u64().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .unwrap();
+    assert!(uid >= 200_000, "QEMU runs as uid {uid}");
 
     let before = vm_dirs(&cfg);
     rt.kill("forka").await.expect("kill");

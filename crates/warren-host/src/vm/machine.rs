@@ -50,6 +50,7 @@ pub async fn spawn(
     dir: &Path,
     slot: &Slot,
     cgroup_parent: &str,
+    run_as: Option<(u32, u32)>,
 ) -> Result<(Pending, SandboxCgroup), RuntimeError> {
     let cgroup = SandboxCgroup::create(
         cgroup_parent,
@@ -62,7 +63,7 @@ pub async fn spawn(
         dir: dir.to_path_buf(),
         tap: Some(warren_net::TAP_IFACE.into()),
         netns: Some(slot.netns_path()),
-        run_as: None,
+        run_as,
     };
     let pending = match Pending::spawn(snapshot, &spec).await {
         Ok(p) => p,

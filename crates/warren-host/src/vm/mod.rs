@@ -46,6 +46,10 @@ pub struct VmSettings {
     pub disk_mb: u32,
     /// QEMUs kept waiting for an incoming snapshot, per template.
     pub warm_pool: usize,
+    /// Run each fork's QEMU as its own unprivileged user (`vm_uid_base` + slot index) instead
+    /// of root. Under KVM only when `/dev/kvm` is open to everyone.
+    pub unprivileged: bool,
+    pub vm_uid_base: u32,
     pub boot_timeout: Duration,
 }
 
@@ -65,6 +69,8 @@ impl VmSettings {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
             boot_timeout: Duration::from_secs(180),
+            unprivileged: std::env::var("WARREN_VM_UNPRIVILEGED").as_deref() != Ok("0"),
+            vm_uid_base: 200_000,
         }
     }
 }
@@ -310,6 +316,7 @@ impl VmRuntime {
         }
         let name = self.new_name();
         let dir = self.vms_dir().join(&name);
+        let run_as = self.run_as(&slot);
         match machine::spawn(
             snap,
             &self.settings.qemu,
@@ -317,6 +324,7 @@ impl VmRuntime {
             &dir,
             &slot,
             &self.cgroup_parent(),
+            run_as,
         )
         .await
         {
@@ -332,6 +340,24 @@ impl VmRuntime {
                 Err(e)
             }
         }
+    }
+
+    /// The user a fork's QEMU runs as: unique per slot, so no two VMs share one.
+    fn run_as(&self, slot: &Slot) -> Option<(u32, u32)> {
+        if !self.settings.unprivileged {
+            return None;
+        }
+        if self.accel.accel == warren_vm::accel::Accel::Kvm {
+            use std::os::unix::fs::PermissionsExt;
+            let open = std::fs::metadata("/dev/kvm")
+                .map(|m| m.permissions().mode() & 0o006 == 0o006)
+                .unwrap_or(false);
+            if !open {
+                return None;
+            }
+        }
+        let uid = self.settings.vm_uid_base + slot.index();
+        Some((uid, uid))
     }
 
     /// Tops the warm pool of `template` up to its target.

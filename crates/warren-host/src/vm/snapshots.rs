@@ -48,6 +48,8 @@ pub fn inputs(
     let agent = std::fs::read(&settings.agent_bin)
         .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
     let mut h = Sha256::new();
+    // Bumped when the snapshot's layout or file modes change.
+    h.update(b"warren-vm-snapshot-2\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
