@@ -63,8 +63,10 @@ def main() -> int:
     names = args.scenario or list(SCENARIOS)
 
     if args.runtime == "vm":
-        print("The `vm` runtime is not available yet (no microVM runtime in this build): "
-              f"nothing measured for {', '.join(names)}; no numbers are reported.", file=sys.stderr)
+        print("This harness measures the `ns` runtime; the `vm` runtime has its own benchmark "
+              "(cold boot, fork, warm pool and a raw QEMU restore measured in the same run): "
+              "`cargo run --release -p warren-host --example vm_bench` (docs/runtime-vm.md). "
+              f"Nothing measured here for {', '.join(names)}.", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("benches/run.py must run as root: `warren serve` with the ns runtime needs root "
