@@ -435,6 +435,11 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&cfg2.run_dir);
 
     println!("\ncreate to first command (agent ran /bin/true):");
+    let empty: Vec<String> = results
+        .iter()
+        .filter(|(_, _, ms)| ms.is_empty())
+        .map(|(n, c, _)| format!("{n} at concurrency {c}"))
+        .collect();
     for (name, c, ms) in results {
         report(&name, c, ms);
     }
@@ -444,5 +449,8 @@ async fn main() -> anyhow::Result<()> {
         pss as f64 / n / 1024.0,
         rss as f64 / n / 1024.0
     );
+    // Numbers are never judged, but a measurement that produced none is a failure.
+    anyhow::ensure!(empty.is_empty(), "no numbers for: {}", empty.join(", "));
+    anyhow::ensure!(only_warm || idle_n > 0, "no idle VM could be measured");
     Ok(())
 }
