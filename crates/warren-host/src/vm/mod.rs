@@ -103,6 +103,8 @@ pub struct VmRuntime {
     live: Mutex<HashMap<String, Arc<Machine>>>,
     warm: Mutex<HashMap<String, VecDeque<Warm>>>,
     refilling: Mutex<()>,
+    /// Set by `stop_warm`: refills still under way discard what they start.
+    stopping: std::sync::atomic::AtomicBool,
     client: reqwest::Client,
     this: Weak<VmRuntime>,
     counter: AtomicU64,
@@ -156,6 +158,7 @@ impl VmRuntime {
             live: Mutex::new(HashMap::new()),
             warm: Mutex::new(HashMap::new()),
             refilling: Mutex::new(()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             client,
             this: this.clone(),
             counter: AtomicU64::new(0),
@@ -374,7 +377,14 @@ impl VmRuntime {
             if have >= self.settings.warm_pool {
                 return;
             }
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
             match self.start_pending(&snap, true).await {
+                Ok(w) if self.stopping.load(Ordering::SeqCst) => {
+                    self.discard_warm(w).await;
+                    return;
+                }
                 Ok(w) => self
                     .warm
                     .lock()
@@ -456,6 +466,9 @@ impl VmRuntime {
     /// Stops the warm QEMUs (not sandboxes: nothing to keep across a restart) and frees their
     /// slots; for a server that shuts down. Running sandboxes are left alone.
     pub async fn stop_warm(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // A refill under way finishes (and discards) its QEMU before this returns.
+        let _refill = self.refilling.lock().await;
         let warm: Vec<Warm> = self
             .warm
             .lock()

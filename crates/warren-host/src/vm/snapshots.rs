@@ -101,6 +101,7 @@ pub async fn make(inputs: &Inputs, netns: PathBuf) -> Result<Arc<Snapshot>, Runt
     let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
         .await
         .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;
+    remove_older(&inputs.dir);
     tracing::info!(
         key = %inputs.key,
         accel = spec.accel.as_str(),
@@ -108,4 +109,30 @@ pub async fn make(inputs: &Inputs, netns: PathBuf) -> Result<Arc<Snapshot>, Runt
         "template snapshot ready"
     );
     Ok(Arc::new(snap))
+}
+
+/// Removes the other snapshots of the same template (older agent, kernel, image...): they
+/// hold RAM on tmpfs. VMs restored from them keep working: their QEMU has the memory file
+/// mapped and the disk open, and unlinked files live on until closed.
+fn remove_older(current: &Path) {
+    let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    let Some((template, _)) = name.rsplit_once('-') else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let other = e.file_name().to_string_lossy().into_owned();
+        let same_template = other
+            .rsplit_once('-')
+            .is_some_and(|(t, key)| t == template && key.len() == 16);
+        if same_template && other != name {
+            tracing::info!(snapshot = %other, "removing an outdated template snapshot");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
