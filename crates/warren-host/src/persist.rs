@@ -84,6 +84,30 @@ impl NsRuntime {
         layer::remove(&self.paused_dir(id)).map_err(failed("remove the saved filesystem"))
     }
 
+    /// Deletes the saved files of a resumed sandbox without making the resume wait: they are
+    /// renamed out of the way at once (a new pause may save there right away) and deleted in
+    /// the background. A crash before the deletion leaves a `.trash` directory that the next
+    /// start's sweep removes.
+    fn discard_saved(&self, id: &str) {
+        let dir = self.paused_dir(id);
+        let trash = dir.with_file_name(format!(
+            "{id}.{}.trash",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        match std::fs::rename(&dir, &trash) {
+            Ok(()) => {
+                tokio::task::spawn_blocking(move || {
+                    let _ = std::fs::remove_dir_all(trash);
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not remove saved files"),
+        }
+    }
+
     /// After a restart: removes saved layers of sandboxes that are not paused (a pause the
     /// previous server never acknowledged, or a sandbox that is gone).
     pub(crate) async fn remove_unclaimed_saves(
@@ -99,6 +123,7 @@ impl NsRuntime {
             let name = entry.file_name().to_string_lossy().into_owned();
             let id = name.strip_suffix(".partial").unwrap_or(&name);
             let claimed = !name.ends_with(".partial")
+                && !name.ends_with(".trash")
                 && (paused_fs.contains(id)
                     || (live.get(id).is_some_and(|l| l.sandbox.cgroup.is_frozen())
                         && reattached.iter().any(|(i, r)| i == id && r.is_ok())));
@@ -219,9 +244,7 @@ impl NsRuntime {
             };
             return match self.create_from(spec, Some(seed)).await {
                 Ok(sandbox) => {
-                    if let Err(e) = self.forget_saved(&id) {
-                        tracing::warn!(sandbox = %id, error = %e, "could not remove saved files");
-                    }
+                    self.discard_saved(&id);
                     Ok((sandbox, ResumeKind::Filesystem))
                 }
                 Err(e) => {
@@ -235,9 +258,7 @@ impl NsRuntime {
         blocking(move || cg.thaw())
             .await
             .map_err(failed("thaw the sandbox"))?;
-        if let Err(e) = self.forget_saved(&id) {
-            tracing::warn!(sandbox = %id, error = %e, "could not remove saved files");
-        }
+        self.discard_saved(&id);
         Ok((
             RuntimeSandbox {
                 id,
