@@ -116,7 +116,7 @@ async fn counter(agent: SocketAddr) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_pause_survives_a_restart_and_processes_continue() {
-    let cfg = config("m", 15);
+    let cfg = config("m", 18);
     let first = NsRuntime::start(cfg.clone()).await.expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("pausemem")).await.expect("create");
@@ -196,7 +196,7 @@ fn counter_from_disk(cfg: &HostConfig, id: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn filesystem_pause_and_snapshots_keep_every_file() {
-    let cfg = config("f", 16);
+    let cfg = config("f", 19);
     let first = NsRuntime::start(cfg.clone()).await.expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("pausefs")).await.expect("create");
@@ -276,7 +276,7 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
-    let cfg = config("c", 17);
+    let cfg = config("c", 20);
     let first = NsRuntime::start(cfg.clone()).await.expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("halfpaused")).await.expect("create");

@@ -48,6 +48,10 @@ pub fn ensure(kernel: &Kernel, vminit: &Path, cache_dir: &Path) -> Result<PathBu
         return Ok(out);
     }
     std::fs::create_dir_all(cache_dir).map_err(Error::io("create", cache_dir))?;
+    let _building = crate::cachelock::lock(&out)?;
+    if out.exists() {
+        return Ok(out);
+    }
     let mut cpio = Cpio::default();
     for d in ["dev", "proc", "sys", "lower", "rw", "newroot", "modules"] {
         cpio.dir(d);

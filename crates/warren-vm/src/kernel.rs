@@ -50,6 +50,11 @@ pub fn ensure(data_dir: &Path) -> Result<Kernel> {
         .join("kernel")
         .join(format!("{package}_{version}"));
     let root = dir.join("root");
+    let _building = if dir.join("complete").exists() {
+        None
+    } else {
+        Some(crate::cachelock::lock(&dir)?)
+    };
     if !dir.join("complete").exists() {
         let tmp = dir.with_extension("partial");
         let _ = std::fs::remove_dir_all(&tmp);

@@ -11,6 +11,7 @@
 //!   restored from them (`-incoming defer`, private copy-on-write memory, qcow2 disk overlay).
 
 pub mod accel;
+mod cachelock;
 mod error;
 pub mod initramfs;
 pub mod kernel;

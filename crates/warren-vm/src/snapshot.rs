@@ -265,8 +265,13 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
     }
 }
 
-/// Boots the template once and snapshots it into `dir` (replacing whatever is there).
+/// Boots the template once and snapshots it into `dir`. If another builder (another server,
+/// test or benchmark sharing the data directory) made it meanwhile, returns that one.
 pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapshot> {
+    let _building = crate::cachelock::lock_async(dir).await?;
+    if let Some(made) = Snapshot::open(dir) {
+        return Ok(made);
+    }
     let partial = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
     let Booted {
