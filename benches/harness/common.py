@@ -122,8 +122,10 @@ def free_port() -> int:
 class Server:
     """One `warren serve` on a free loopback port; stopped by its own PID only."""
 
-    def __init__(self, binary: str, data_dir: str, log_path: str, max_sandboxes: int):
+    def __init__(self, binary: str, data_dir: str, log_path: str, max_sandboxes: int,
+                 runtime: str = "ns"):
         self.binary = binary
+        self.runtime = runtime
         self.data_dir = data_dir
         self.log_path = log_path
         self.max_sandboxes = max_sandboxes
@@ -162,10 +164,11 @@ class Server:
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG=os.environ.get("WARREN_LOG", "warn"))
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", self.data_dir,
-             "--runtime", "ns", "--max-sandboxes", str(self.max_sandboxes)],
+             "--runtime", self.runtime, "--max-sandboxes", str(self.max_sandboxes)],
             env=env, stdout=log, stderr=log,
         )
-        deadline = time.monotonic() + 900  # a first start may build the base image
+        # A first start may build the base image (and, for vm, the guest kernel and snapshot).
+        deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 with open(self.log_path, "rb") as f:
