@@ -183,6 +183,9 @@ class Context:
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         last_write = time.monotonic()
         errored = False
+        # Whether the kernel has picked the request up (any message in reply to it).
+        started = False
+        resent = False
         while True:
             if client_gone():
                 self._interrupt(msg_id)
@@ -190,6 +193,15 @@ class Context:
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.2)
             except queue.Empty:
+                if not self.alive() and not started and not resent:
+                    # It died before it saw the code (killed just before we sent it): the
+                    # code has not run, so run it on a fresh kernel instead of failing it.
+                    self.restart()
+                    if set_env:
+                        self._run_quietly(set_env)
+                    msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
+                    resent = True
+                    continue
                 if not self.alive():
                     emit(
                         output.error_line(
@@ -211,6 +223,7 @@ class Context:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
+            started = True
             kind = msg["msg_type"]
             if kind == "status":
                 state = msg["content"].get("execution_state")
