@@ -232,9 +232,32 @@ def test_bash_context_with_cwd(shared):
     shared.remove_code_context(ctx)
 
 
+def test_javascript(shared):
+    execution = shared.run_code("const base = 40; console.log('from node'); base + 2", language="js")
+    assert execution.error is None
+    assert execution.text == "42"
+    assert execution.logs.stdout == ["from node\n"]
+    assert shared.run_code("base * 2", language="javascript").text == "80"
+    awaited = shared.run_code("await new Promise((r) => setTimeout(() => r('later'), 10))",
+                              language="javascript")
+    assert awaited.text == "later"
+    failed = shared.run_code("null.field", language="javascript")
+    assert failed.error is not None and failed.error.name == "TypeError"
+    ctx = shared.create_code_context(language="javascript", cwd="/home/user/js")
+    assert shared.run_code("process.cwd()", context=ctx).text == "/home/user/js"
+    shared.remove_code_context(ctx)
+
+
+def test_interrupted_javascript_keeps_its_state(shared):
+    shared.run_code("var survivor = 'alive'", language="javascript")
+    with pytest.raises(TimeoutException):
+        shared.run_code("while (true) {}", language="javascript", timeout=3)
+    assert shared.run_code("survivor", language="javascript", timeout=120).text == "alive"
+
+
 def test_unsupported_language_is_a_clear_error(shared):
     with pytest.raises(SandboxException, match="not supported"):
-        shared.run_code("1", language="javascript")
+        shared.run_code("1", language="r")
 
 
 def test_env_vars_per_execution(shared):
@@ -246,6 +269,9 @@ def test_env_vars_per_execution(shared):
     assert bash.logs.stdout == ["bash\n"]
     bash = shared.run_code('echo "${WARREN_TEST_VAR:-unset}"', language="bash")
     assert bash.logs.stdout == ["unset\n"]
+    js = "process.env.WARREN_TEST_VAR ?? 'unset'"
+    assert shared.run_code(js, language="javascript", envs={"WARREN_TEST_VAR": "js"}).text == "js"
+    assert shared.run_code(js, language="javascript").text == "unset"
 
 
 # --- timeouts, interrupts, reconnect ---------------------------------------------------------

@@ -1,4 +1,4 @@
-//! The `code-interpreter-v1` template: `base` plus Jupyter kernels, the usual Python data stack
+//! The `code-interpreter-v1` template: `base` plus Jupyter kernels (Python, bash, JavaScript), the usual Python data stack
 //! and Warren's code-interpreter server (port 49999), which the host starts after the agent.
 //!
 //! Everything comes from Debian's archive, so the image is as reproducible and as cached as
@@ -78,6 +78,14 @@ const SERVER_FILES: &[(&str, &str)] = &[
         include_str!("../interp/warren_interp/bash_kernel.py"),
     ),
     (
+        "js_kernel.py",
+        include_str!("../interp/warren_interp/js_kernel.py"),
+    ),
+    (
+        "js_runner.js",
+        include_str!("../interp/warren_interp/js_runner.js"),
+    ),
+    (
         "supervise.py",
         include_str!("../interp/warren_interp/supervise.py"),
     ),
@@ -134,6 +142,20 @@ impl Recipe {
                 &[
                     "/usr/bin/python3",
                     &format!("{INTERP_LIB_DIR}/warren_interp/bash_kernel.py"),
+                    "-f",
+                    "{connection_file}",
+                ],
+            ),
+            0o644,
+        ));
+        recipe.post_steps.push(file(
+            "/usr/local/share/jupyter/kernels/warren-javascript/kernel.json".to_owned(),
+            &kernel_spec(
+                "JavaScript (Node.js)",
+                "javascript",
+                &[
+                    "/usr/bin/python3",
+                    &format!("{INTERP_LIB_DIR}/warren_interp/js_kernel.py"),
                     "-f",
                     "{connection_file}",
                 ],

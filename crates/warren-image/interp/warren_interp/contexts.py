@@ -24,7 +24,7 @@ from jupyter_client import KernelManager
 from . import output
 
 # Language -> kernel spec name (the specs are written into the image by the recipe).
-KERNELS = {"python": "warren-python", "bash": "warren-bash"}
+KERNELS = {"python": "warren-python", "bash": "warren-bash", "javascript": "warren-javascript"}
 # The SDKs' language aliases.
 ALIASES = {"js": "javascript", "ts": "typescript"}
 DEFAULT_CWD = "/home/user"
@@ -150,6 +150,20 @@ class Context:
                 "    else: _w_os.environ[_w_k] = _w_v\n"
                 "del _w_env_saved, _w_os\n"
                 "try: del _w_k, _w_v\nexcept NameError: pass\n"
+            )
+            return set_code, restore
+        if self.language == "javascript":
+            data = json.dumps(items)
+            set_code = (
+                f"globalThis.__warrenEnv = {data};\n"
+                "globalThis.__warrenEnvSaved = Object.fromEntries(Object.keys(__warrenEnv)"
+                ".map((k) => [k, process.env[k]]));\n"
+                "Object.assign(process.env, __warrenEnv); delete globalThis.__warrenEnv;\n"
+            )
+            restore = (
+                "for (const [k, v] of Object.entries(__warrenEnvSaved)) {\n"
+                "  if (v === undefined) delete process.env[k]; else process.env[k] = v\n"
+                "}\ndelete globalThis.__warrenEnvSaved;\n"
             )
             return set_code, restore
         # bash: remember whether each variable was set and its value, then export.
