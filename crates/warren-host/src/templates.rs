@@ -114,3 +114,26 @@ impl Templates {
         Ok(mnt)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_template_has_a_recipe() {
+        for name in TEMPLATES {
+            let recipe = recipe(name).expect("recipe");
+            assert_eq!(recipe.name, *name);
+            recipe.validate().expect("valid recipe");
+        }
+        assert!(recipe("nope").is_none());
+    }
+
+    #[test]
+    fn only_the_code_interpreter_has_a_start_command() {
+        assert!(start_command("base").is_none());
+        let cmd = start_command(warren_image::CODE_INTERPRETER_TEMPLATE).expect("start command");
+        assert_eq!(cmd.ready_port, 49999);
+        assert!(cmd.argv[1].ends_with("supervise.py"));
+    }
+}
