@@ -40,6 +40,10 @@ class UnsupportedLanguage(Exception):
     pass
 
 
+class ContextRemoved(Exception):
+    pass
+
+
 def normalise_language(language):
     language = (language or "").strip().lower() or "python"
     return ALIASES.get(language, language)
@@ -71,6 +75,8 @@ class Context:
         self.lock = threading.Lock()
         self.km = None
         self.kc = None
+        # Set by Registry.remove: a removed context's kernel is never started again.
+        self.removed = False
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -104,6 +110,8 @@ class Context:
     def restart(self):
         """A fresh kernel for this context (same id, language and cwd)."""
         self.stop()
+        if self.removed:
+            raise ContextRemoved(f"Context {self.id} was removed")
         self.start()
 
     def alive(self):
@@ -367,6 +375,7 @@ class Registry:
                     del self._defaults[lang]
         if ctx is None:
             return False
+        ctx.removed = True
         ctx.stop()
         return True
 

@@ -156,7 +156,18 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            restore = ctx.execute(code, env_vars, emit, self._client_gone)
+            try:
+                restore = ctx.execute(code, env_vars, emit, self._client_gone)
+            except (OSError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # asyncio's CancelledError is not an Exception
+                # Removed by another request while this one ran (its kernel and channels
+                # vanish under us), or a kernel that could not be restarted.
+                if ctx.removed:
+                    name, value = "ContextRemoved", f"Context {ctx.id} was removed"
+                else:
+                    name, value = "InternalError", f"{type(e).__name__}: {e}"
+                emit({"type": "error", "name": name, "value": value, "traceback": ""})
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:
