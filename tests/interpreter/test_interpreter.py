@@ -213,6 +213,20 @@ def test_contexts_create_list_restart_remove(shared):
         shared.run_code("1", context=ctx)
 
 
+def test_removing_a_busy_context_ends_its_execution(shared):
+    ctx = shared.create_code_context()
+
+    def on_stdout(msg):
+        if msg.line.startswith("waiting"):
+            shared.remove_code_context(ctx)
+
+    execution = shared.run_code(
+        "import time\nprint('waiting', flush=True)\nwhile True:\n    time.sleep(0.05)",
+        context=ctx, on_stdout=on_stdout, timeout=120)
+    assert execution.error is not None and execution.error.name == "ContextRemoved"
+    assert ctx.id not in [c.id for c in shared.list_code_contexts()]
+
+
 def test_bash(shared):
     execution = shared.run_code("echo hello; GREETING=hi; cd /tmp", language="bash")
     assert execution.error is None
