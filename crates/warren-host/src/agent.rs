@@ -64,6 +64,9 @@ pub async fn wait_and_init(
     Ok(())
 }
 
+/// Largest first message of a Start stream we accept (the start event is a few dozen bytes).
+const MAX_START_REPLY: usize = 64 * 1024;
+
 /// Starts the template's service through the agent's `process.Process/Start` (Connect
 /// protocol, JSON), then waits until its readiness check answers.
 ///
@@ -108,6 +111,11 @@ pub async fn run_start_command(
     let first = loop {
         if buf.len() >= 5 {
             let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            // The stream comes from inside the sandbox: a start event is tiny, never buffer
+            // whatever length a misbehaving guest announces.
+            if n > MAX_START_REPLY {
+                return Err(fail(format!("start reply of {n} bytes is too large")));
+            }
             if buf.len() >= 5 + n {
                 break (buf[0], buf[5..5 + n].to_vec());
             }
