@@ -363,3 +363,17 @@ def test_killed_server_comes_back(fresh):
     assert health.stdout == '"OK"'
     new = fresh.commands.run("pgrep -f 'warren_interp.server'").stdout.split()
     assert new and new != pids
+
+
+def test_sandbox_killed_during_execution(fresh):
+    """The stream is cut, not ended cleanly: the SDK reports the kill instead of returning a
+    silently truncated result."""
+
+    def on_stdout(msg):
+        if msg.line.startswith("running"):
+            fresh.kill()
+
+    with pytest.raises(TimeoutException):
+        fresh.run_code(
+            "import time\nprint('running', flush=True)\ntime.sleep(600)",
+            on_stdout=on_stdout, timeout=120)
