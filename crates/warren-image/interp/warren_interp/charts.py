@@ -3,16 +3,19 @@
 Runs inside the Python kernel (registered as the `e2b/chart` formatter by kernel_setup.py).
 A figure with one chart gives that chart; several axes give a `superchart` whose elements are
 the charts. Each axes is classified by what it holds:
+  boxes (ax.boxplot)         -> box_and_whisker {label, min, quartiles, median, max, outliers}
   wedges (ax.pie)            -> pie        {label, angle, radius}
   bar containers (ax.bar)    -> bar        {label, value, group}
   lines (ax.plot)            -> line       {label, points: [[x, y], ...]}
   point collections (scatter)-> scatter    {label, points}
   anything else              -> unknown    (elements empty; the PNG still shows it)
 Values on date axes become ISO-8601 strings and on category axes the category names, so a
-client can redraw the chart without knowing matplotlib's internal numbers.
+client can redraw the chart without knowing matplotlib's internal numbers. A unit at the end of
+an axis label ("Time (s)") is reported as that axis' unit.
 """
 
 import math
+import re
 
 
 def chart_from_figure(figure):
@@ -25,7 +28,7 @@ def chart_from_figure(figure):
         return None
     if len(charts) == 1:
         return charts[0]
-    title = figure._suptitle.get_text() if getattr(figure, "_suptitle", None) else ""
+    title = figure._suptitle.get_text() if getattr(figure, "_suptitle", None) else None
     return {"type": "superchart", "title": title, "elements": charts}
 
 
@@ -38,7 +41,10 @@ def chart_from_axes(ax):
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     lines = [ln for ln in ax.get_lines() if ln.get_visible()]
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
-    title = ax.get_title()
+    title = ax.get_title() or None
+    boxes = _boxes(ax, lines)
+    if boxes:
+        return dict(_axes_2d(ax), type="box_and_whisker", title=title, elements=boxes)
     if wedges:
         return {"type": "pie", "title": title, "elements": [_wedge(w) for w in wedges]}
     if bars:
@@ -54,13 +60,17 @@ def chart_from_axes(ax):
     return {"type": "unknown", "title": title, "elements": []}
 
 
+# A unit written at the end of an axis label: "Time (s)", "Price [EUR]".
+_UNIT = re.compile(r"[(\[]([^()\[\]]+)[)\]]\s*$")
+
+
 def _axes_2d(ax):
-    return {
-        "x_label": ax.get_xlabel() or None,
-        "y_label": ax.get_ylabel() or None,
-        "x_unit": None,
-        "y_unit": None,
-    }
+    out = {}
+    for name, label in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())):
+        unit = _UNIT.search(label or "")
+        out[f"{name}_label"] = label or None
+        out[f"{name}_unit"] = unit.group(1).strip() if unit else None
+    return out
 
 
 def _axis_kind(axis):
@@ -152,4 +162,54 @@ def _bars(ax, containers):
 
 
 def _wedge(w):
-    return {"label": _label(w.get_label()), "angle": abs(w.theta2 - w.theta1), "radius": w.r}
+    # Wedge angles come back through float32 paths (323.99999...); six decimals is plenty.
+    angle = round(abs(w.theta2 - w.theta1), 6)
+    return {"label": _label(w.get_label()), "angle": angle, "radius": w.r}
+
+
+def _boxes(ax, lines):
+    """Box-and-whisker elements if this axes holds an ax.boxplot (vertical), else []."""
+    from matplotlib.patches import PathPatch
+
+    rects = []  # (x0, x1, q1, q3)
+    for patch in ax.patches:  # boxplot(patch_artist=True): the boxes are PathPatches
+        if isinstance(patch, PathPatch):
+            xy = patch.get_path().vertices
+            rects.append((xy[:, 0].min(), xy[:, 0].max(), xy[:, 1].min(), xy[:, 1].max()))
+    for line in lines:  # the default: each box is a closed 5-point line
+        xy = line.get_xydata()
+        if len(xy) == 5 and tuple(xy[0]) == tuple(xy[-1]) and \
+                len(set(xy[:, 0])) == 2 and len(set(xy[:, 1])) == 2:
+            rects.append((xy[:, 0].min(), xy[:, 0].max(), xy[:, 1].min(), xy[:, 1].max()))
+    if not rects:
+        return []
+    x_kind = _axis_kind(ax.xaxis)
+    ticks = list(ax.xaxis.get_majorticklocs())
+    try:
+        tick_labels = list(ax.xaxis.get_major_formatter().format_ticks(ticks))
+    except Exception:
+        tick_labels = [str(t) for t in ticks]
+    elements = []
+    for x0, x1, q1, q3 in sorted(rects):
+        centre = (x0 + x1) / 2
+        median, low, high, outliers = None, q1, q3, []
+        for line in lines:
+            xy = line.get_xydata()
+            xs, ys = xy[:, 0], xy[:, 1]
+            if len(xy) == 0:
+                continue
+            if line.get_linestyle() in ("None", "", " ") and all(abs(x - centre) < 1e-9 for x in xs):
+                outliers.extend(float(y) for y in ys)  # fliers: markers only
+            elif len(xy) == 2 and ys[0] == ys[1] and x0 - 1e-9 <= min(xs) and max(xs) <= x1 + 1e-9 \
+                    and q1 <= ys[0] <= q3 and min(xs) <= centre <= max(xs) and xs[0] != xs[1]:
+                median = float(ys[0])
+            elif len(xy) == 2 and xs[0] == xs[1] and abs(xs[0] - centre) < 1e-9:
+                low, high = min(low, float(ys.min())), max(high, float(ys.max()))  # whiskers
+        label = next((str(lbl) for t, lbl in zip(ticks, tick_labels) if abs(t - centre) < 1e-9),
+                     str(_value(ax.xaxis, x_kind, centre)))
+        elements.append({
+            "label": label, "min": _number(low), "first_quartile": _number(q1),
+            "median": _number(median) if median is not None else None,
+            "third_quartile": _number(q3), "max": _number(high), "outliers": sorted(outliers),
+        })
+    return elements

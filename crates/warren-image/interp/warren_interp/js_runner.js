@@ -31,10 +31,36 @@ process.on('SIGINT', () => {})
 
 const options = { filename: 'cell.js', breakOnSigint: true }
 
+// Scripts cannot hold ES module `import` statements; the common forms, each on a line of its
+// own, become the equivalent require() (so they work for CommonJS and built-in modules).
+function namedImports(list) {
+  return list.split(',').map((s) => s.trim()).filter(Boolean)
+    .map((s) => s.replace(/^([\w$]+)\s+as\s+([\w$]+)$/, '$1: $2')).join(', ')
+}
+
+function rewriteImports(code) {
+  const statement = /^[ \t]*import\s+(.+?)\s+from\s+(['"][^'"\n]+['"])[ \t]*;?[ \t]*$/gm
+  return code
+    .replace(statement, (line, clause, source) => {
+      const req = `require(${source})`
+      let m
+      clause = clause.trim()
+      if ((m = clause.match(/^\*\s+as\s+([\w$]+)$/))) return `var ${m[1]} = ${req};`
+      if ((m = clause.match(/^\{([^}]*)\}$/))) return `var { ${namedImports(m[1])} } = ${req};`
+      if ((m = clause.match(/^([\w$]+)\s*,\s*\{([^}]*)\}$/))) {
+        return `var ${m[1]} = ${req}; var { ${namedImports(m[2])} } = ${req};`
+      }
+      if ((m = clause.match(/^([\w$]+)$/))) return `var ${m[1]} = ${req};`
+      return line
+    })
+    .replace(/^[ \t]*import\s+(['"][^'"\n]+['"])[ \t]*;?[ \t]*$/gm, 'require($1);')
+}
+
 // Scripts cannot use `await` at the top level. Such code runs as the body of an async
 // function instead: first as one expression (so `await f()` gives its value), else as
 // statements (its declarations then stay local to that execution).
 function evaluate(code) {
+  code = rewriteImports(code)
   try {
     return vm.runInThisContext(code, options)
   } catch (err) {

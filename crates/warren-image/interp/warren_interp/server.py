@@ -182,10 +182,21 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+def _default_context(language):
+    try:
+        REGISTRY.create(language, contexts.DEFAULT_CWD, default=True)
+    except Exception as e:  # it is created again on first use
+        print(f"default {language} context did not start: {e}", flush=True)
+
+
 def main():
     host, _, port = os.environ.get("WARREN_INTERP_LISTEN", "0.0.0.0:49999").rpartition(":")
-    # The default Python context exists before the port opens, so "port open" means ready.
+    # The default contexts exist before the port opens, so "port open" means ready. The
+    # kernels start in parallel; JavaScript is best effort (Python is what must work).
+    js = threading.Thread(target=_default_context, args=("javascript",))
+    js.start()
     REGISTRY.create("python", contexts.DEFAULT_CWD, default=True)
+    js.join()
     threading.Thread(target=REGISTRY.watch, daemon=True).start()
     server = Server((host, int(port)), Handler)
     print(f"code interpreter listening on {host}:{port}", flush=True)
