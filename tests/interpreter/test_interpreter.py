@@ -15,7 +15,13 @@ import threading
 import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
-from e2b_code_interpreter.charts import BarChart, LineChart, PieChart, SuperChart
+from e2b_code_interpreter.charts import (
+    BarChart,
+    BoxAndWhiskerChart,
+    LineChart,
+    PieChart,
+    SuperChart,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -138,6 +144,24 @@ def test_bar_pie_and_superchart(shared):
     assert sum(e.angle for e in pie.elements) == pytest.approx(360.0)
 
 
+def test_box_and_whisker_chart_with_units(shared):
+    execution = shared.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.boxplot([[1, 2, 3, 4, 5], [2, 4, 6, 8, 30]], labels=['a', 'b'])\n"
+        "ax.set_xlabel('Group'); ax.set_ylabel('Latency (ms)')\n"
+        "plt.show()"
+    )
+    chart = execution.results[0].chart
+    assert isinstance(chart, BoxAndWhiskerChart)
+    assert chart.title is None
+    assert (chart.y_label, chart.y_unit, chart.x_unit) == ("Latency (ms)", "ms", None)
+    a, b = chart.elements
+    assert (a.label, a.min, a.first_quartile, a.median, a.third_quartile, a.max) == (
+        "a", 1, 2, 3, 4, 5)
+    assert (b.label, b.median, b.outliers) == ("b", 6, [30])
+
+
 def test_dataframe_has_html_text_and_data(shared):
     execution = shared.run_code(
         "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"
@@ -201,7 +225,9 @@ def test_contexts_create_list_restart_remove(shared):
     assert shared.run_code("secret", context=ctx).text == "only here"
     # The default context does not see it.
     assert shared.run_code("'secret' in globals()").text == "False"
-    assert ctx.id in [c.id for c in shared.list_code_contexts()]
+    listed = shared.list_code_contexts()
+    assert ctx.id in [c.id for c in listed]
+    assert {"python", "javascript"} <= {c.language for c in listed}  # the default contexts
 
     shared.restart_code_context(ctx)
     assert shared.run_code("'secret' in globals()", context=ctx).text == "False"
@@ -255,6 +281,8 @@ def test_javascript(shared):
     awaited = shared.run_code("await new Promise((r) => setTimeout(() => r('later'), 10))",
                               language="javascript")
     assert awaited.text == "later"
+    imported = shared.run_code("import { join } from 'path'\njoin('a', 'b')", language="js")
+    assert imported.text == "a/b"
     failed = shared.run_code("null.field", language="javascript")
     assert failed.error is not None and failed.error.name == "TypeError"
     ctx = shared.create_code_context(language="javascript", cwd="/home/user/js")
