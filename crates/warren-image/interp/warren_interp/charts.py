@@ -162,8 +162,9 @@ def _bars(ax, containers):
 
 
 def _wedge(w):
-    # Wedge angles come back through float32 paths (323.99999...); six decimals is plenty.
-    angle = round(abs(w.theta2 - w.theta1), 6)
+    # matplotlib keeps wedge angles in float32 (324 degrees comes back as 323.99999141...):
+    # four decimals is all the precision they carry.
+    angle = round(abs(w.theta2 - w.theta1), 4)
     return {"label": _label(w.get_label()), "angle": angle, "radius": w.r}
 
 
