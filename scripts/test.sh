@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine (as root) and runs every test: Rust unit and
-# integration tests (including real sandboxes and network slots), the agent conformance suite
-# and the control-plane end-to-end suite with the official E2B Python SDK, then one smoke run
+# integration tests (including real sandboxes and network slots), the agent conformance suite,
+# the control-plane end-to-end suite with the official E2B Python SDK and the code-interpreter
+# suite with the official e2b-code-interpreter SDKs, then one smoke run
 # of each benchmark (which only checks that numbers come out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,8 @@ log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt -r benches/requirements.txt
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt \
+  -r tests/interpreter/requirements.txt -r benches/requirements.txt
 
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
@@ -44,6 +46,21 @@ log "control-plane smoke test with the official E2B JS SDK (e2b@2.51.0)"
 # e2b 2.51.0 needs Node >= 20.18.1, which Debian's archive does not ship (bookworm has 18).
 if node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)' 2>/dev/null; then
   (cd tests/e2e/js && npm ci --no-audit --no-fund --loglevel=error \
+    && WARREN_BIN="$PWD/../../../target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren node --test)
+else
+  echo "SKIPPED: the JS SDK smoke test needs Node.js >= 20.18.1 (found: $(node --version 2>/dev/null || echo none))"
+fi
+
+log "code interpreter: build the code-interpreter-v1 image (minutes the first time; cached after)"
+./target/release/warren template build code-interpreter-v1 --data-dir /var/lib/warren
+
+log "code-interpreter suite (e2b-code-interpreter SDK against warren serve)"
+WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/interpreter -q
+
+log "code-interpreter smoke test with the official JS SDK (@e2b/code-interpreter@2.8.0)"
+if node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)' 2>/dev/null; then
+  (cd tests/interpreter/js && npm ci --no-audit --no-fund --loglevel=error \
     && WARREN_BIN="$PWD/../../../target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren node --test)
 else
   echo "SKIPPED: the JS SDK smoke test needs Node.js >= 20.18.1 (found: $(node --version 2>/dev/null || echo none))"

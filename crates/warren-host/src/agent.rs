@@ -63,3 +63,102 @@ pub async fn wait_and_init(
     }
     Ok(())
 }
+
+/// Largest first message of a Start stream we accept (the start event is a few dozen bytes).
+const MAX_START_REPLY: usize = 64 * 1024;
+
+/// Starts the template's service through the agent's `process.Process/Start` (Connect
+/// protocol, JSON), then waits until its readiness check answers.
+///
+/// The process belongs to the agent, not to this request: we read the stream only until the
+/// `start` event (the pid) and then close it, which leaves the process running, as a
+/// background command of the SDKs does.
+pub async fn run_start_command(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    access_token: Option<&str>,
+    cmd: &crate::templates::StartCommand,
+) -> Result<(), RuntimeError> {
+    let fail = |what: String| RuntimeError::Failed(format!("template start command: {what}"));
+    let Some((program, args)) = cmd.argv.split_first() else {
+        return Err(fail("empty command".into()));
+    };
+    let request = serde_json::json!({
+        "process": { "cmd": program, "args": args, "envs": {}, "cwd": cmd.cwd },
+        "stdin": false,
+    });
+    let payload = serde_json::to_vec(&request).map_err(|e| fail(e.to_string()))?;
+    let len = u32::try_from(payload.len()).map_err(|_| fail("request too large".into()))?;
+    // One Connect envelope: flags byte (0 = data), big-endian length, the JSON message.
+    let mut body = Vec::with_capacity(payload.len() + 5);
+    body.push(0u8);
+    body.extend_from_slice(&len.to_be_bytes());
+    body.extend_from_slice(&payload);
+    let mut req = client
+        .post(format!("http://{agent}/process.Process/Start"))
+        .header("content-type", "application/connect+json")
+        .timeout(Duration::from_secs(30))
+        .body(body);
+    if let Some(token) = access_token {
+        req = req.header("x-access-token", token);
+    }
+    let mut resp = req.send().await.map_err(|e| fail(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fail(format!("agent answered HTTP {}", resp.status())));
+    }
+    // Read until the first whole envelope: the start event, or an end-of-stream error.
+    let mut buf: Vec<u8> = Vec::new();
+    let first = loop {
+        if buf.len() >= 5 {
+            let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            // The stream comes from inside the sandbox: a start event is tiny, never buffer
+            // whatever length a misbehaving guest announces.
+            if n > MAX_START_REPLY {
+                return Err(fail(format!("start reply of {n} bytes is too large")));
+            }
+            if buf.len() >= 5 + n {
+                break (buf[0], buf[5..5 + n].to_vec());
+            }
+        }
+        match resp.chunk().await.map_err(|e| fail(e.to_string()))? {
+            Some(chunk) => buf.extend_from_slice(&chunk),
+            None => return Err(fail("the agent closed the stream before the start".into())),
+        }
+    };
+    let (flags, message) = first;
+    let message: serde_json::Value =
+        serde_json::from_slice(&message).map_err(|e| fail(format!("bad start reply: {e}")))?;
+    if flags & 0x02 != 0 || message.pointer("/event/start/pid").is_none() {
+        return Err(fail(format!("the agent did not start it: {message}")));
+    }
+    drop(resp);
+    wait_ready(client, agent, cmd).await
+}
+
+/// Polls `GET http://<sandbox>:<ready_port><ready_path>` until it answers 200.
+async fn wait_ready(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    cmd: &crate::templates::StartCommand,
+) -> Result<(), RuntimeError> {
+    let url = format!("http://{}:{}{}", agent.ip(), cmd.ready_port, cmd.ready_path);
+    let deadline = Instant::now() + cmd.ready_timeout;
+    loop {
+        match client
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            _ if Instant::now() > deadline => {
+                return Err(RuntimeError::Failed(format!(
+                    "template service on port {} did not become ready within {:?}",
+                    cmd.ready_port, cmd.ready_timeout
+                )))
+            }
+            // Not listening yet: the server opens its port only once its kernel runs.
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}

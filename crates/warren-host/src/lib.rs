@@ -312,6 +312,16 @@ impl NsRuntime {
                 None => e.to_string(),
             }));
         }
+        // Templates with a service (the code interpreter) start it now; create waits for it.
+        if let Some(cmd) = templates::start_command(&spec.template) {
+            if let Err(e) =
+                agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), &cmd)
+                    .await
+            {
+                let _ = sandbox.destroy().await;
+                return Err(e);
+            }
+        }
         Ok(sandbox)
     }
 }

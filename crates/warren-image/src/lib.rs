@@ -33,6 +33,7 @@ mod command;
 mod erofs;
 mod error;
 mod fsutil;
+mod interp;
 mod manifest;
 mod progress;
 mod recipe;
@@ -42,6 +43,9 @@ pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUES
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
 pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};
 pub use error::{ImageError, Result};
+pub use interp::{
+    code_interpreter_start_argv, CODE_INTERPRETER_TEMPLATE, INTERP_LIB_DIR, INTERP_PORT,
+};
 pub use manifest::{Manifest, IMAGE_FILE, MANIFEST_FILE};
 pub use progress::{BuildPhase, BuildProgress, SilentProgress, StderrProgress};
 pub use recipe::{
