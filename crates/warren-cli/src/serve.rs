@@ -80,6 +80,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),
+        template_names: warren_host::TEMPLATES
+            .iter()
+            .map(|t| t.to_string())
+            .collect(),
         ..Config::default()
     };
     let control = Control::start(store, runtime, config)

@@ -41,6 +41,9 @@ pub struct Config {
     pub domain: Option<String>,
     /// How often sandboxes that ended on their own are looked for.
     pub exit_poll: Duration,
+    /// Template names snapshots may not take: a snapshot id is looked up before templates in
+    /// create, so a snapshot named like a template would take over every create of it.
+    pub template_names: Vec<String>,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             envd_version: "0.6.13".into(),
             domain: None,
             exit_poll: Duration::from_secs(5),
+            template_names: Vec::new(),
         }
     }
 }

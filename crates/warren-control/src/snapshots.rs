@@ -125,6 +125,17 @@ impl Control {
                     "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_', '.', '/'"
                 )));
             }
+            if self
+                .inner
+                .config
+                .template_names
+                .iter()
+                .any(|t| t == strip_tag(n))
+            {
+                return Err(ControlError::InvalidArgument(format!(
+                    "snapshot name {n:?} is a template's name; choose another"
+                )));
+            }
         }
         self.check_snapshot_mode(memory)?;
         let sb = self.locked(sandbox_id).await?;

@@ -380,3 +380,27 @@ async fn auto_resume_survives_restart() {
     c2.kill(&sb.id).await.unwrap();
     assert!(c2.route_or_resume(&sb.id).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_snapshot_cannot_take_a_template_name() {
+    let config = Config {
+        template_names: vec!["base".into(), "code-interpreter-v1".into()],
+        ..Config::default()
+    };
+    let (c, _store, _rt) = start_with(ns_caps(), config).await;
+    let sb = c.create(with_env()).await.unwrap();
+    for name in ["base", "base:default", "code-interpreter-v1"] {
+        let err = c
+            .create_snapshot(&sb.id, Some(name.into()), None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ControlError::InvalidArgument(_)),
+            "{name}: {err:?}"
+        );
+    }
+    assert!(c
+        .create_snapshot(&sb.id, Some("base-2".into()), None)
+        .await
+        .is_ok());
+}
