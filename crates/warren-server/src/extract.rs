@@ -84,3 +84,39 @@ impl FromRequestParts<AppState> for Authed {
         Ok(Authed)
     }
 }
+
+/// Bodies up to this size are read to the end before an oversized request gets its 413.
+const DRAIN_CAP: u64 = 64 * 1024 * 1024;
+
+/// Answers 413 to an API request whose declared body is over `limit`, after reading that body
+/// to the end (up to [`DRAIN_CAP`]). Answering while the client is still sending would make the
+/// kernel reset the connection when it closes with unread data, and the client would see a
+/// reset instead of the answer.
+pub(crate) async fn reject_oversized(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use http_body_util::BodyExt;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(len) if len > limit as u64 => {
+            if len <= DRAIN_CAP {
+                let mut body = req.into_body();
+                while let Some(frame) = body.frame().await {
+                    if frame.is_err() {
+                        break;
+                    }
+                }
+            }
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body is too large")
+                .into_response()
+        }
+        _ => next.run(req).await,
+    }
+}

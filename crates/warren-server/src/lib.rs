@@ -93,6 +93,10 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         )
         .fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(config.body_limit))
+        .layer(middleware::from_fn_with_state(
+            config.body_limit,
+            extract::reject_oversized,
+        ))
         .layer(middleware::from_fn(normalize::json_errors))
         .with_state(state.clone());
     api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
