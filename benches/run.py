@@ -62,11 +62,9 @@ def main() -> int:
     args = ap.parse_args()
     names = args.scenario or list(SCENARIOS)
 
-    # The vm runtime has no pause or snapshots yet, and its idle memory (PSS of each QEMU, with
-    # 20 VMs) is measured by its own benchmark beside a raw QEMU restore:
-    # `cargo run --release -p warren-host --example vm_bench` (docs/runtime-vm.md).
-    vm_elsewhere = {"idle": "measured by vm_bench (PSS per idle VM with 20 VMs)",
-                    "pause": "the vm runtime cannot pause yet", "fork": "the vm runtime cannot fork yet"}
+    # The vm runtime has no pause or snapshots yet. Its raw QEMU restore baseline is measured by
+    # its own benchmark: `cargo run --release -p warren-host --example vm_bench`.
+    vm_elsewhere = {"pause": "the vm runtime cannot pause yet", "fork": "the vm runtime cannot fork yet"}
     skipped = []
     if args.runtime == "vm":
         skipped = [n for n in names if n in vm_elsewhere]

@@ -427,6 +427,23 @@ def sandbox_pss_mib(sid: str) -> Optional[float]:
     return sum(pss_kib(p) for p in pids) / 1024
 
 
+def vm_pss_samples() -> List[float]:
+    """PSS of each microVM of the host (one QEMU per cgroup under `warren-vm`), warm-pool VMs
+    included: VM cgroups are named when the QEMU starts, before a sandbox claims it."""
+    for base in ("/sys/fs/cgroup/pids/warren-vm", "/sys/fs/cgroup/warren-vm",
+                 "/sys/fs/cgroup/unified/warren-vm"):
+        if not os.path.isdir(base):
+            continue
+        out = []
+        for name in sorted(os.listdir(base)):
+            d = os.path.join(base, name)
+            pids = cgroup_pids(d) if os.path.isfile(os.path.join(d, "cgroup.procs")) else []
+            if pids:
+                out.append(sum(pss_kib(p) for p in pids) / 1024)
+        return out
+    return []
+
+
 def scenario_idle(ctx: Ctx) -> None:
     import requests
     res, S = ctx.results, "idle"
@@ -488,11 +505,17 @@ def scenario_idle(ctx: Ctx) -> None:
                                f"{ctx.idle_latency_limit_ms} ms at {len(ids)} sandboxes")
                 break
         time.sleep(2.0)  # let them settle
-        pss = [v for v in (sandbox_pss_mib(s) for s in ids) if v is not None]
-        if len(pss) < len(ids):
-            res.note(S, f"{len(ids) - len(pss)} sandboxes had no readable cgroup")
-        res.add(Metric(S, f"PSS per idle sandbox ({len(ids)} idle)", "MiB", pss,
-                       baseline="baseline: idle bwrap + sleep on the rootfs"))
+        if ctx.server.runtime == "vm":
+            pss = vm_pss_samples()
+            res.note(S, f"{len(pss)} QEMU processes measured: {len(ids)} idle sandboxes and the "
+                        "warm pool's VMs waiting for a create")
+            label = f"PSS per idle microVM ({len(ids)} idle + warm pool)"
+        else:
+            pss = [v for v in (sandbox_pss_mib(s) for s in ids) if v is not None]
+            if len(pss) < len(ids):
+                res.note(S, f"{len(ids) - len(pss)} sandboxes had no readable cgroup")
+            label = f"PSS per idle sandbox ({len(ids)} idle)"
+        res.add(Metric(S, label, "MiB", pss, baseline="baseline: idle bwrap + sleep on the rootfs"))
         res.add(Metric(S, "idle sandboxes held", "count", [float(len(ids))], plot=False,
                        note=stop_reason))
         res.note(S, f"stopped: {stop_reason}; host memory in use "

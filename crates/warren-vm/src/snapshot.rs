@@ -406,12 +406,30 @@ impl Pending {
         let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
         cfg.run_as = spec.run_as;
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
-        let qmp = match Qmp::connect(&files.qmp, Duration::from_secs(10)).await {
+        // Many QEMUs starting at once on a loaded host (TCG) can take seconds to open their
+        // QMP socket: wait generously, but stop at once if this one exited.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let qmp = loop {
+            match Qmp::connect(&files.qmp, Duration::from_secs(2)).await {
+                Ok(q) => break Ok(q),
+                Err(e) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        break Err(format!(
+                            "QEMU exited ({status}) before answering on QMP: {e}"
+                        ));
+                    }
+                    if Instant::now() >= deadline {
+                        break Err(e.to_string());
+                    }
+                }
+            }
+        };
+        let qmp = match qmp {
             Ok(q) => q,
             Err(e) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                return Err(files.died(e.to_string()));
+                return Err(files.died(e));
             }
         };
         Ok(Self {
