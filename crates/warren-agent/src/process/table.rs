@@ -119,8 +119,13 @@ impl Proc {
         if !self.is_running() {
             return Err(not_found_pid(self.pid));
         }
-        killpg(Pid::from_raw(self.pid as i32), sig)
-            .map_err(|e| RpcError::internal(format!("error sending signal: {e}")))
+        match killpg(Pid::from_raw(self.pid as i32), sig) {
+            Ok(()) => Ok(()),
+            // The group is gone but its end is not recorded yet (the waiter is about to):
+            // to the caller the process no longer exists, as it will after the recording.
+            Err(nix::errno::Errno::ESRCH) => Err(not_found_pid(self.pid)),
+            Err(e) => Err(RpcError::internal(format!("error sending signal: {e}"))),
+        }
     }
 
     pub async fn write_stdin(&self, data: &[u8]) -> RpcResult<()> {
