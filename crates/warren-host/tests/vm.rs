@@ -3,13 +3,15 @@
 //! restarted manager taking running VMs back. Needs root, nftables, QEMU and the base image;
 //! without QEMU the tests print why and skip (`WARREN_VM_TESTS=require` makes that a failure).
 
+mod common;
+
+use common::run;
+
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use warren_host::{HostConfig, VmRuntime, VmSettings};
 use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 
@@ -56,50 +58,6 @@ fn spec(id: &str) -> CreateSpec {
         access_token: Some("tok".into()),
         from_snapshot: None,
     }
-}
-
-/// Runs `cmd` through the sandbox's agent (as the host reaches it) and returns its output.
-async fn run(agent: SocketAddr, cmd: &str) -> (i64, String) {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let msg = serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}, "stdin": false});
-    let payload = serde_json::to_vec(&msg).unwrap();
-    let mut body = vec![0u8];
-    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    body.extend_from_slice(&payload);
-    let resp = reqwest::Client::new()
-        .post(format!("http://{agent}/process.Process/Start"))
-        .header("content-type", "application/connect+json")
-        .header("x-access-token", "tok")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let raw = resp.bytes().await.unwrap();
-    let (mut out, mut code, mut rest) = (String::new(), i64::MIN, &raw[..]);
-    while rest.len() >= 5 {
-        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        let v: serde_json::Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
-        if let Some(d) = v["event"].get("data") {
-            for k in ["stdout", "stderr"] {
-                if let Some(s) = d.get(k) {
-                    out.push_str(&String::from_utf8_lossy(
-                        &b64.decode(s.as_str().unwrap()).unwrap(),
-                    ));
-                }
-            }
-        } else if let Some(e) = v["event"].get("end") {
-            code = e.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0);
-        }
-        rest = &rest[5 + len..];
-    }
-    assert_ne!(
-        code,
-        i64::MIN,
-        "no end event: {}",
-        String::from_utf8_lossy(&raw)
-    );
-    (code, out)
 }
 
 async fn start(cfg: &HostConfig, vm: &VmSettings) -> Arc<VmRuntime> {
