@@ -252,6 +252,7 @@ async fn raw_restore(snap: &Snapshot, net: &BenchNet, dir: PathBuf) -> Result<f6
         tap: Some("tap0".into()),
         netns: Some(net.path()),
         run_as: None,
+        backing_link: None,
     };
     let pending = Pending::spawn(snap, &spec)
         .await

@@ -17,12 +17,15 @@ struct Init<'a> {
     timestamp: String,
 }
 
-/// Polls `GET /health` until the agent answers 204, then sends `POST /init`.
+/// Polls `GET /health` until the agent answers 204, then sends `POST /init`, which sets
+/// `access_token`. `current_token` authenticates the request to an agent that already has
+/// one (restored from another sandbox's memory, or resumed).
 pub async fn wait_and_init(
     client: &reqwest::Client,
     agent: SocketAddr,
     env_vars: &BTreeMap<String, String>,
     access_token: Option<&str>,
+    current_token: Option<&str>,
     timeout: Duration,
 ) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
@@ -49,9 +52,11 @@ pub async fn wait_and_init(
         default_user: "user",
         timestamp: chrono::Utc::now().to_rfc3339(),
     };
-    let resp = client
-        .post(format!("http://{agent}/init"))
-        .json(&body)
+    let mut req = client.post(format!("http://{agent}/init")).json(&body);
+    if let Some(token) = current_token {
+        req = req.header("x-access-token", token);
+    }
+    let resp = req
         .send()
         .await
         .map_err(|e| RuntimeError::Failed(format!("init agent: {e}")))?;

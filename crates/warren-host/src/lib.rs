@@ -301,6 +301,7 @@ impl NsRuntime {
             agent,
             &env,
             spec.access_token.as_deref(),
+            None,
             self.cfg.ready_timeout,
         )
         .await

@@ -29,20 +29,30 @@ pub async fn save(upper: &Path, dest: &Path) -> io::Result<u64> {
     remove_dir_if_exists(&staging)?;
     fs::create_dir(&staging)?;
     copy(upper, &staging.join(UPPER)).await?;
-    sync_fs(&staging).await?;
+    install(&staging, dest).await
+}
+
+/// Makes the directory `staging` durable (every file and directory fsynced) and renames it to
+/// `dest`, atomically replacing an earlier `dest`; the parent is synced too. Returns the bytes
+/// `dest` takes. Also used for the vm runtime's checkpoints.
+pub async fn install(staging: &Path, dest: &Path) -> io::Result<u64> {
+    let parent = dest
+        .parent()
+        .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
+    sync_fs(staging).await?;
     if dest.exists() {
         // Swap in one step, then delete the old copy (now at the staging path).
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
-            &staging,
+            staging,
             nix::fcntl::AT_FDCWD,
             dest,
             nix::fcntl::RenameFlags::RENAME_EXCHANGE,
         )
         .map_err(io::Error::from)?;
-        remove_dir_if_exists(&staging)?;
+        remove_dir_if_exists(staging)?;
     } else {
-        fs::rename(&staging, dest)?;
+        fs::rename(staging, dest)?;
     }
     fs::File::open(parent)?.sync_all()?;
     let dest = dest.to_path_buf();
@@ -74,7 +84,8 @@ pub fn remove(saved: &Path) -> io::Result<()> {
     remove_dir_if_exists(&sibling(saved, "partial"))
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
+/// `<path>.<suffix>` next to `path` (staging and trash names).
+pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{suffix}"));
     path.with_file_name(name)

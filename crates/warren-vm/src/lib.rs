@@ -8,10 +8,12 @@
 //! * [`qmp`]: a small async client of QEMU's machine protocol;
 //! * [`qemu`]: the `-M microvm` command line and the process;
 //! * [`snapshot`]: template snapshots (boot once, snapshot with `x-ignore-shared`) and forks
-//!   restored from them (`-incoming defer`, private copy-on-write memory, qcow2 disk overlay).
+//!   restored from them (`-incoming defer`, private copy-on-write memory, qcow2 disk overlay);
+//! * [`checkpoint`]: a running VM's memory, device state and disk in the same format.
 
 pub mod accel;
 mod cachelock;
+pub mod checkpoint;
 mod error;
 pub mod initramfs;
 pub mod kernel;

@@ -76,8 +76,24 @@ impl Snapshot {
     pub fn state(&self) -> PathBuf {
         self.dir.join("state")
     }
+    /// The writable disk as the guest left it: `disk.raw` for a template snapshot,
+    /// `disk.qcow2` (self-contained) for a checkpoint of a running VM.
     pub fn disk(&self) -> PathBuf {
-        self.dir.join("disk.raw")
+        let qcow2 = self.dir.join(crate::checkpoint::DISK);
+        if qcow2.exists() {
+            qcow2
+        } else {
+            self.dir.join("disk.raw")
+        }
+    }
+
+    /// `raw` or `qcow2`, as [`Self::disk`] is.
+    pub fn disk_format(&self) -> &'static str {
+        if self.disk().extension().is_some_and(|e| e == "qcow2") {
+            "qcow2"
+        } else {
+            "raw"
+        }
     }
 
     /// A snapshot previously made in `dir`, if complete.
@@ -93,7 +109,7 @@ impl Snapshot {
 
     /// The command line of a VM restored from this snapshot (or, with `boot`, of the boot
     /// that makes it).
-    fn config(
+    pub(crate) fn config(
         &self,
         rw_disk: PathBuf,
         rw_format: &'static str,
@@ -333,9 +349,14 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
 }
 
 async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {
+    set_capability(qmp, "x-ignore-shared", true).await
+}
+
+/// Sets one migration capability (both ends of a migration must agree on them).
+pub(crate) async fn set_capability(qmp: &Qmp, capability: &str, on: bool) -> Result<()> {
     qmp.execute(
         "migrate-set-capabilities",
-        json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": true } ] }),
+        json!({ "capabilities": [ { "capability": capability, "state": on } ] }),
     )
     .await
     .map(drop)
@@ -382,7 +403,15 @@ pub struct ForkSpec {
     pub tap: Option<String>,
     pub netns: Option<PathBuf>,
     pub run_as: Option<(u32, u32)>,
+    /// Where to hard-link the snapshot's disk (same filesystem) so that the fork's overlay
+    /// refers to a file of its own: deleting the snapshot then never takes the backing file
+    /// away from a running fork, whose disk is read again when it is checkpointed.
+    pub backing_link: Option<PathBuf>,
 }
+
+/// Written into every fork's directory: what it was restored from, so that a later
+/// checkpoint (also by a restarted server) can start QEMU with the same command line.
+pub const SOURCE_META: &str = "source.json";
 
 impl Pending {
     /// Creates the fork's disk overlay and starts its QEMU waiting for an incoming snapshot.
@@ -390,10 +419,21 @@ impl Pending {
         std::fs::create_dir_all(&spec.dir).map_err(Error::io("create", &spec.dir))?;
         let disk = spec.dir.join("disk.qcow2");
         let _ = std::fs::remove_file(&disk);
-        run(Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-            .arg(snapshot.disk())
-            .arg(&disk))?;
+        let backing = match &spec.backing_link {
+            Some(link) => {
+                let _ = std::fs::remove_file(link);
+                if let Some(parent) = link.parent() {
+                    std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+                }
+                std::fs::hard_link(snapshot.disk(), link).map_err(Error::io("link", link))?;
+                link.clone()
+            }
+            None => snapshot.disk(),
+        };
+        create_overlay(&backing, snapshot.disk_format(), &disk)?;
+        let meta = serde_json::to_vec(&snapshot.meta).map_err(|e| Error::Invalid(e.to_string()))?;
+        let source = spec.dir.join(SOURCE_META);
+        std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
         let files = VmFiles::new(&spec.dir);
         let _ = std::fs::remove_file(&files.qmp);
         if let Some((uid, gid)) = spec.run_as {
@@ -406,38 +446,18 @@ impl Pending {
         let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
         cfg.run_as = spec.run_as;
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
-        // Many QEMUs starting at once on a loaded host (TCG) can take seconds to open their
-        // QMP socket: wait generously, but stop at once if this one exited.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let qmp = loop {
-            match Qmp::connect(&files.qmp, Duration::from_secs(2)).await {
-                Ok(q) => break Ok(q),
-                Err(e) => {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        break Err(format!(
-                            "QEMU exited ({status}) before answering on QMP: {e}"
-                        ));
-                    }
-                    if Instant::now() >= deadline {
-                        break Err(e.to_string());
-                    }
-                }
-            }
-        };
-        let qmp = match qmp {
-            Ok(q) => q,
-            Err(e) => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                return Err(files.died(e));
-            }
-        };
+        let qmp = connect_spawned(&mut child, &files).await?;
         Ok(Self {
             child,
             qmp,
             files,
             snapshot: snapshot.clone(),
         })
+    }
+
+    /// The snapshot this fork is restored from.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
     }
 
     /// Loads the snapshot's device state and runs the VM.
@@ -471,5 +491,47 @@ impl Pending {
             return Err(self.files.died(e.to_string()));
         }
         Ok((self.child, self.qmp, self.files))
+    }
+}
+
+/// A qcow2 overlay at `disk` on top of `backing` (`raw` or `qcow2`).
+pub(crate) fn create_overlay(backing: &Path, format: &str, disk: &Path) -> Result<()> {
+    run(Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+        .arg(backing)
+        .arg(disk))?;
+    Ok(())
+}
+
+/// Connects to the QMP socket of a QEMU just started. Many QEMUs starting at once on a loaded
+/// host (TCG) can take seconds to open it: wait generously, but stop at once if this one
+/// exited. On failure QEMU is killed and the error carries its log.
+pub(crate) async fn connect_spawned(
+    child: &mut tokio::process::Child,
+    files: &VmFiles,
+) -> Result<Qmp> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let qmp = loop {
+        match Qmp::connect(&files.qmp, Duration::from_secs(2)).await {
+            Ok(q) => break Ok(q),
+            Err(e) => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    break Err(format!(
+                        "QEMU exited ({status}) before answering on QMP: {e}"
+                    ));
+                }
+                if Instant::now() >= deadline {
+                    break Err(e.to_string());
+                }
+            }
+        }
+    };
+    match qmp {
+        Ok(q) => Ok(q),
+        Err(e) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Err(files.died(e))
+        }
     }
 }

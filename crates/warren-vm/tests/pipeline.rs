@@ -36,6 +36,7 @@ async fn boot_snapshot_and_independent_forks() {
             tap: Some("tap0".into()),
             netns: Some(net.path()),
             run_as: (name == "b").then_some((300_001, 300_001)),
+            backing_link: None,
         };
         let t = std::time::Instant::now();
         let pending = Pending::spawn(&snap, &spec)

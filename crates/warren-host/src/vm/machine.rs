@@ -11,7 +11,7 @@ use warren_runtime::RuntimeError;
 use warren_runtime_ns::cgroup::{Limits, SandboxCgroup};
 use warren_vm::qemu;
 use warren_vm::qmp::Qmp;
-use warren_vm::snapshot::{ForkSpec, Pending, Snapshot, VmFiles};
+use warren_vm::snapshot::{ForkSpec, Pending, Snapshot, SnapshotMeta, VmFiles};
 
 /// A VM's QEMU, started and waiting for its snapshot (warm) or already running.
 pub struct Machine {
@@ -24,6 +24,46 @@ pub struct Machine {
     /// `Some(reason)` once QEMU has exited.
     pub exit: watch::Receiver<Option<String>>,
     pub qmp: Option<Arc<Qmp>>,
+    /// What the VM was restored from (its command line), for checkpoints; `None` if its
+    /// record was lost.
+    pub source: Option<SnapshotMeta>,
+    /// The user its QEMU runs as.
+    pub run_as: Option<(u32, u32)>,
+    pub allow_internet_access: bool,
+}
+
+/// File in a VM's directory holding its agent's access token (root only), which a
+/// checkpoint needs so that the sandboxes started from it can be initialised.
+const TOKEN_FILE: &str = "token";
+
+/// Stores the access token of the VM in `dir` (or of a checkpoint) for [`read_token`].
+pub fn write_token(dir: &Path, token: Option<&str>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(TOKEN_FILE);
+    let _ = std::fs::remove_file(&path);
+    if let Some(token) = token {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?
+            .write_all(token.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The token written by [`write_token`], if any.
+pub fn read_token(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(TOKEN_FILE))
+        .ok()
+        .filter(|t| !t.is_empty())
+}
+
+/// What a VM was restored from, as [`Pending::spawn`] recorded it in its directory.
+pub fn read_source(dir: &Path) -> Option<SnapshotMeta> {
+    let raw = std::fs::read(dir.join(warren_vm::snapshot::SOURCE_META)).ok()?;
+    serde_json::from_slice(&raw).ok()
 }
 
 /// Memory QEMU itself may use on top of the guest's RAM (cgroup limit).
@@ -41,31 +81,23 @@ fn failed(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Failed(e.to_string())
 }
 
-/// Starts a fork's QEMU in `slot` (already laid out for a VM), in its own cgroup, waiting for
-/// the incoming snapshot. The returned pending fork still has to be completed.
+/// Starts a fork's QEMU as `spec` says (in its slot's netns, laid out for a VM), in its own
+/// cgroup `<cgroup_parent>/<name>`, waiting for the incoming snapshot. The returned pending
+/// fork still has to be completed.
 pub async fn spawn(
     snapshot: &Snapshot,
-    qemu_bin: &Path,
+    spec: &ForkSpec,
     name: &str,
-    dir: &Path,
-    slot: &Slot,
     cgroup_parent: &str,
-    run_as: Option<(u32, u32)>,
 ) -> Result<(Pending, SandboxCgroup), RuntimeError> {
+    let dir = &spec.dir;
     let cgroup = SandboxCgroup::create(
         cgroup_parent,
         name,
         limits(snapshot.meta.memory_mb, snapshot.meta.cpus),
     )
     .map_err(|e| failed(format!("cgroup: {e}")))?;
-    let spec = ForkSpec {
-        qemu: qemu_bin.to_path_buf(),
-        dir: dir.to_path_buf(),
-        tap: Some(warren_net::TAP_IFACE.into()),
-        netns: Some(slot.netns_path()),
-        run_as,
-    };
-    let pending = match Pending::spawn(snapshot, &spec).await {
+    let pending = match Pending::spawn(snapshot, spec).await {
         Ok(p) => p,
         Err(e) => {
             let _ = cgroup.remove();
@@ -138,6 +170,16 @@ pub fn watch_pid(
 }
 
 impl Machine {
+    /// Index of its network slot (0 once the slot is released).
+    pub fn slot_index(&self) -> u32 {
+        self.slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.index())
+            .unwrap_or(0)
+    }
+
     pub fn running(&self) -> bool {
         self.exit.borrow().is_none()
     }

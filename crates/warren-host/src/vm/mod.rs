@@ -8,10 +8,12 @@
 //! is kept per template, so a create pays only for the state load and the agent's `/init`.
 
 mod machine;
+mod persist;
+mod reattach;
 mod slotnet;
 mod snapshots;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,13 +22,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
-use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_net::{NetPool, Slot};
 use warren_runtime::{
-    Capabilities, CreateSpec, Exit, RuntimeError, RuntimeSandbox, SandboxRuntime,
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
 };
 use warren_runtime_ns::cgroup::SandboxCgroup;
 use warren_vm::accel::{self, Detection};
-use warren_vm::qmp::Qmp;
 use warren_vm::snapshot::{Pending, Snapshot};
 
 use crate::{agent, valid_id, HostConfig};
@@ -83,6 +85,9 @@ struct Record {
     allow_internet_access: bool,
     /// The VM's directory name under `<run_dir>/vm/vms` (also its cgroup's name).
     name: String,
+    /// Paused: no QEMU runs; its checkpoint is in `<data_dir>/vm-checkpoints/paused/<id>`.
+    #[serde(default)]
+    paused: bool,
 }
 
 /// A QEMU waiting for its snapshot, with its slot, ready to become a sandbox.
@@ -101,6 +106,8 @@ pub struct VmRuntime {
     net: OnceCell<NetPool>,
     snapshots: Mutex<HashMap<String, Arc<OnceCell<Arc<Snapshot>>>>>,
     live: Mutex<HashMap<String, Arc<Machine>>>,
+    /// Paused sandboxes (their checkpoint is on disk, no QEMU runs).
+    paused: Mutex<HashSet<String>>,
     warm: Mutex<HashMap<String, VecDeque<Warm>>>,
     refilling: Mutex<()>,
     /// Set by `stop_warm`: refills still under way discard what they start.
@@ -156,6 +163,7 @@ impl VmRuntime {
             net: OnceCell::new(),
             snapshots: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashSet::new()),
             warm: Mutex::new(HashMap::new()),
             refilling: Mutex::new(()),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -220,11 +228,13 @@ impl VmRuntime {
                     .map(|e| e.file_name().to_string_lossy().into_owned()),
             );
         }
+        names.extend(self.disk_link_names());
         names.sort();
         names.dedup();
         for name in names.into_iter().filter(|n| !keep.contains(n)) {
             tracing::warn!(vm = %name, "removing a VM left by a previous run");
             machine::remove_stale(&self.vms_dir().join(&name), &parent);
+            let _ = std::fs::remove_file(self.disk_link(&name));
         }
     }
 
@@ -320,17 +330,21 @@ impl VmRuntime {
         let name = self.new_name();
         let dir = self.vms_dir().join(&name);
         let run_as = self.run_as(&slot);
-        match machine::spawn(
-            snap,
-            &self.settings.qemu,
-            &name,
-            &dir,
-            &slot,
-            &self.cgroup_parent(),
+        // The fork's disk refers to a hard link of the snapshot's (same filesystem).
+        let backing_link = if snap.dir.starts_with(&self.cfg.run_dir) {
+            dir.join("base.disk")
+        } else {
+            self.disk_link(&name)
+        };
+        let spec = warren_vm::snapshot::ForkSpec {
+            qemu: self.settings.qemu.clone(),
+            dir: dir.clone(),
+            tap: Some(warren_net::TAP_IFACE.into()),
+            netns: Some(slot.netns_path()),
             run_as,
-        )
-        .await
-        {
+            backing_link: Some(backing_link),
+        };
+        match machine::spawn(snap, &spec, &name, &self.cgroup_parent()).await {
             Ok((pending, cgroup)) => Ok(Warm {
                 pending,
                 slot,
@@ -339,6 +353,7 @@ impl VmRuntime {
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_file(self.disk_link(&name));
                 self.release_slot(slot).await;
                 Err(e)
             }
@@ -429,6 +444,7 @@ impl VmRuntime {
         })
         .await;
         let _ = std::fs::remove_dir_all(self.vms_dir().join(&w.name));
+        let _ = std::fs::remove_file(self.disk_link(&w.name));
         self.release_slot(w.slot).await;
     }
 
@@ -446,6 +462,7 @@ impl VmRuntime {
         })
         .await;
         let _ = std::fs::remove_dir_all(&m.dir);
+        let _ = std::fs::remove_file(self.disk_link(&m.name));
     }
 
     /// Teardown after QEMU ended on its own (the sandbox stays listed, as failed).
@@ -524,8 +541,18 @@ impl VmRuntime {
         Ok(())
     }
 
-    async fn fork(&self, spec: &CreateSpec) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+    /// A running VM for `spec`: restored from `checkpoint` when given, else from the
+    /// template's snapshot (a warm QEMU when one waits).
+    async fn fork(
+        &self,
+        spec: &CreateSpec,
+        checkpoint: Option<&Snapshot>,
+    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
         let started = std::time::Instant::now();
+        if let Some(snap) = checkpoint {
+            let warm = self.start_pending(snap, spec.allow_internet_access).await?;
+            return self.complete(spec, warm, started).await;
+        }
         let snap = self.snapshot(&spec.template).await?;
         let warm = match self.take_warm(&spec.template).await {
             Some(mut w) => {
@@ -544,6 +571,16 @@ impl VmRuntime {
             }
         };
         self.spawn_refill(&spec.template);
+        self.complete(spec, warm, started).await
+    }
+
+    /// Loads the state into a waiting QEMU and watches it.
+    async fn complete(
+        &self,
+        spec: &CreateSpec,
+        warm: Warm,
+        started: std::time::Instant,
+    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
         let Warm {
             pending,
             slot,
@@ -554,6 +591,11 @@ impl VmRuntime {
         let pid = pending.child.id().unwrap_or(0);
         let agent = SocketAddr::V4(slot.agent_endpoint());
         let waiting = started.elapsed();
+        let source = pending.snapshot().meta.clone();
+        let run_as = self.run_as(&slot);
+        if let Err(e) = machine::write_token(&dir, spec.access_token.as_deref()) {
+            tracing::warn!(vm = %name, error = %e, "could not record the access token");
+        }
         let (child, qmp, _files) = match pending.complete().await {
             Ok(r) => r,
             Err(e) => {
@@ -565,6 +607,9 @@ impl VmRuntime {
                     slot: std::sync::Mutex::new(Some(slot)),
                     exit: tokio::sync::watch::channel(Some(String::new())).1,
                     qmp: None,
+                    source: None,
+                    run_as,
+                    allow_internet_access: spec.allow_internet_access,
                 };
                 self.teardown(&m).await;
                 return Err(failed(e));
@@ -590,8 +635,59 @@ impl VmRuntime {
             slot: std::sync::Mutex::new(Some(slot)),
             exit,
             qmp: Some(Arc::new(qmp)),
+            source: Some(source),
+            run_as,
+            allow_internet_access: spec.allow_internet_access,
         });
         Ok((m, agent))
+    }
+    /// Restores a VM for `spec` (from `checkpoint`, else its template), registers it and
+    /// initialises its agent (`current_token`: the token that agent still wants, if it was
+    /// restored from another sandbox's memory).
+    async fn launch(
+        &self,
+        spec: CreateSpec,
+        checkpoint: Option<&Snapshot>,
+        current_token: Option<&str>,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let (m, agent) = self.fork(&spec, checkpoint).await?;
+        // Registered before /init so that a QEMU dying now is torn down by its watcher.
+        self.live.lock().await.insert(spec.id.clone(), m.clone());
+        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
+        env.insert("E2B_SANDBOX".into(), "true".into());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        if let Err(e) = agent::wait_and_init(
+            &self.client,
+            agent,
+            &env,
+            spec.access_token.as_deref(),
+            current_token,
+            self.cfg.ready_timeout,
+        )
+        .await
+        {
+            self.live.lock().await.remove(&spec.id);
+            let why = m.exit.borrow().clone();
+            m.kill().await;
+            self.teardown(&m).await;
+            return Err(failed(match why {
+                Some(w) => format!("{e} ({w})"),
+                None => e.to_string(),
+            }));
+        }
+        let record = Record {
+            pid: m.pid,
+            slot: m.slot_index(),
+            allow_internet_access: spec.allow_internet_access,
+            name: m.name.clone(),
+            paused: false,
+        };
+        Ok(RuntimeSandbox {
+            id: spec.id,
+            agent,
+            record: serde_json::to_value(&record).map_err(failed)?,
+        })
     }
 }
 
@@ -602,7 +698,12 @@ impl SandboxRuntime for VmRuntime {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        Capabilities {
+            pause_memory: true,
+            pause_filesystem: false,
+            snapshot: true,
+            snapshot_memory: true,
+        }
     }
 
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
@@ -618,57 +719,23 @@ impl SandboxRuntime for VmRuntime {
                 spec.id
             )));
         }
-        if spec.from_snapshot.is_some() {
-            return Err(RuntimeError::Unsupported(
-                "the vm runtime cannot start from a sandbox snapshot yet".into(),
-            ));
-        }
-        let (m, agent) = self.fork(&spec).await?;
-        // Registered before /init so that a QEMU dying now is torn down by its watcher.
-        self.live.lock().await.insert(spec.id.clone(), m.clone());
-        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
-        env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
-        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
-        if let Err(e) = agent::wait_and_init(
-            &self.client,
-            agent,
-            &env,
-            spec.access_token.as_deref(),
-            self.cfg.ready_timeout,
-        )
-        .await
-        {
-            self.live.lock().await.remove(&spec.id);
-            let why = m.exit.borrow().clone();
-            m.kill().await;
-            self.teardown(&m).await;
-            return Err(failed(match why {
-                Some(w) => format!("{e} ({w})"),
-                None => e.to_string(),
-            }));
-        }
-        let slot_index = m
-            .slot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|s| s.index())
-            .unwrap_or(0);
-        let record = Record {
-            pid: m.pid,
-            slot: slot_index,
-            allow_internet_access: spec.allow_internet_access,
-            name: m.name.clone(),
+        let checkpoint = match &spec.from_snapshot {
+            Some(key) => Some(self.saved_snapshot(key)?),
+            None => None,
         };
-        Ok(RuntimeSandbox {
-            id: spec.id,
-            agent,
-            record: serde_json::to_value(&record).map_err(failed)?,
-        })
+        // A sandbox from a checkpoint wakes up with the agent of the sandbox it was taken
+        // from, which still wants that sandbox's token.
+        let current_token = checkpoint
+            .as_ref()
+            .and_then(|c| machine::read_token(&c.dir));
+        self.launch(spec, checkpoint.as_ref(), current_token.as_deref())
+            .await
     }
-
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.paused.lock().await.remove(id) {
+            self.discard_checkpoint(&self.paused_dir(id));
+            return Ok(());
+        }
         let m = self
             .live
             .lock()
@@ -681,6 +748,9 @@ impl SandboxRuntime for VmRuntime {
     }
 
     async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        if self.paused.lock().await.contains(id) {
+            return Ok(None);
+        }
         let live = self.live.lock().await;
         let m = live
             .get(id)
@@ -693,123 +763,22 @@ impl SandboxRuntime for VmRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
-            .into_iter()
-            .map(|r| {
-                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
-                (r, rec)
-            })
-            .collect();
-        let alive = |rec: &Record| {
-            warren_vm::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name).join("qmp.sock"))
-        };
-        let keep: Vec<String> = parsed
-            .iter()
-            .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
-            .collect();
-        self.remove_stale_vms(&keep);
-        let adopt: Vec<AdoptSlot> = parsed
-            .iter()
-            .filter_map(|(_, rec)| {
-                rec.as_ref().map(|r| AdoptSlot {
-                    index: r.slot,
-                    allow_internet_access: r.allow_internet_access,
-                })
-            })
-            .collect();
-        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
-            Ok((pool, slots)) => {
-                let _ = self.net.set(pool);
-                slots.into_iter()
-            }
-            Err(e) => {
-                let why = format!("network pool did not start: {e}");
-                tracing::error!("{why}");
-                return parsed
-                    .into_iter()
-                    .map(|(r, _)| (r.id, Err(failed(&why))))
-                    .collect();
-            }
-        };
-        let mut out = Vec::new();
-        for (r, rec) in parsed {
-            let Some(rec) = rec else {
-                out.push((r.id, Err(failed("unreadable runtime record"))));
-                continue;
-            };
-            let dir = self.vms_dir().join(&rec.name);
-            let result = match slots.next() {
-                Some(Ok(slot)) => self.adopt(&r, &rec, slot, dir).await,
-                Some(Err(e)) => {
-                    machine::remove_stale(&dir, &self.cgroup_parent());
-                    Err(failed(format!(
-                        "the sandbox's network could not be kept: {e}"
-                    )))
-                }
-                None => Err(failed("no slot result")),
-            };
-            out.push((r.id, result));
-        }
-        out
+        self.reattach_now(records).await
     }
-}
 
-impl VmRuntime {
-    /// Takes back one VM of an earlier run: its QEMU must run and answer on its QMP socket.
-    async fn adopt(
-        &self,
-        r: &RuntimeSandbox,
-        rec: &Record,
-        slot: Slot,
-        dir: PathBuf,
-    ) -> Result<RuntimeSandbox, RuntimeError> {
-        let qmp_path = dir.join("qmp.sock");
-        let qmp = if warren_vm::qemu::is_our_qemu(rec.pid, &qmp_path) {
-            match Qmp::connect(&qmp_path, Duration::from_secs(5)).await {
-                Ok(q) => match q.status().await {
-                    Ok(s) if s == "running" => Ok(q),
-                    Ok(s) => Err(format!("the VM is {s}")),
-                    Err(e) => Err(e.to_string()),
-                },
-                Err(e) => Err(e.to_string()),
-            }
-        } else {
-            Err("the VM's QEMU ended while the server was down".into())
-        };
-        let qmp = match qmp {
-            Ok(q) => q,
-            Err(why) => {
-                machine::remove_stale(&dir, &self.cgroup_parent());
-                self.release_slot(slot).await;
-                return Err(failed(why));
-            }
-        };
-        let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
-        let exit = machine::watch_pid(
-            rec.pid,
-            qmp_path,
-            cgroup.clone(),
-            dir.clone(),
-            self.on_exit(r.id.clone()),
-        );
-        let m = Arc::new(Machine {
-            name: rec.name.clone(),
-            dir,
-            pid: rec.pid,
-            cgroup,
-            slot: std::sync::Mutex::new(Some(slot)),
-            exit,
-            qmp: Some(Arc::new(qmp)),
-        });
-        let agent = {
-            let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
-            s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
-        };
-        self.live.lock().await.insert(r.id.clone(), m);
-        Ok(RuntimeSandbox {
-            id: r.id.clone(),
-            agent: agent.unwrap_or(r.agent),
-            record: r.record.clone(),
-        })
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        self.pause_now(id, mode).await
+    }
+
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        self.resume_now(spec).await
+    }
+
+    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+        self.snapshot_now(id, key).await
+    }
+
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        self.delete_snapshot_now(key)
     }
 }

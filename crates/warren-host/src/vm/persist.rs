@@ -1,0 +1,309 @@
+//! Pause, resume, snapshots and forks of VM sandboxes, all made of one operation: a
+//! **checkpoint** of the running VM (memory, device state and disk; see
+//! [`warren_vm::checkpoint`]), written in the format of a template snapshot so that a
+//! sandbox starts from it exactly as from a template: a new QEMU maps its memory
+//! copy-on-write and its disk is an overlay on the checkpoint's.
+//!
+//! - **Pause**: checkpoint into `<data_dir>/vm-checkpoints/paused/<id>`, then the VM is
+//!   killed and its slot freed: a paused sandbox holds disk, not memory. **Resume** restores
+//!   the checkpoint on this host; its processes continue where they were.
+//! - **Snapshot**: checkpoint into `<data_dir>/vm-checkpoints/snapshots/<key>`; the VM then
+//!   continues. Sandboxes created from it (forks) share its memory file copy-on-write.
+//!
+//! Each checkpoint is durable (every file fsynced, renamed into place, parent synced) before
+//! the call returns. A VM restored from a checkpoint keeps a hard link of the checkpoint's disk
+//! in `<data_dir>/vm-checkpoints/disks/<vm>.disk`, so deleting the snapshot or resuming (which
+//! deletes the paused checkpoint) never takes the base of its disk away.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+use warren_runtime::{
+    CreateSpec, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox, SnapshotInfo,
+};
+use warren_runtime_ns::layer;
+use warren_vm::checkpoint::{self, CaptureSpec};
+use warren_vm::snapshot::Snapshot;
+
+use super::{failed, machine, Machine, Record, VmRuntime};
+
+/// Snapshot keys become directory names.
+fn valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn io_failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+    move |e| {
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            RuntimeError::Exhausted(format!("{what}: the host's disk is full"))
+        } else {
+            RuntimeError::Failed(format!("{what}: {e}"))
+        }
+    }
+}
+
+impl VmRuntime {
+    fn checkpoints_dir(&self) -> PathBuf {
+        self.cfg.data_dir.join("vm-checkpoints")
+    }
+
+    pub(super) fn paused_dir(&self, id: &str) -> PathBuf {
+        self.checkpoints_dir().join("paused").join(id)
+    }
+
+    fn snapshot_dir(&self, key: &str) -> PathBuf {
+        self.checkpoints_dir().join("snapshots").join(key)
+    }
+
+    /// The hard link of its checkpoint's disk that VM `name` keeps while it runs.
+    pub(super) fn disk_link(&self, name: &str) -> PathBuf {
+        self.checkpoints_dir()
+            .join("disks")
+            .join(format!("{name}.disk"))
+    }
+
+    /// Names of the VMs that have a disk link.
+    pub(super) fn disk_link_names(&self) -> Vec<String> {
+        std::fs::read_dir(self.checkpoints_dir().join("disks"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.strip_suffix(".disk").map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The checkpoint of snapshot `key`, for a create from it.
+    pub(super) fn saved_snapshot(&self, key: &str) -> Result<Snapshot, RuntimeError> {
+        valid_key(key)
+            .then(|| Snapshot::open(&self.snapshot_dir(key)))
+            .flatten()
+            .ok_or_else(|| RuntimeError::UnknownTemplate(format!("snapshot {key}")))
+    }
+
+    /// Deletes a checkpoint without making the caller wait: renamed out of the way at once
+    /// (a new checkpoint may be written there right away), deleted in the background. A crash
+    /// before the deletion leaves a `.trash` directory that the next start removes.
+    pub(super) fn discard_checkpoint(&self, dir: &Path) {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let trash = layer::sibling(dir, &format!("{stamp}.trash"));
+        match std::fs::rename(dir, &trash) {
+            Ok(()) => {
+                tokio::task::spawn_blocking(move || {
+                    let _ = std::fs::remove_dir_all(trash);
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove a checkpoint")
+            }
+        }
+    }
+
+    /// After a restart: removes paused checkpoints no paused sandbox owns (a pause the
+    /// previous server never acknowledged, a sandbox that is gone) and unfinished or
+    /// discarded checkpoints.
+    pub(super) async fn remove_unclaimed_checkpoints(&self) {
+        let paused = self.paused.lock().await.clone();
+        for (kind, owned) in [("paused", Some(&paused)), ("snapshots", None)] {
+            let Ok(rd) = std::fs::read_dir(self.checkpoints_dir().join(kind)) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let leftover = name.ends_with(".partial") || name.ends_with(".trash");
+                let unowned = owned.is_some_and(|o| !o.contains(&name));
+                if leftover || unowned {
+                    tracing::info!(checkpoint = %name, kind, "removing a checkpoint nothing owns");
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+
+    /// The running VM of sandbox `id`.
+    async fn running(&self, id: &str) -> Result<Arc<Machine>, RuntimeError> {
+        if self.paused.lock().await.contains(id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {id} is paused"
+            )));
+        }
+        let m = self
+            .live
+            .lock()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        if let Some(reason) = m.exit.borrow().clone() {
+            return Err(failed(format!("sandbox {id} has ended: {reason}")));
+        }
+        Ok(m)
+    }
+
+    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically); durable when it
+    /// returns, with the VM stopped. On failure the VM runs on as before.
+    async fn checkpoint(&self, m: &Machine, dest: &Path) -> Result<u64, RuntimeError> {
+        let qmp = m
+            .qmp
+            .clone()
+            .ok_or_else(|| failed("the VM has no QMP connection"))?;
+        let source = m.source.clone().ok_or_else(|| {
+            failed("what the VM was restored from is not recorded; it cannot be checkpointed")
+        })?;
+        let netns = m
+            .slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.netns_path());
+        let parent = dest.parent().ok_or_else(|| failed("checkpoint path"))?;
+        std::fs::create_dir_all(parent).map_err(io_failed("create the checkpoint directory"))?;
+        let staging = layer::sibling(dest, "partial");
+        let _ = std::fs::remove_dir_all(&staging);
+        let spec = CaptureSpec {
+            qemu: self.settings.qemu.clone(),
+            source,
+            disk: m.dir.join("disk.qcow2"),
+            network: true,
+            netns,
+            run_as: m.run_as,
+            work: self.cfg.run_dir.join("vm/capture").join(&m.name),
+            memory: true,
+        };
+        checkpoint::capture(&qmp, &spec, &staging)
+            .await
+            .map_err(|e| {
+                let _ = std::fs::remove_dir_all(&staging);
+                failed(format!("checkpoint: {e}"))
+            })?;
+        let installed = async {
+            machine::write_token(&staging, machine::read_token(&m.dir).as_deref())?;
+            layer::install(&staging, dest).await
+        }
+        .await;
+        match installed {
+            Ok(bytes) => Ok(bytes),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                let _ = qmp.execute("cont", json!({})).await;
+                Err(io_failed("save the checkpoint")(e))
+            }
+        }
+    }
+
+    pub(super) async fn pause_now(
+        &self,
+        id: &str,
+        mode: PauseMode,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        if mode == PauseMode::Filesystem {
+            return Err(RuntimeError::Unsupported(
+                "the vm runtime pauses with memory only (processes continue on resume)".into(),
+            ));
+        }
+        let m = self.running(id).await?;
+        let agent = {
+            let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
+            s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
+        }
+        .ok_or_else(|| failed("the VM has no network slot"))?;
+        self.checkpoint(&m, &self.paused_dir(id)).await?;
+        // Durable: the VM itself is no longer needed.
+        self.paused.lock().await.insert(id.to_string());
+        self.live.lock().await.remove(id);
+        m.kill().await;
+        self.teardown(&m).await;
+        let record = Record {
+            pid: 0,
+            slot: 0,
+            allow_internet_access: m.allow_internet_access,
+            name: String::new(),
+            paused: true,
+        };
+        Ok(RuntimeSandbox {
+            id: id.to_string(),
+            agent,
+            record: serde_json::to_value(&record).map_err(failed)?,
+        })
+    }
+
+    pub(super) async fn resume_now(
+        &self,
+        spec: CreateSpec,
+    ) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        let id = spec.id.clone();
+        if !self.paused.lock().await.contains(&id) {
+            return Err(if self.live.lock().await.contains_key(&id) {
+                RuntimeError::InvalidArgument(format!("sandbox {id} is not paused"))
+            } else {
+                RuntimeError::NotFound(id)
+            });
+        }
+        let dir = self.paused_dir(&id);
+        let checkpoint = Snapshot::open(&dir)
+            .ok_or_else(|| failed(format!("the checkpoint of paused sandbox {id} is missing")))?;
+        let spec = CreateSpec {
+            from_snapshot: None,
+            ..spec
+        };
+        // The agent wakes up with the token it had at the pause.
+        let token = machine::read_token(&dir);
+        let sandbox = self
+            .launch(spec, Some(&checkpoint), token.as_deref())
+            .await?;
+        self.paused.lock().await.remove(&id);
+        // The new VM keeps what it needs (its memory mapped, a link of the disk).
+        self.discard_checkpoint(&dir);
+        Ok((sandbox, ResumeKind::Memory))
+    }
+
+    pub(super) async fn snapshot_now(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        if !valid_key(key) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid snapshot key {key:?}"
+            )));
+        }
+        let m = self.running(id).await?;
+        let bytes = self.checkpoint(&m, &self.snapshot_dir(key)).await?;
+        let qmp = m
+            .qmp
+            .clone()
+            .ok_or_else(|| failed("the VM has no QMP connection"))?;
+        qmp.execute("cont", json!({})).await.map_err(|e| {
+            failed(format!(
+                "the snapshot was saved but the sandbox did not continue: {e}"
+            ))
+        })?;
+        Ok(SnapshotInfo {
+            memory: true,
+            bytes,
+        })
+    }
+
+    pub(super) fn delete_snapshot_now(&self, key: &str) -> Result<(), RuntimeError> {
+        let dir = self.snapshot_dir(key);
+        if !valid_key(key) || !dir.is_dir() {
+            return Err(RuntimeError::NotFound(format!("snapshot {key}")));
+        }
+        // VMs started from it keep their memory mapping and disk link.
+        self.discard_checkpoint(&dir);
+        Ok(())
+    }
+}
