@@ -289,12 +289,7 @@ pub async fn read_single<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -
     let first = reader.next::<T>().await;
     // Whatever follows the one message (normally nothing but the end of the body) is read
     // and ignored, so the connection stays usable.
-    loop {
-        match reader.next::<serde::de::IgnoredAny>().await {
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => break,
-        }
-    }
+    while let Ok(Some(_)) = reader.next::<serde::de::IgnoredAny>().await {}
     first?.ok_or_else(|| RpcError::invalid_argument("stream request carried no message"))
 }
 

@@ -70,9 +70,15 @@ impl Control {
                     sb.state.as_str()
                 )));
             }
-            self.inner.runtime.snapshot(id, &key).await.map_err(|e| {
-                self.runtime_error(e, &format!("checkpointing sandbox {id} failed"))
-            })?;
+            // Children continue the parent's processes where the runtime can carry them.
+            let memory = caps.snapshot_memory;
+            self.inner
+                .runtime
+                .snapshot(id, &key, memory)
+                .await
+                .map_err(|e| {
+                    self.runtime_error(e, &format!("checkpointing sandbox {id} failed"))
+                })?;
             Plan {
                 template: sb.template.clone(),
                 cpu_count: sb.cpu_count,

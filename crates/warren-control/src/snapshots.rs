@@ -137,7 +137,7 @@ impl Control {
                 )));
             }
         }
-        self.check_snapshot_mode(memory)?;
+        let memory = self.check_snapshot_mode(memory)?;
         let sb = self.locked(sandbox_id).await?;
         if sb.state != SandboxState::Running {
             return Err(ControlError::FailedPrecondition(format!(
@@ -151,7 +151,7 @@ impl Control {
         let info = self
             .inner
             .runtime
-            .snapshot(sandbox_id, &key)
+            .snapshot(sandbox_id, &key, memory)
             .await
             .map_err(|e| {
                 self.runtime_error(e, &format!("snapshotting sandbox {sandbox_id} failed"))
@@ -194,8 +194,9 @@ impl Control {
         Ok(snap)
     }
 
-    /// Refuses a snapshot mode the runtime does not have.
-    fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<(), ControlError> {
+    /// Whether a snapshot keeps memory: what was asked if the runtime has it, else the best it
+    /// has when nothing was asked. Refuses a mode the runtime does not have.
+    fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<bool, ControlError> {
         let caps = self.inner.runtime.capabilities();
         let name = self.inner.runtime.name();
         if !caps.snapshot {
@@ -209,7 +210,13 @@ impl Control {
                  (memory: false, mode=\"filesystem\") works"
             )));
         }
-        Ok(())
+        if memory == Some(false) && !caps.snapshot_filesystem {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {name} runtime cannot take filesystem-only snapshots; a full snapshot \
+                 (mode=\"full\") works"
+            )));
+        }
+        Ok(memory.unwrap_or(caps.snapshot_memory))
     }
 
     pub(crate) async fn forget_runtime_snapshot(&self, key: &str) {

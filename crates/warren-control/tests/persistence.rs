@@ -104,6 +104,7 @@ async fn unsupported_modes_are_clear_400s() {
     let caps = Capabilities {
         pause_filesystem: true,
         snapshot: true,
+        snapshot_filesystem: true,
         ..Capabilities::default()
     };
     let (c, _, _) = start_with(caps, Config::default()).await;
@@ -114,6 +115,21 @@ async fn unsupported_modes_are_clear_400s() {
     }
     match c.create_snapshot(&sb.id, None, Some(true)).await {
         Err(ControlError::InvalidArgument(m)) => assert!(m.contains("mode=\"filesystem\""), "{m}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    // A runtime whose snapshots always keep memory refuses a filesystem-only one.
+    let (full, _, _) = start_with(
+        Capabilities {
+            snapshot: true,
+            snapshot_memory: true,
+            ..Capabilities::default()
+        },
+        Config::default(),
+    )
+    .await;
+    let other = full.create(base()).await.unwrap();
+    match full.create_snapshot(&other.id, None, Some(false)).await {
+        Err(ControlError::InvalidArgument(m)) => assert!(m.contains("mode=\"full\""), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
     // Still running and routed after the refusals.

@@ -85,15 +85,66 @@ pub async fn run_start_command(
     cmd: &crate::templates::StartCommand,
 ) -> Result<(), RuntimeError> {
     let fail = |what: String| RuntimeError::Failed(format!("template start command: {what}"));
-    let Some((program, args)) = cmd.argv.split_first() else {
-        return Err(fail("empty command".into()));
+    let (resp, _) = start(client, agent, access_token, None, &cmd.argv, &cmd.cwd)
+        .await
+        .map_err(fail)?;
+    drop(resp);
+    wait_ready(client, agent, cmd).await
+}
+
+/// Runs `script` with `/bin/sh` as root in the sandbox and waits for its end; returns its
+/// exit code. For the host's own housekeeping inside a sandbox (never tenant input).
+pub async fn run_as_root(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    access_token: Option<&str>,
+    script: &str,
+) -> Result<i64, String> {
+    let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+    let (mut resp, mut buf) = start(client, agent, access_token, Some("root"), &argv, "/").await?;
+    loop {
+        while buf.len() >= 5 {
+            let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if n > MAX_START_REPLY {
+                return Err(format!("reply of {n} bytes is too large"));
+            }
+            if buf.len() < 5 + n {
+                break;
+            }
+            let message: serde_json::Value =
+                serde_json::from_slice(&buf[5..5 + n]).map_err(|e| format!("bad reply: {e}"))?;
+            if let Some(end) = message.pointer("/event/end") {
+                return Ok(end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0));
+            }
+            buf.drain(..5 + n);
+        }
+        match resp.chunk().await.map_err(|e| e.to_string())? {
+            Some(chunk) => buf.extend_from_slice(&chunk),
+            None => return Err("the agent closed the stream before the end".into()),
+        }
+    }
+}
+
+/// Starts `argv` through the agent's `process.Process/Start` (Connect protocol, JSON) as
+/// `user` (the agent's default user when `None`); returns the open stream once the start
+/// event arrived, with what was read after it.
+async fn start(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    access_token: Option<&str>,
+    user: Option<&str>,
+    argv: &[String],
+    cwd: &str,
+) -> Result<(reqwest::Response, Vec<u8>), String> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err("empty command".into());
     };
     let request = serde_json::json!({
-        "process": { "cmd": program, "args": args, "envs": {}, "cwd": cmd.cwd },
+        "process": { "cmd": program, "args": args, "envs": {}, "cwd": cwd },
         "stdin": false,
     });
-    let payload = serde_json::to_vec(&request).map_err(|e| fail(e.to_string()))?;
-    let len = u32::try_from(payload.len()).map_err(|_| fail("request too large".into()))?;
+    let payload = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+    let len = u32::try_from(payload.len()).map_err(|_| "request too large".to_string())?;
     // One Connect envelope: flags byte (0 = data), big-endian length, the JSON message.
     let mut body = Vec::with_capacity(payload.len() + 5);
     body.push(0u8);
@@ -102,42 +153,47 @@ pub async fn run_start_command(
     let mut req = client
         .post(format!("http://{agent}/process.Process/Start"))
         .header("content-type", "application/connect+json")
-        .timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(60))
         .body(body);
     if let Some(token) = access_token {
         req = req.header("x-access-token", token);
     }
-    let mut resp = req.send().await.map_err(|e| fail(e.to_string()))?;
+    if let Some(user) = user {
+        use base64::Engine;
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+        req = req.header("authorization", format!("Basic {basic}"));
+    }
+    let mut resp = req.send().await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        return Err(fail(format!("agent answered HTTP {}", resp.status())));
+        return Err(format!("agent answered HTTP {}", resp.status()));
     }
     // Read until the first whole envelope: the start event, or an end-of-stream error.
     let mut buf: Vec<u8> = Vec::new();
-    let first = loop {
+    let (flags, message) = loop {
         if buf.len() >= 5 {
             let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
             // The stream comes from inside the sandbox: a start event is tiny, never buffer
             // whatever length a misbehaving guest announces.
             if n > MAX_START_REPLY {
-                return Err(fail(format!("start reply of {n} bytes is too large")));
+                return Err(format!("start reply of {n} bytes is too large"));
             }
             if buf.len() >= 5 + n {
-                break (buf[0], buf[5..5 + n].to_vec());
+                let first = (buf[0], buf[5..5 + n].to_vec());
+                buf.drain(..5 + n);
+                break first;
             }
         }
-        match resp.chunk().await.map_err(|e| fail(e.to_string()))? {
+        match resp.chunk().await.map_err(|e| e.to_string())? {
             Some(chunk) => buf.extend_from_slice(&chunk),
-            None => return Err(fail("the agent closed the stream before the start".into())),
+            None => return Err("the agent closed the stream before the start".into()),
         }
     };
-    let (flags, message) = first;
     let message: serde_json::Value =
-        serde_json::from_slice(&message).map_err(|e| fail(format!("bad start reply: {e}")))?;
+        serde_json::from_slice(&message).map_err(|e| format!("bad start reply: {e}"))?;
     if flags & 0x02 != 0 || message.pointer("/event/start/pid").is_none() {
-        return Err(fail(format!("the agent did not start it: {message}")));
+        return Err(format!("the agent did not start it: {message}"));
     }
-    drop(resp);
-    wait_ready(client, agent, cmd).await
+    Ok((resp, buf))
 }
 
 /// Polls `GET http://<sandbox>:<ready_port><ready_path>` until it answers 200.

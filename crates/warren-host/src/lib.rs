@@ -349,6 +349,7 @@ impl SandboxRuntime for NsRuntime {
             pause_filesystem: true,
             snapshot: true,
             snapshot_memory: false,
+            snapshot_filesystem: true,
         }
     }
 
@@ -419,7 +420,17 @@ impl SandboxRuntime for NsRuntime {
         self.resume_now(spec).await
     }
 
-    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        if memory {
+            return Err(RuntimeError::Unsupported(
+                "the ns runtime's snapshots keep files only".into(),
+            ));
+        }
         self.snapshot_now(id, key).await
     }
 

@@ -169,7 +169,10 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
     let (_, sums) = run(sbx.agent, SUMS).await;
 
     // A snapshot of the running sandbox, which keeps running.
-    let info = first.snapshot("pausefs", "snap1").await.expect("snapshot");
+    let info = first
+        .snapshot("pausefs", "snap1", false)
+        .await
+        .expect("snapshot");
     assert!(!info.memory);
     assert!(info.bytes > 5_000_000, "{} bytes", info.bytes);
     let c = counter(sbx.agent).await;

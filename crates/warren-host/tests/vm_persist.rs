@@ -160,12 +160,8 @@ async fn pause_restart_and_resume_keep_files_and_processes() {
         Err(RuntimeError::InvalidArgument(_))
     ));
     assert!(matches!(
-        rt.snapshot("pausevm", "k").await,
+        rt.snapshot("pausevm", "k", true).await,
         Err(RuntimeError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        rt.pause("pausevm", PauseMode::Filesystem).await,
-        Err(RuntimeError::Unsupported(_))
     ));
 
     // The server goes away and comes back.
@@ -210,6 +206,47 @@ async fn pause_restart_and_resume_keep_files_and_processes() {
         run(back.agent, "cat /home/user/round").await,
         (0, "2\n".into())
     );
+
+    // A filesystem pause keeps the files (also those still in the guest's caches), not the
+    // processes; the sandbox boots afresh on them, and can be paused with memory again.
+    run(back.agent, "head -c 300000 /dev/urandom > /home/user/w/late && sha256sum /home/user/w/late > /home/user/late.sum").await;
+    rt.pause("pausevm", PauseMode::Filesystem)
+        .await
+        .unwrap_or_else(|e| panic!("filesystem pause: {e}"));
+    let (back, kind) = rt
+        .resume(spec("pausevm"))
+        .await
+        .unwrap_or_else(|e| panic!("resume after a filesystem pause: {e}"));
+    assert_eq!(kind, ResumeKind::Filesystem);
+    assert_eq!(
+        run(
+            back.agent,
+            "sha256sum -c /home/user/late.sum >/dev/null && rm /home/user/w/late && echo ok"
+        )
+        .await,
+        (0, "ok\n".into())
+    );
+    assert_eq!(run(back.agent, SUMS).await, (0, sums.clone()));
+    assert_eq!(
+        run(
+            back.agent,
+            &format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone")
+        )
+        .await,
+        (0, "gone\n".into())
+    );
+    assert_eq!(
+        run(back.agent, "echo $FROM_CREATE $E2B_SANDBOX_ID").await,
+        (0, "yes pausevm\n".into())
+    );
+    run(back.agent, "echo mem > /home/user/round").await;
+    rt.pause("pausevm", PauseMode::Memory).await.unwrap();
+    let (back, kind) = rt.resume(spec("pausevm")).await.unwrap();
+    assert_eq!(kind, ResumeKind::Memory);
+    assert_eq!(
+        run(back.agent, "cat /home/user/round").await,
+        (0, "mem\n".into())
+    );
     rt.kill("pausevm").await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let checkpoints = cfg.data_dir.join("vm-checkpoints");
@@ -234,7 +271,7 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     let (pid, _) = counter(parent.agent).await;
 
     let info = rt
-        .snapshot("parentvm", "snapone")
+        .snapshot("parentvm", "snapone", true)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(info.memory && info.bytes > 0, "{info:?}");
@@ -277,6 +314,38 @@ async fn snapshot_children_carry_processes_and_are_independent() {
         (0, "1\n".into())
     );
     assert_ne!(run(parent.agent, "cat /home/user/mine").await.0, 0);
+
+    // A filesystem-only snapshot: the parent's processes go on afterwards; a sandbox from it
+    // boots afresh on the files.
+    let info = rt
+        .snapshot("parentvm", "snapfiles", false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!info.memory);
+    let (_, c1) = counter(parent.agent).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        counter(parent.agent).await.1 > c1,
+        "the parent's processes run on"
+    );
+    let mut s = spec("fileschild");
+    s.from_snapshot = Some("snapfiles".into());
+    let fc = rt.create(s).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        run(fc.agent, "cat /home/user/w/later && rm /home/user/w/later").await,
+        (0, "later\n".into())
+    );
+    assert_eq!(run(fc.agent, SUMS).await, (0, sums.clone()));
+    assert_eq!(
+        run(
+            fc.agent,
+            &format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone")
+        )
+        .await,
+        (0, "gone\n".into())
+    );
+    rt.kill("fileschild").await.unwrap();
+    rt.delete_snapshot("snapfiles").await.unwrap();
 
     // Deleting the snapshot leaves its children whole: they can still be paused and resumed.
     rt.delete_snapshot("snapone").await.unwrap();

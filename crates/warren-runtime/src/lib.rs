@@ -62,8 +62,10 @@ pub struct Capabilities {
     pub pause_filesystem: bool,
     /// Snapshots of a running sandbox (it keeps running); new sandboxes start from them.
     pub snapshot: bool,
-    /// Snapshots (and therefore forks) carry memory and running processes, not only files.
+    /// Snapshots (and therefore forks) can carry memory and running processes.
     pub snapshot_memory: bool,
+    /// Snapshots can keep only the filesystem (sandboxes from them start afresh on it).
+    pub snapshot_filesystem: bool,
 }
 
 /// What a pause keeps.
@@ -153,10 +155,16 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         )))
     }
 
-    /// Saves a running sandbox's state under `key` (letters, digits, `-`); the sandbox keeps
-    /// running. Durable when it returns; an existing snapshot with that key is replaced.
-    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
-        let _ = (id, key);
+    /// Saves a running sandbox's state under `key` (letters, digits, `-`): with `memory` its
+    /// memory and processes too, else its filesystem only. The sandbox keeps running. Durable
+    /// when it returns; an existing snapshot with that key is replaced.
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        let _ = (id, key, memory);
         Err(RuntimeError::Unsupported(format!(
             "the {} runtime cannot take snapshots",
             self.name()

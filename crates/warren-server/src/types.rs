@@ -160,7 +160,7 @@ impl RuntimeInfo {
             pause_modes: modes(caps.pause_memory, caps.pause_filesystem),
             snapshot_modes: modes(
                 caps.snapshot && caps.snapshot_memory,
-                caps.snapshot && !caps.snapshot_memory,
+                caps.snapshot && caps.snapshot_filesystem,
             ),
         }
     }

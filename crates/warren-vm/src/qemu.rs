@@ -177,8 +177,8 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         .stderr(err)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, setgroups, setgid,
-    // setuid) on descriptors and buffers that stay valid in the parent until spawn returns.
+    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range,
+    // setgroups, setgid, setuid) on descriptors and buffers that stay valid in the parent until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -201,6 +201,23 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
                 }
                 libc::close(tun);
             }
+            // Descriptors the manager inherited without close-on-exec (a lock held by
+            // whoever started it, ...) must not live on in a QEMU that outlives it: mark
+            // all but stdio and the tap close-on-exec.
+            let flags = libc::CLOSE_RANGE_CLOEXEC as libc::c_long;
+            let last = libc::c_long::from(u32::MAX);
+            libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_long,
+                TAP_FD as libc::c_long - 1,
+                flags,
+            );
+            libc::syscall(
+                libc::SYS_close_range,
+                TAP_FD as libc::c_long + 1,
+                last,
+                flags,
+            );
             if let Some((uid, gid)) = run_as {
                 if libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setgid(gid) != 0

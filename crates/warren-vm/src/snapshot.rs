@@ -23,6 +23,9 @@ use crate::error::{run, Error, Result};
 use crate::qemu::{self, VmConfig};
 use crate::qmp::Qmp;
 
+/// How long a VM booting from a disk-only checkpoint may take until its agent listens.
+const COLD_BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// The console line the agent prints once it listens.
 const AGENT_READY: &str = "agent listening";
 
@@ -96,7 +99,8 @@ impl Snapshot {
         }
     }
 
-    /// A snapshot previously made in `dir`, if complete.
+    /// A snapshot or checkpoint previously made in `dir` (they are renamed into place
+    /// complete).
     pub fn open(dir: &Path) -> Option<Self> {
         let meta = std::fs::read(dir.join("meta.json")).ok()?;
         let meta: SnapshotMeta = serde_json::from_slice(&meta).ok()?;
@@ -104,7 +108,13 @@ impl Snapshot {
             dir: dir.to_path_buf(),
             meta,
         };
-        (s.mem().exists() && s.state().exists() && s.disk().exists()).then_some(s)
+        s.disk().exists().then_some(s)
+    }
+
+    /// Whether it holds memory and device state (a template snapshot or a full checkpoint);
+    /// else only a disk, and a VM starts from it by booting.
+    pub fn has_memory(&self) -> bool {
+        self.mem().exists() && self.state().exists()
     }
 
     /// The command line of a VM restored from this snapshot (or, with `boot`, of the boot
@@ -445,6 +455,16 @@ impl Pending {
         }
         let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
         cfg.run_as = spec.run_as;
+        if !snapshot.has_memory() {
+            // A disk-only checkpoint: the VM boots on it, with RAM of its own (a private
+            // mapping of an empty file: anonymous memory).
+            let mem = spec.dir.join("mem");
+            let f = std::fs::File::create(&mem).map_err(Error::io("create", &mem))?;
+            f.set_len(u64::from(snapshot.meta.memory_mb) << 20)
+                .map_err(Error::io("size", &mem))?;
+            cfg.mem_file = mem;
+            cfg.incoming = false;
+        }
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
         let qmp = connect_spawned(&mut child, &files).await?;
         Ok(Self {
@@ -460,8 +480,17 @@ impl Pending {
         &self.snapshot
     }
 
-    /// Loads the snapshot's device state and runs the VM.
+    /// Loads the snapshot's device state and runs the VM (or, from a disk-only checkpoint,
+    /// waits until the booting guest's agent listens).
     pub async fn complete(mut self) -> Result<(tokio::process::Child, Qmp, VmFiles)> {
+        if !self.snapshot.has_memory() {
+            if let Err(e) = wait_console(&self.files, &mut self.child, COLD_BOOT_TIMEOUT).await {
+                let _ = self.child.start_kill();
+                let _ = self.child.wait().await;
+                return Err(e);
+            }
+            return Ok((self.child, self.qmp, self.files));
+        }
         let result = async {
             set_ignore_shared(&self.qmp).await?;
             self.qmp

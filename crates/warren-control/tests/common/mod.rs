@@ -110,13 +110,18 @@ impl SandboxRuntime for FakeRuntime {
         };
         Ok((rt, kind))
     }
-    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
         if !self.alive.lock().unwrap().contains_key(id) {
             return Err(RuntimeError::NotFound(id.into()));
         }
         self.snapshots.lock().unwrap().insert(key.into(), id.into());
         Ok(SnapshotInfo {
-            memory: self.capabilities().snapshot_memory,
+            memory,
             bytes: 4096,
         })
     }
@@ -272,6 +277,7 @@ pub fn full_caps() -> Capabilities {
         pause_filesystem: true,
         snapshot: true,
         snapshot_memory: true,
+        snapshot_filesystem: true,
     }
 }
 
@@ -282,6 +288,7 @@ pub fn ns_caps() -> Capabilities {
         pause_filesystem: true,
         snapshot: true,
         snapshot_memory: false,
+        snapshot_filesystem: true,
     }
 }
 

@@ -180,6 +180,13 @@ impl Machine {
             .unwrap_or(0)
     }
 
+    /// Where the host reaches its agent (none once the slot is released).
+    pub fn agent(&self) -> Option<std::net::SocketAddr> {
+        let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref()
+            .map(|s| std::net::SocketAddr::V4(s.agent_endpoint()))
+    }
+
     pub fn running(&self) -> bool {
         self.exit.borrow().is_none()
     }

@@ -700,9 +700,10 @@ impl SandboxRuntime for VmRuntime {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             pause_memory: true,
-            pause_filesystem: false,
+            pause_filesystem: true,
             snapshot: true,
             snapshot_memory: true,
+            snapshot_filesystem: true,
         }
     }
 
@@ -774,8 +775,13 @@ impl SandboxRuntime for VmRuntime {
         self.resume_now(spec).await
     }
 
-    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
-        self.snapshot_now(id, key).await
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        self.snapshot_now(id, key, memory).await
     }
 
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {

@@ -48,7 +48,33 @@ fn io_failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
     }
 }
 
+/// Run in the guest before a disk-only checkpoint: every process but init (PID 1), the agent
+/// (this shell's parent) and the shell itself stops, twice over to catch children forked
+/// meanwhile, so nothing writes after the guest's caches are flushed to its disk.
+const QUIESCE: &str = "for round in 1 2; do for d in /proc/[0-9]*; do p=${d#/proc/}; \
+    case $p in 1|$PPID|$$) ;; *) kill -STOP $p 2>/dev/null ;; esac; done; done; sync";
+/// Undoes [`QUIESCE`] when the checkpoint failed and the sandbox runs on.
+const UNQUIESCE: &str = "for d in /proc/[0-9]*; do p=${d#/proc/}; \
+    case $p in 1|$PPID|$$) ;; *) kill -CONT $p 2>/dev/null ;; esac; done; true";
+
 impl VmRuntime {
+    /// Runs `script` as root in the guest of `m` (see [`QUIESCE`]).
+    async fn quiesce(
+        &self,
+        m: &Machine,
+        agent: SocketAddr,
+        script: &str,
+    ) -> Result<(), RuntimeError> {
+        let token = machine::read_token(&m.dir);
+        match crate::agent::run_as_root(&self.client, agent, token.as_deref(), script).await {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(failed(format!(
+                "`{script}` in the guest exited with {code}"
+            ))),
+            Err(e) => Err(failed(format!("`{script}` in the guest: {e}"))),
+        }
+    }
+
     fn checkpoints_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("vm-checkpoints")
     }
@@ -153,9 +179,15 @@ impl VmRuntime {
         Ok(m)
     }
 
-    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically); durable when it
-    /// returns, with the VM stopped. On failure the VM runs on as before.
-    async fn checkpoint(&self, m: &Machine, dest: &Path) -> Result<u64, RuntimeError> {
+    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically): memory and disk,
+    /// or with `memory: false` the disk only. Durable when it returns, with the VM stopped.
+    /// On failure the VM runs on as before.
+    async fn checkpoint(
+        &self,
+        m: &Machine,
+        dest: &Path,
+        memory: bool,
+    ) -> Result<u64, RuntimeError> {
         let qmp = m
             .qmp
             .clone()
@@ -181,7 +213,7 @@ impl VmRuntime {
             netns,
             run_as: m.run_as,
             work: self.cfg.run_dir.join("vm/capture").join(&m.name),
-            memory: true,
+            memory,
         };
         checkpoint::capture(&qmp, &spec, &staging)
             .await
@@ -209,18 +241,20 @@ impl VmRuntime {
         id: &str,
         mode: PauseMode,
     ) -> Result<RuntimeSandbox, RuntimeError> {
-        if mode == PauseMode::Filesystem {
-            return Err(RuntimeError::Unsupported(
-                "the vm runtime pauses with memory only (processes continue on resume)".into(),
-            ));
-        }
         let m = self.running(id).await?;
-        let agent = {
-            let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
-            s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
+        let agent = m
+            .agent()
+            .ok_or_else(|| failed("the VM has no network slot"))?;
+        let memory = mode == PauseMode::Memory;
+        if !memory {
+            self.quiesce(&m, agent, QUIESCE).await?;
         }
-        .ok_or_else(|| failed("the VM has no network slot"))?;
-        self.checkpoint(&m, &self.paused_dir(id)).await?;
+        if let Err(e) = self.checkpoint(&m, &self.paused_dir(id), memory).await {
+            if !memory {
+                let _ = self.quiesce(&m, agent, UNQUIESCE).await;
+            }
+            return Err(e);
+        }
         // Durable: the VM itself is no longer needed.
         self.paused.lock().await.insert(id.to_string());
         self.live.lock().await.remove(id);
@@ -259,21 +293,27 @@ impl VmRuntime {
             from_snapshot: None,
             ..spec
         };
-        // The agent wakes up with the token it had at the pause.
-        let token = machine::read_token(&dir);
+        // From a memory checkpoint the agent wakes up with the token it had at the pause;
+        // from a disk-only one a fresh agent boots.
+        let (token, kind) = if checkpoint.has_memory() {
+            (machine::read_token(&dir), ResumeKind::Memory)
+        } else {
+            (None, ResumeKind::Filesystem)
+        };
         let sandbox = self
             .launch(spec, Some(&checkpoint), token.as_deref())
             .await?;
         self.paused.lock().await.remove(&id);
         // The new VM keeps what it needs (its memory mapped, a link of the disk).
         self.discard_checkpoint(&dir);
-        Ok((sandbox, ResumeKind::Memory))
+        Ok((sandbox, kind))
     }
 
     pub(super) async fn snapshot_now(
         &self,
         id: &str,
         key: &str,
+        memory: bool,
     ) -> Result<SnapshotInfo, RuntimeError> {
         if !valid_key(key) {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -281,19 +321,30 @@ impl VmRuntime {
             )));
         }
         let m = self.running(id).await?;
-        let bytes = self.checkpoint(&m, &self.snapshot_dir(key)).await?;
+        let agent = m
+            .agent()
+            .ok_or_else(|| failed("the VM has no network slot"))?;
+        if !memory {
+            self.quiesce(&m, agent, QUIESCE).await?;
+        }
+        let saved = self.checkpoint(&m, &self.snapshot_dir(key), memory).await;
         let qmp = m
             .qmp
             .clone()
             .ok_or_else(|| failed("the VM has no QMP connection"))?;
-        qmp.execute("cont", json!({})).await.map_err(|e| {
-            failed(format!(
-                "the snapshot was saved but the sandbox did not continue: {e}"
-            ))
-        })?;
+        if saved.is_ok() {
+            qmp.execute("cont", json!({})).await.map_err(|e| {
+                failed(format!(
+                    "the snapshot was saved but the sandbox did not continue: {e}"
+                ))
+            })?;
+        }
+        if !memory {
+            self.quiesce(&m, agent, UNQUIESCE).await?;
+        }
         Ok(SnapshotInfo {
-            memory: true,
-            bytes,
+            memory,
+            bytes: saved?,
         })
     }
 

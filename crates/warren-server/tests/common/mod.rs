@@ -106,6 +106,7 @@ impl AgentRuntime {
             pause_filesystem: false,
             snapshot: true,
             snapshot_memory: false,
+            snapshot_filesystem: true,
         };
         rt
     }
@@ -194,7 +195,15 @@ impl SandboxRuntime for AgentRuntime {
         };
         Ok((rt, ResumeKind::Memory))
     }
-    async fn snapshot(&self, id: &str, key: &str) -> Result<SnapshotInfo, RuntimeError> {
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        if memory {
+            return Err(RuntimeError::Unsupported("files only".into()));
+        }
         if !self.children.lock().unwrap().contains_key(id) {
             return Err(RuntimeError::NotFound(id.into()));
         }
