@@ -374,3 +374,16 @@ def test_init_sets_sandbox_env_vars(agent: Agent, sbx: Sandbox):
     assert sbx.commands.run(f'echo "${name}"').stdout == "from-init\n"
     # Per-command envs still win over sandbox-wide ones.
     assert sbx.commands.run(f'echo "${name}"', envs={name: "cmd"}).stdout == "cmd\n"
+
+
+def test_init_random_seed(agent: Agent):
+    """The host's random seed is accepted (mixed into the kernel's pool where the agent may);
+    anything but hex is a 400 that changes nothing."""
+    url = f"{agent.url}/init"
+    headers = {"Content-Type": "application/json"}
+    ok = requests.post(url, data=json.dumps({"randomSeed": "00ff" * 16}), headers=headers, timeout=10)
+    assert ok.status_code == 204, ok.text
+    for bad in ("xyz", "abc", "zz" * 4):
+        r = requests.post(url, data=json.dumps({"randomSeed": bad}), headers=headers, timeout=10)
+        assert r.status_code == 400, (bad, r.text)
+        assert "randomSeed" in r.json()["message"]

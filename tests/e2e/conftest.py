@@ -104,14 +104,3 @@ def api(server):
     s.headers["X-API-KEY"] = API_KEY
     s.base = server.url  # type: ignore[attr-defined]
     return s
-
-
-def pytest_collection_modifyitems(config, items):
-    """The vm runtime has no pause, resume or sandbox snapshots yet (docs/runtime-vm.md): under
-    WARREN_E2E_RUNTIME=vm those tests are reported as skipped, with that reason."""
-    if os.environ.get("WARREN_E2E_RUNTIME") != "vm":
-        return
-    skip = pytest.mark.skip(reason="the vm runtime has no pause/resume/snapshot yet")
-    for item in items:
-        if item.fspath.basename == "test_persistence.py":
-            item.add_marker(skip)

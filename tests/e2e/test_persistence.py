@@ -1,6 +1,6 @@
 """Pause, resume, snapshots and fork through the unmodified E2B SDK against `warren serve`
-with the real namespace runtime. Nothing a sandbox wrote before an acknowledged pause may be
-lost, across server restarts and any number of resumes."""
+with a real runtime (`ns`, or `vm` with WARREN_E2E_RUNTIME=vm). Nothing a sandbox wrote
+before an acknowledged pause may be lost, across server restarts and any number of resumes."""
 
 from __future__ import annotations
 
@@ -78,6 +78,17 @@ def _counter(sbx) -> tuple[int, int]:
             return int(out[0]), int(out[1])
         time.sleep(0.05)
     raise AssertionError("counter never reported")
+
+
+def _runtime(server, sandbox_id: str) -> dict:
+    """The sandbox's runtime as the API reports it: name and the modes it has."""
+    return _api(server, "GET", f"/sandboxes/{sandbox_id}").json()["runtime"]
+
+
+def _saved_dirs(server, runtime: str) -> tuple[str, str]:
+    """Where the runtime keeps paused sandboxes and snapshots on the host."""
+    base = server.data_dir if runtime == "ns" else os.path.join(server.data_dir, "vm-checkpoints")
+    return os.path.join(base, "paused"), os.path.join(base, "snapshots")
 
 
 def _wait_state(server, sandbox_id: str, state: str, limit: float = 120) -> dict:
@@ -223,11 +234,25 @@ def test_snapshots_create_list_delete_and_create_from(server):
         with pytest.raises(SandboxException):
             Sandbox.create(unnamed.snapshot_id)
 
-        # This runtime's snapshots keep files only, and says so.
-        info = _api(server, "GET", f"/sandboxes/{sbx.sandbox_id}").json()
-        assert info["runtime"]["snapshotModes"] == ["filesystem"]
-        with pytest.raises(SandboxException, match="filesystem"):
-            sbx.create_snapshot(mode="full")
+        # The runtime says which snapshots it takes: ns keeps files only, vm memory too.
+        runtime = _runtime(server, sbx.sandbox_id)
+        if runtime["name"] == "ns":
+            assert runtime["snapshotModes"] == ["filesystem"]
+            with pytest.raises(SandboxException, match="filesystem"):
+                sbx.create_snapshot(mode="full")
+        else:
+            assert runtime["snapshotModes"] == ["full", "filesystem"]
+            sbx.commands.run(COUNTER, background=True)
+            pid, _ = _counter(sbx)
+            full = sbx.create_snapshot(mode="full")
+            from_full = Sandbox.create(full.snapshot_id)
+            children.append(from_full)
+            assert _counter(from_full)[0] == pid, "a full snapshot carries running processes"
+            from_files = Sandbox.create(sbx.create_snapshot(mode="filesystem").snapshot_id)
+            children.append(from_files)
+            r = from_files.commands.run(f"kill -0 {pid} 2>/dev/null && echo alive || echo gone")
+            assert r.stdout.strip() == "gone", "a filesystem snapshot carries files only"
+            Sandbox.delete_snapshot(full.snapshot_id)
         assert sbx.create_snapshot(mode="filesystem").snapshot_id
         assert Sandbox.delete_snapshot(snap2.snapshot_id) is True
     finally:
@@ -307,8 +332,9 @@ def test_bad_input(server):
             Sandbox.fork("nosuchsandbox")
         r = _api(server, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"name": "bad:name"})
         assert r.status_code == 400 and r.json()["code"] == 400
-        r = _api(server, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"memory": True})
-        assert r.status_code == 400 and 'mode="filesystem"' in r.json()["message"]
+        if _runtime(server, sbx.sandbox_id)["name"] == "ns":
+            r = _api(server, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"memory": True})
+            assert r.status_code == 400 and 'mode="filesystem"' in r.json()["message"]
         # Snapshot ids are path-encoded by the SDK (`/` as %2F).
         r = _api(server, "DELETE", "/templates/team%2Fnothing%3Adefault")
         assert r.status_code == 404 and r.json()["code"] == 404
@@ -322,9 +348,8 @@ def test_bad_input(server):
 def test_saved_state_is_freed(server):
     """Killing a paused sandbox, deleting a snapshot and finishing a fork leave nothing of
     theirs on the host's disk."""
-    paused_dir = os.path.join(server.data_dir, "paused")
-    snapshots_dir = os.path.join(server.data_dir, "snapshots")
     sbx = Sandbox.create()
+    paused_dir, snapshots_dir = _saved_dirs(server, _runtime(server, sbx.sandbox_id)["name"])
     forks = []
     try:
         sbx.commands.run("head -c 1000000 /dev/urandom > /home/user/blob")

@@ -15,6 +15,9 @@ struct Init<'a> {
     access_token: Option<&'a str>,
     default_user: &'a str,
     timestamp: String,
+    /// Fresh random bytes (hex) for the guest kernel's random pool: sandboxes restored from
+    /// one snapshot would otherwise start with the same random state.
+    random_seed: String,
 }
 
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init`, which sets
@@ -51,6 +54,7 @@ pub async fn wait_and_init(
         access_token,
         default_user: "user",
         timestamp: chrono::Utc::now().to_rfc3339(),
+        random_seed: random_seed()?,
     };
     let mut req = client.post(format!("http://{agent}/init")).json(&body);
     if let Some(token) = current_token {
@@ -67,6 +71,16 @@ pub async fn wait_and_init(
         )));
     }
     Ok(())
+}
+
+/// 32 bytes from the host's kernel, as hex.
+fn random_seed() -> Result<String, RuntimeError> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| RuntimeError::Failed(format!("read /dev/urandom: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Largest first message of a Start stream we accept (the start event is a few dozen bytes).

@@ -314,6 +314,14 @@ async fn snapshot_children_carry_processes_and_are_independent() {
         (0, "1\n".into())
     );
     assert_ne!(run(parent.agent, "cat /home/user/mine").await.0, 0);
+    // Restored from one snapshot, yet their kernels' random streams differ (reseeded by /init).
+    let rand = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'";
+    let (r0, r1) = (
+        run(children[0].agent, rand).await,
+        run(children[1].agent, rand).await,
+    );
+    assert_eq!(r0.1.len(), 64, "{r0:?}");
+    assert_ne!(r0, r1, "children of one snapshot share their random state");
 
     // A filesystem-only snapshot: the parent's processes go on afterwards; a sandbox from it
     // boots afresh on the files.

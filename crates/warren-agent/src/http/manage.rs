@@ -31,6 +31,9 @@ pub struct InitRequest {
     pub timestamp: Option<String>,
     pub default_user: Option<String>,
     pub default_workdir: Option<String>,
+    /// Random bytes (hex) from the host, mixed into the kernel's random pool, which is then
+    /// reseeded: sandboxes restored from one snapshot must not share their random state.
+    pub random_seed: Option<String>,
 }
 
 /// `POST /init`: per-sandbox settings from the control plane. 204 with `X-Envd-Version`.
@@ -51,6 +54,18 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
                 StatusCode::BAD_REQUEST,
                 format!("invalid default user '{user}'"),
             );
+        }
+    }
+    if let Some(seed) = req.random_seed.as_deref() {
+        match decode_hex(seed) {
+            Some(bytes) => {
+                if let Err(e) = crate::sys::reseed_random(&bytes) {
+                    // Expected where the agent lacks CAP_SYS_ADMIN (a namespace sandbox,
+                    // whose kernel is the host's anyway).
+                    tracing::debug!(error = %e, "could not reseed the kernel's random pool");
+                }
+            }
+            None => return http_error(StatusCode::BAD_REQUEST, "randomSeed must be hex"),
         }
     }
     if let (true, Some(ts)) = (state.sync_clock, req.timestamp.as_deref()) {
@@ -87,6 +102,16 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         HeaderValue::from_static(crate::ENVD_VERSION),
     );
     resp
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.len() > 512 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// `GET /envs`: the sandbox-wide environment variables.

@@ -56,14 +56,18 @@ pub struct VmSettings {
 }
 
 impl VmSettings {
-    /// Defaults: `warren-vminit` next to the agent binary, 512 MiB, 1 vCPU, 2 GiB disk, a warm
-    /// pool of 2 (`WARREN_VM_WARM_POOL` overrides).
+    /// Defaults: `warren-vminit` next to the agent binary, 512 MiB (`WARREN_VM_MEMORY_MB`
+    /// overrides), 1 vCPU, 2 GiB disk, a warm pool of 2 (`WARREN_VM_WARM_POOL` overrides).
     pub fn new(host: &HostConfig) -> Self {
         Self {
             qemu: PathBuf::from("qemu-system-x86_64"),
             vminit_bin: host.agent_bin.with_file_name("warren-vminit"),
             agent_bin: host.agent_bin.clone(),
-            memory_mb: 512,
+            memory_mb: std::env::var("WARREN_VM_MEMORY_MB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|mb| (128..=65536).contains(mb))
+                .unwrap_or(512),
             cpus: 1,
             disk_mb: 2048,
             warm_pool: std::env::var("WARREN_VM_WARM_POOL")
