@@ -105,7 +105,7 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 512 {
+    if !s.len().is_multiple_of(2) || s.len() > 512 {
         return None;
     }
     (0..s.len())
