@@ -16,7 +16,8 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 
 log "Rust tests"
-# The VM tests (warren-vm, warren-host tests/vm.rs) must not skip here: QEMU was just installed.
+# The VM tests (warren-vm, warren-host tests/vm.rs, vm_persist.rs) must not skip here: QEMU was
+# just installed.
 WARREN_VM_TESTS=require cargo test --release --locked --workspace
 
 log "Python environment for the SDK suites"
@@ -72,5 +73,7 @@ cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smo
 cargo run --release --locked -q -p warren-host --example vm_bench -- --smoke
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
+WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
+  --runtime vm --scenario pause --scenario fork --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 
 log "all tests passed"

@@ -37,6 +37,9 @@ const HELPER_TAP: &str = "wcap0";
 /// How long a local migration of a stopped VM may take (RAM-sized copies on a busy host).
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Bytes per second: as fast as memory and the socket go.
+const UNLIMITED_BANDWIDTH: u64 = 1 << 40;
+
 /// What [`capture`] needs to know about the running VM.
 #[derive(Debug, Clone)]
 pub struct CaptureSpec {
@@ -53,13 +56,30 @@ pub struct CaptureSpec {
     /// A scratch directory for the helper's sockets and logs (short path: socket names are
     /// limited to 108 bytes); removed afterwards.
     pub work: PathBuf,
-    /// Capture memory and device state (`false`: the disk only).
-    pub memory: bool,
+    /// What becomes of the VM's memory.
+    pub memory: Memory,
 }
 
+/// The forms a checkpoint's memory takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Not captured: the disk only (a VM starts from it by booting).
+    None,
+    /// `mem` + `state`, through the helper: VMs restored from it map `mem` copy-on-write and
+    /// share its pages (snapshots and forks).
+    Shared,
+    /// `ram`: the VM writes its own memory and device state in QEMU's `mapped-ram` format
+    /// (pages at fixed offsets, zero pages left as holes). Restoring reads back only the pages
+    /// in use into the new VM's own memory. Cheapest to write: for pauses.
+    Saved,
+}
+
+/// File name of a [`Memory::Saved`] checkpoint's memory and device state.
+pub const SAVED_RAM: &str = "ram";
+
 /// Stops the VM behind `vm` and writes its checkpoint into `staging` (created; must not
-/// exist): `disk.qcow2`, `meta.json`, and with `memory` also `mem` and `state`. On success the
-/// VM stays stopped; on failure it is continued if it was running.
+/// exist): `disk.qcow2`, `meta.json`, and its memory as `spec.memory` says. On success the VM
+/// stays stopped; on failure it is continued if it was running.
 pub async fn capture(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let was_running = vm.status().await? == "running";
     vm.execute("stop", json!({})).await?;
@@ -76,6 +96,7 @@ pub async fn capture(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()>
 }
 
 async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
+    let started = Instant::now();
     std::fs::create_dir_all(staging).map_err(Error::io("create", staging))?;
     let disk = staging.join(DISK);
     let out = tokio::process::Command::new("qemu-img")
@@ -96,11 +117,20 @@ async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
         serde_json::to_vec_pretty(&spec.source).map_err(|e| Error::Invalid(e.to_string()))?;
     let meta_path = staging.join("meta.json");
     std::fs::write(&meta_path, meta).map_err(Error::io("write", &meta_path))?;
-    if spec.memory {
-        memory(vm, spec, staging).await?;
+    let disk_ms = started.elapsed().as_millis() as u64;
+    match spec.memory {
+        Memory::None => {}
+        Memory::Shared => shared_memory(vm, spec, staging).await?,
+        Memory::Saved => saved_memory(vm, spec, staging).await?,
     }
+    tracing::debug!(
+        disk_ms,
+        total_ms = started.elapsed().as_millis() as u64,
+        memory = ?spec.memory,
+        "checkpoint captured"
+    );
     // Forks of the checkpoint run as other users: they read these files, nobody writes them.
-    for name in ["mem", "state", DISK, "meta.json"] {
+    for name in ["mem", "state", SAVED_RAM, DISK, "meta.json"] {
         let p = staging.join(name);
         if p.exists() {
             std::os::unix::fs::lchown(&p, Some(0), Some(0)).map_err(Error::io("chown", &p))?;
@@ -111,22 +141,49 @@ async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Steps 2 and 3: the helper QEMU receives the stopped VM and writes `mem` and `state`.
-async fn memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
+/// Creates `path` empty for QEMU running as `run_as` to write (the directory stays root's, so
+/// nothing else can appear there).
+fn writable_by(path: &Path, len: u64, run_as: Option<(u32, u32)>) -> Result<()> {
+    let f = std::fs::File::create(path).map_err(Error::io("create", path))?;
+    f.set_len(len).map_err(Error::io("size", path))?;
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(Error::io("chown", path))?;
+    }
+    Ok(())
+}
+
+/// [`Memory::Saved`]: the stopped VM migrates to a `mapped-ram` file itself.
+async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
+    let ram = staging.join(SAVED_RAM);
+    writable_by(&ram, 0, spec.run_as)?;
+    set_capability(vm, "x-ignore-shared", false).await?;
+    set_capability(vm, "mapped-ram", true).await?;
+    vm.execute(
+        "migrate-set-parameters",
+        json!({ "max-bandwidth": UNLIMITED_BANDWIDTH }),
+    )
+    .await?;
+    vm.execute(
+        "migrate",
+        json!({ "uri": format!("file:{}", ram.display()) }),
+    )
+    .await?;
+    vm.wait_migration(MIGRATION_TIMEOUT).await
+}
+
+/// Steps 2 and 3 of [`Memory::Shared`]: the helper QEMU receives the stopped VM and writes
+/// `mem` and `state`.
+async fn shared_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(&spec.work);
     std::fs::create_dir_all(&spec.work).map_err(Error::io("create", &spec.work))?;
     let overlay = spec.work.join("disk.qcow2");
     create_overlay(&staging.join(DISK), "qcow2", &overlay)?;
-    // The helper may write only its two output files and its scratch directory: `staging`
-    // itself stays root's, so nothing else can appear there.
+    // The helper may write only its two output files and its scratch directory.
     let (mem, state) = (staging.join("mem"), staging.join("state"));
-    let ram = u64::from(spec.source.memory_mb) << 20;
-    for (p, len) in [(&mem, ram), (&state, 0)] {
-        let f = std::fs::File::create(p).map_err(Error::io("create", p))?;
-        f.set_len(len).map_err(Error::io("size", p))?;
-    }
+    writable_by(&mem, u64::from(spec.source.memory_mb) << 20, spec.run_as)?;
+    writable_by(&state, 0, spec.run_as)?;
     if let Some((uid, gid)) = spec.run_as {
-        for p in [&spec.work, &overlay, &mem, &state] {
+        for p in [&spec.work, &overlay] {
             std::os::unix::fs::lchown(p, Some(uid), Some(gid)).map_err(Error::io("chown", p))?;
         }
     }
@@ -140,12 +197,23 @@ async fn memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     cfg.incoming = true;
     cfg.run_as = spec.run_as;
     cfg.extra = vec!["-S".into()];
+    let started = Instant::now();
     let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
     let result = async {
         let helper = connect_spawned(&mut child, &files).await?;
+        let helper_ms = started.elapsed().as_millis() as u64;
         // Both ends of a migration must agree on its capabilities, and a fork turned
         // x-ignore-shared on for its own restore (its RAM is private: nothing is skipped).
         set_capability(vm, "x-ignore-shared", false).await?;
+        // A VM restored from a saved checkpoint had mapped-ram on (files only).
+        set_capability(vm, "mapped-ram", false).await?;
+        // QEMU caps migrations at 128 MiB/s by default (to spare a live VM's network); this
+        // one is a local copy of a stopped VM.
+        vm.execute(
+            "migrate-set-parameters",
+            json!({ "max-bandwidth": UNLIMITED_BANDWIDTH }),
+        )
+        .await?;
         let uri = format!("unix:{}", spec.work.join("in.sock").display());
         helper
             .execute("migrate-incoming", json!({ "uri": uri }))
@@ -153,6 +221,7 @@ async fn memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
         vm.execute("migrate", json!({ "uri": uri })).await?;
         vm.wait_migration(MIGRATION_TIMEOUT).await?;
         wait_loaded(&helper, &mut child).await?;
+        let migrated_ms = started.elapsed().as_millis() as u64;
         set_capability(&helper, "x-ignore-shared", true).await?;
         helper
             .execute(
@@ -161,6 +230,12 @@ async fn memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
             )
             .await?;
         helper.wait_migration(MIGRATION_TIMEOUT).await?;
+        tracing::debug!(
+            helper_ms,
+            migrated_ms,
+            state_ms = started.elapsed().as_millis() as u64,
+            "checkpoint memory written"
+        );
         let _ = helper.execute("quit", json!({})).await;
         Ok::<(), Error>(())
     }

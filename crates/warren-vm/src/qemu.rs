@@ -27,8 +27,9 @@ pub struct VmConfig {
     pub kernel: PathBuf,
     pub initrd: PathBuf,
     pub append: String,
-    /// Guest RAM: a file (on tmpfs) that holds the snapshot's memory.
-    pub mem_file: PathBuf,
+    /// Guest RAM: a file (on tmpfs) that holds the snapshot's memory; `None`: anonymous
+    /// memory of its own (a VM that boots, or reads its saved pages back).
+    pub mem_file: Option<PathBuf>,
     /// `true` for the template boot (writes go to the file, which becomes the snapshot);
     /// `false` for forks (private copy-on-write mapping of the frozen file).
     pub mem_shared: bool,
@@ -73,16 +74,20 @@ impl VmConfig {
         push("-object".into());
         // A fork maps the frozen memory file private and opens it read-only (`rom=off` keeps
         // the guest's RAM writable: writes go to its copy-on-write pages).
-        push(format!(
-            "memory-backend-file,id=mem,size={}M,mem-path={},{}",
-            self.memory_mb,
-            self.mem_file.display(),
-            if self.mem_shared {
-                "share=on"
-            } else {
-                "share=off,readonly=on,rom=off"
-            }
-        ));
+        // The backend's id names the RAM block in the migration stream: the same for all.
+        push(match &self.mem_file {
+            Some(file) => format!(
+                "memory-backend-file,id=mem,size={}M,mem-path={},{}",
+                self.memory_mb,
+                file.display(),
+                if self.mem_shared {
+                    "share=on"
+                } else {
+                    "share=off,readonly=on,rom=off"
+                }
+            ),
+            None => format!("memory-backend-ram,id=mem,size={}M", self.memory_mb),
+        });
         push("-chardev".into());
         push(format!(
             "file,id=console,path={},append=on",

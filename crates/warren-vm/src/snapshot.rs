@@ -111,10 +111,21 @@ impl Snapshot {
         s.disk().exists().then_some(s)
     }
 
-    /// Whether it holds memory and device state (a template snapshot or a full checkpoint);
-    /// else only a disk, and a VM starts from it by booting.
+    /// Whether it holds memory and device state (a template snapshot or a checkpoint with
+    /// memory); else only a disk, and a VM starts from it by booting.
     pub fn has_memory(&self) -> bool {
+        self.shared_memory() || self.saved_ram().exists()
+    }
+
+    /// Memory in `mem` + `state` (mapped copy-on-write by the VMs restored from it), as
+    /// opposed to a `mapped-ram` file read back into each VM's own memory.
+    fn shared_memory(&self) -> bool {
         self.mem().exists() && self.state().exists()
+    }
+
+    /// A pause's memory and device state (see [`crate::checkpoint::Memory::Saved`]).
+    pub fn saved_ram(&self) -> PathBuf {
+        self.dir.join(crate::checkpoint::SAVED_RAM)
     }
 
     /// The command line of a VM restored from this snapshot (or, with `boot`, of the boot
@@ -136,7 +147,7 @@ impl Snapshot {
             kernel: self.meta.kernel.clone(),
             initrd: self.meta.initrd.clone(),
             append: self.meta.append.clone(),
-            mem_file: self.mem(),
+            mem_file: Some(self.mem()),
             mem_shared: boot,
             root_image: self.meta.root_image.clone(),
             rw_disk,
@@ -253,7 +264,7 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
         kernel: spec.kernel.clone(),
         initrd: spec.initrd.clone(),
         append: spec.append.clone(),
-        mem_file: dir.join("mem"),
+        mem_file: Some(dir.join("mem")),
         mem_shared: true,
         root_image: spec.root_image.clone(),
         rw_disk: disk,
@@ -455,15 +466,11 @@ impl Pending {
         }
         let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
         cfg.run_as = spec.run_as;
-        if !snapshot.has_memory() {
-            // A disk-only checkpoint: the VM boots on it, with RAM of its own (a private
-            // mapping of an empty file: anonymous memory).
-            let mem = spec.dir.join("mem");
-            let f = std::fs::File::create(&mem).map_err(Error::io("create", &mem))?;
-            f.set_len(u64::from(snapshot.meta.memory_mb) << 20)
-                .map_err(Error::io("size", &mem))?;
-            cfg.mem_file = mem;
-            cfg.incoming = false;
+        if !snapshot.shared_memory() {
+            // The VM's RAM is its own, anonymous: it boots (a disk-only checkpoint) or reads
+            // back its saved pages; untouched pages stay the kernel's shared zero page.
+            cfg.mem_file = None;
+            cfg.incoming = snapshot.has_memory();
         }
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
         let qmp = connect_spawned(&mut child, &files).await?;
@@ -492,11 +499,17 @@ impl Pending {
             return Ok((self.child, self.qmp, self.files));
         }
         let result = async {
-            set_ignore_shared(&self.qmp).await?;
+            let from = if self.snapshot.shared_memory() {
+                set_ignore_shared(&self.qmp).await?;
+                self.snapshot.state()
+            } else {
+                set_capability(&self.qmp, "mapped-ram", true).await?;
+                self.snapshot.saved_ram()
+            };
             self.qmp
                 .execute(
                     "migrate-incoming",
-                    json!({ "uri": format!("file:{}", self.snapshot.state().display()) }),
+                    json!({ "uri": format!("file:{}", from.display()) }),
                 )
                 .await?;
             let deadline = Instant::now() + Duration::from_secs(30);

@@ -24,7 +24,7 @@ use warren_runtime::{
     CreateSpec, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox, SnapshotInfo,
 };
 use warren_runtime_ns::layer;
-use warren_vm::checkpoint::{self, CaptureSpec};
+use warren_vm::checkpoint::{self, CaptureSpec, Memory};
 use warren_vm::snapshot::Snapshot;
 
 use super::{failed, machine, Machine, Record, VmRuntime};
@@ -179,14 +179,14 @@ impl VmRuntime {
         Ok(m)
     }
 
-    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically): memory and disk,
-    /// or with `memory: false` the disk only. Durable when it returns, with the VM stopped.
-    /// On failure the VM runs on as before.
+    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically): its disk, and
+    /// its memory as `memory` says. Durable when it returns, with the VM stopped. On failure
+    /// the VM runs on as before.
     async fn checkpoint(
         &self,
         m: &Machine,
         dest: &Path,
-        memory: bool,
+        memory: Memory,
     ) -> Result<u64, RuntimeError> {
         let qmp = m
             .qmp
@@ -221,11 +221,17 @@ impl VmRuntime {
                 let _ = std::fs::remove_dir_all(&staging);
                 failed(format!("checkpoint: {e}"))
             })?;
+        let started = std::time::Instant::now();
         let installed = async {
             machine::write_token(&staging, machine::read_token(&m.dir).as_deref())?;
             layer::install(&staging, dest).await
         }
         .await;
+        tracing::debug!(
+            vm = %m.name,
+            install_ms = started.elapsed().as_millis() as u64,
+            "checkpoint durable"
+        );
         match installed {
             Ok(bytes) => Ok(bytes),
             Err(e) => {
@@ -245,11 +251,14 @@ impl VmRuntime {
         let agent = m
             .agent()
             .ok_or_else(|| failed("the VM has no network slot"))?;
+        // A paused VM is restored at most once: its memory goes to a file of its own, written
+        // by the VM itself (no helper), read back into the resumed VM's own RAM.
         let memory = mode == PauseMode::Memory;
         if !memory {
             self.quiesce(&m, agent, QUIESCE).await?;
         }
-        if let Err(e) = self.checkpoint(&m, &self.paused_dir(id), memory).await {
+        let form = if memory { Memory::Saved } else { Memory::None };
+        if let Err(e) = self.checkpoint(&m, &self.paused_dir(id), form).await {
             if !memory {
                 let _ = self.quiesce(&m, agent, UNQUIESCE).await;
             }
@@ -327,7 +336,9 @@ impl VmRuntime {
         if !memory {
             self.quiesce(&m, agent, QUIESCE).await?;
         }
-        let saved = self.checkpoint(&m, &self.snapshot_dir(key), memory).await;
+        // Many sandboxes may start from a snapshot: they share its memory copy-on-write.
+        let form = if memory { Memory::Shared } else { Memory::None };
+        let saved = self.checkpoint(&m, &self.snapshot_dir(key), form).await;
         let qmp = m
             .qmp
             .clone()
