@@ -1,19 +1,20 @@
-//! Checkpoints of a running VM: its memory, device state and disk, written in the format of a
-//! template snapshot ([`crate::snapshot::Snapshot`]), so that everything that restores a
-//! template (forks, the warm path, private copy-on-write memory) restores a checkpoint too.
+//! Checkpoints of a running VM: its disk, memory and device state on the host's disk.
 //!
-//! A running VM's RAM is a private mapping (copy-on-write of the snapshot it came from), so
-//! it cannot simply be left in a file as at a template boot. Instead:
+//! [`capture`] stops the VM (QEMU flushes its disk caches on `stop`), flattens its qcow2
+//! overlay and everything below it into a self-contained `disk.qcow2` (`qemu-img convert`),
+//! and has the VM migrate itself to [`SAVED_RAM`] in QEMU's `mapped-ram` format: pages at fixed
+//! offsets, zero pages left out. A VM restored from that reads back only the pages in use into
+//! RAM of its own: the form for a pause, restored once.
 //!
-//! 1. the VM is stopped (QEMU flushes its disk caches on `stop`) and its qcow2 overlay is
-//!    flattened into a self-contained `disk.qcow2` (`qemu-img convert`);
-//! 2. a **helper QEMU** with the same devices, its RAM a *shared* file (`mem`) and `-S` (it
-//!    never runs guest code), receives the VM over a local migration socket;
-//! 3. the helper migrates with `x-ignore-shared` to `state` (device state only: the RAM already
-//!    is in `mem`) and quits.
+//! [`share`] turns that into the format of a template snapshot ([`crate::snapshot::Snapshot`]:
+//! `mem` + `state`), so that everything that restores a template (private copy-on-write
+//! memory, shared pages) restores it too: the form for snapshots and forks. A running VM's RAM
+//! is a private mapping and cannot simply be left in a file as at a template boot; instead a
+//! **helper QEMU** with the same devices, its RAM a *shared* file and `-S` (it never runs guest
+//! code), loads the saved pages and migrates with `x-ignore-shared` (device state only) to
+//! `state`. The VM it came from may run again meanwhile.
 //!
-//! The VM stays stopped when [`capture`] returns; the caller continues it (a snapshot) or
-//! kills it (a pause). Making the directory durable and putting it in place is the caller's.
+//! Making the directory durable and putting it in place is the caller's.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -56,30 +57,18 @@ pub struct CaptureSpec {
     /// A scratch directory for the helper's sockets and logs (short path: socket names are
     /// limited to 108 bytes); removed afterwards.
     pub work: PathBuf,
-    /// What becomes of the VM's memory.
-    pub memory: Memory,
+    /// Capture memory and device state too (`false`: the disk only).
+    pub memory: bool,
 }
 
-/// The forms a checkpoint's memory takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Memory {
-    /// Not captured: the disk only (a VM starts from it by booting).
-    None,
-    /// `mem` + `state`, through the helper: VMs restored from it map `mem` copy-on-write and
-    /// share its pages (snapshots and forks).
-    Shared,
-    /// `ram`: the VM writes its own memory and device state in QEMU's `mapped-ram` format
-    /// (pages at fixed offsets, zero pages left as holes). Restoring reads back only the pages
-    /// in use into the new VM's own memory. Cheapest to write: for pauses.
-    Saved,
-}
-
-/// File name of a [`Memory::Saved`] checkpoint's memory and device state.
+/// File name of a checkpoint's memory and device state as the VM wrote them, in QEMU's
+/// `mapped-ram` format: every page at a fixed offset, zero pages left out as holes.
 pub const SAVED_RAM: &str = "ram";
 
 /// Stops the VM behind `vm` and writes its checkpoint into `staging` (created; must not
-/// exist): `disk.qcow2`, `meta.json`, and its memory as `spec.memory` says. On success the VM
-/// stays stopped; on failure it is continued if it was running.
+/// exist): `disk.qcow2`, `meta.json`, and with `spec.memory` its memory and device state as
+/// [`SAVED_RAM`] (a VM restored from it reads back only the pages in use into RAM of its own).
+/// On success the VM stays stopped; on failure it is continued if it was running.
 pub async fn capture(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let was_running = vm.status().await? == "running";
     vm.execute("stop", json!({})).await?;
@@ -118,18 +107,20 @@ async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let meta_path = staging.join("meta.json");
     std::fs::write(&meta_path, meta).map_err(Error::io("write", &meta_path))?;
     let disk_ms = started.elapsed().as_millis() as u64;
-    match spec.memory {
-        Memory::None => {}
-        Memory::Shared => shared_memory(vm, spec, staging).await?,
-        Memory::Saved => saved_memory(vm, spec, staging).await?,
+    if spec.memory {
+        saved_memory(vm, spec, staging).await?;
     }
     tracing::debug!(
         disk_ms,
         total_ms = started.elapsed().as_millis() as u64,
-        memory = ?spec.memory,
+        memory = spec.memory,
         "checkpoint captured"
     );
-    // Forks of the checkpoint run as other users: they read these files, nobody writes them.
+    seal(staging)
+}
+
+/// Forks of a checkpoint run as other users: they read its files, nobody writes them.
+fn seal(staging: &Path) -> Result<()> {
     for name in ["mem", "state", SAVED_RAM, DISK, "meta.json"] {
         let p = staging.join(name);
         if p.exists() {
@@ -152,7 +143,7 @@ fn writable_by(path: &Path, len: u64, run_as: Option<(u32, u32)>) -> Result<()> 
     Ok(())
 }
 
-/// [`Memory::Saved`]: the stopped VM migrates to a `mapped-ram` file itself.
+/// The stopped VM migrates itself to a `mapped-ram` file.
 async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let ram = staging.join(SAVED_RAM);
     writable_by(&ram, 0, spec.run_as)?;
@@ -171,11 +162,28 @@ async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()
     vm.wait_migration(MIGRATION_TIMEOUT).await
 }
 
-/// Steps 2 and 3 of [`Memory::Shared`]: the helper QEMU receives the stopped VM and writes
-/// `mem` and `state`.
-async fn shared_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
+/// Turns the [`SAVED_RAM`] of a checkpoint in `staging` into the form of a template snapshot,
+/// `mem` + `state`, so that many VMs restored from it map `mem` copy-on-write and share its
+/// pages. A helper QEMU with the same devices, its RAM a *shared* file and `-S` (it never runs
+/// guest code), loads the saved pages (only those in use: `mapped-ram`) and migrates with
+/// `x-ignore-shared` to `state`. The VM it came from may run meanwhile.
+pub async fn share(spec: &CaptureSpec, staging: &Path) -> Result<()> {
+    let started = Instant::now();
     let _ = std::fs::remove_dir_all(&spec.work);
     std::fs::create_dir_all(&spec.work).map_err(Error::io("create", &spec.work))?;
+    let result = run_helper(spec, staging).await;
+    let _ = std::fs::remove_dir_all(&spec.work);
+    result?;
+    let ram = staging.join(SAVED_RAM);
+    std::fs::remove_file(&ram).map_err(Error::io("remove", &ram))?;
+    tracing::debug!(
+        share_ms = started.elapsed().as_millis() as u64,
+        "checkpoint memory shared"
+    );
+    seal(staging)
+}
+
+async fn run_helper(spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let overlay = spec.work.join("disk.qcow2");
     create_overlay(&staging.join(DISK), "qcow2", &overlay)?;
     // The helper may write only its two output files and its scratch directory.
@@ -197,31 +205,19 @@ async fn shared_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<(
     cfg.incoming = true;
     cfg.run_as = spec.run_as;
     cfg.extra = vec!["-S".into()];
-    let started = Instant::now();
     let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
     let result = async {
         let helper = connect_spawned(&mut child, &files).await?;
-        let helper_ms = started.elapsed().as_millis() as u64;
-        // Both ends of a migration must agree on its capabilities, and a fork turned
-        // x-ignore-shared on for its own restore (its RAM is private: nothing is skipped).
-        set_capability(vm, "x-ignore-shared", false).await?;
-        // A VM restored from a saved checkpoint had mapped-ram on (files only).
-        set_capability(vm, "mapped-ram", false).await?;
-        // QEMU caps migrations at 128 MiB/s by default (to spare a live VM's network); this
-        // one is a local copy of a stopped VM.
-        vm.execute(
-            "migrate-set-parameters",
-            json!({ "max-bandwidth": UNLIMITED_BANDWIDTH }),
-        )
-        .await?;
-        let uri = format!("unix:{}", spec.work.join("in.sock").display());
+        set_capability(&helper, "mapped-ram", true).await?;
+        let from = staging.join(SAVED_RAM);
         helper
-            .execute("migrate-incoming", json!({ "uri": uri }))
+            .execute(
+                "migrate-incoming",
+                json!({ "uri": format!("file:{}", from.display()) }),
+            )
             .await?;
-        vm.execute("migrate", json!({ "uri": uri })).await?;
-        vm.wait_migration(MIGRATION_TIMEOUT).await?;
         wait_loaded(&helper, &mut child).await?;
-        let migrated_ms = started.elapsed().as_millis() as u64;
+        set_capability(&helper, "mapped-ram", false).await?;
         set_capability(&helper, "x-ignore-shared", true).await?;
         helper
             .execute(
@@ -230,12 +226,6 @@ async fn shared_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<(
             )
             .await?;
         helper.wait_migration(MIGRATION_TIMEOUT).await?;
-        tracing::debug!(
-            helper_ms,
-            migrated_ms,
-            state_ms = started.elapsed().as_millis() as u64,
-            "checkpoint memory written"
-        );
         let _ = helper.execute("quit", json!({})).await;
         Ok::<(), Error>(())
     }

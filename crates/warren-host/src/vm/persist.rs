@@ -24,7 +24,7 @@ use warren_runtime::{
     CreateSpec, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox, SnapshotInfo,
 };
 use warren_runtime_ns::layer;
-use warren_vm::checkpoint::{self, CaptureSpec, Memory};
+use warren_vm::checkpoint::{self, CaptureSpec};
 use warren_vm::snapshot::Snapshot;
 
 use super::{failed, machine, Machine, Record, VmRuntime};
@@ -179,14 +179,17 @@ impl VmRuntime {
         Ok(m)
     }
 
-    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically): its disk, and
-    /// its memory as `memory` says. Durable when it returns, with the VM stopped. On failure
-    /// the VM runs on as before.
+    /// Checkpoints VM `m` into `dest` (replacing an earlier one atomically): its disk, and with
+    /// `memory` its memory and device state. Durable when it returns. For a pause
+    /// (`snapshot: false`) the VM is left stopped; for a snapshot it continues as soon as its
+    /// state is written, and the memory is then turned into the shared form its children map
+    /// copy-on-write. On failure the VM runs on as before.
     async fn checkpoint(
         &self,
         m: &Machine,
         dest: &Path,
-        memory: Memory,
+        memory: bool,
+        snapshot: bool,
     ) -> Result<u64, RuntimeError> {
         let qmp = m
             .qmp
@@ -222,7 +225,16 @@ impl VmRuntime {
                 failed(format!("checkpoint: {e}"))
             })?;
         let started = std::time::Instant::now();
+        let mut continued = Ok(());
+        if snapshot {
+            continued = qmp.execute("cont", json!({})).await.map(drop);
+        }
         let installed = async {
+            if snapshot && memory {
+                checkpoint::share(&spec, &staging)
+                    .await
+                    .map_err(std::io::Error::other)?;
+            }
             machine::write_token(&staging, machine::read_token(&m.dir).as_deref())?;
             layer::install(&staging, dest).await
         }
@@ -233,10 +245,19 @@ impl VmRuntime {
             "checkpoint durable"
         );
         match installed {
-            Ok(bytes) => Ok(bytes),
+            Ok(bytes) => {
+                continued.map_err(|e| {
+                    failed(format!(
+                        "the snapshot was saved but the sandbox did not continue: {e}"
+                    ))
+                })?;
+                Ok(bytes)
+            }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&staging);
-                let _ = qmp.execute("cont", json!({})).await;
+                if !snapshot {
+                    let _ = qmp.execute("cont", json!({})).await;
+                }
                 Err(io_failed("save the checkpoint")(e))
             }
         }
@@ -251,14 +272,16 @@ impl VmRuntime {
         let agent = m
             .agent()
             .ok_or_else(|| failed("the VM has no network slot"))?;
-        // A paused VM is restored at most once: its memory goes to a file of its own, written
-        // by the VM itself (no helper), read back into the resumed VM's own RAM.
+        // A paused VM is restored at most once: its memory stays in the form the VM wrote
+        // itself, read back into the resumed VM's own RAM.
         let memory = mode == PauseMode::Memory;
         if !memory {
             self.quiesce(&m, agent, QUIESCE).await?;
         }
-        let form = if memory { Memory::Saved } else { Memory::None };
-        if let Err(e) = self.checkpoint(&m, &self.paused_dir(id), form).await {
+        if let Err(e) = self
+            .checkpoint(&m, &self.paused_dir(id), memory, false)
+            .await
+        {
             if !memory {
                 let _ = self.quiesce(&m, agent, UNQUIESCE).await;
             }
@@ -337,19 +360,9 @@ impl VmRuntime {
             self.quiesce(&m, agent, QUIESCE).await?;
         }
         // Many sandboxes may start from a snapshot: they share its memory copy-on-write.
-        let form = if memory { Memory::Shared } else { Memory::None };
-        let saved = self.checkpoint(&m, &self.snapshot_dir(key), form).await;
-        let qmp = m
-            .qmp
-            .clone()
-            .ok_or_else(|| failed("the VM has no QMP connection"))?;
-        if saved.is_ok() {
-            qmp.execute("cont", json!({})).await.map_err(|e| {
-                failed(format!(
-                    "the snapshot was saved but the sandbox did not continue: {e}"
-                ))
-            })?;
-        }
+        let saved = self
+            .checkpoint(&m, &self.snapshot_dir(key), memory, true)
+            .await;
         if !memory {
             self.quiesce(&m, agent, UNQUIESCE).await?;
         }
