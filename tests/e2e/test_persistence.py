@@ -358,6 +358,10 @@ def test_saved_state_is_freed(server):
         before = set(os.listdir(snapshots_dir))
         forks = sbx.fork(count=2)
         assert all(not isinstance(f, Exception) for f in forks)
+        # Deleted state is renamed away at once and removed in the background.
+        deadline = time.monotonic() + 30
+        while set(os.listdir(snapshots_dir)) != before and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert set(os.listdir(snapshots_dir)) == before, "the fork's checkpoint is deleted"
         assert Sandbox.delete_snapshot(snap.snapshot_id)
         assert not os.path.exists(os.path.join(snapshots_dir, snap.snapshot_id))

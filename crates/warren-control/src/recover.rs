@@ -75,6 +75,20 @@ impl Control {
             sb.fail("the runtime did not report on this sandbox after a restart");
             store.update_sandbox(&sb).await?;
         }
+        // Snapshots the runtime holds but nothing records: a fork's checkpoint when the server
+        // died mid-fork, a snapshot whose record was never stored.
+        let recorded: std::collections::HashSet<String> = store
+            .snapshots()
+            .await?
+            .into_iter()
+            .map(|s| s.key)
+            .collect();
+        for key in self.inner.runtime.snapshot_keys().await {
+            if !recorded.contains(&key) {
+                tracing::info!(snapshot_key = %key, "removing a snapshot nothing records");
+                self.forget_runtime_snapshot(&key).await;
+            }
+        }
         tracing::info!(reattached, "control plane recovered");
         Ok(())
     }

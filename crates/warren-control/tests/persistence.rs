@@ -10,6 +10,7 @@ use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, Lifecycle, OnTimeout, PauseMode,
     SandboxState, SnapshotQuery, Store,
 };
+use warren_runtime::SandboxRuntime;
 
 fn with_env() -> CreateRequest {
     CreateRequest {
@@ -419,4 +420,20 @@ async fn a_snapshot_cannot_take_a_template_name() {
         .create_snapshot(&sb.id, Some("base-2".into()), None)
         .await
         .is_ok());
+}
+
+#[tokio::test]
+async fn a_restart_removes_runtime_snapshots_nothing_records() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    let kept = c.create_snapshot(&sb.id, None, None).await.unwrap();
+    // What a fork leaves when the server dies before deleting its checkpoint.
+    rt.snapshot(&sb.id, "forkleftover", true).await.unwrap();
+    c.shutdown();
+    let _c2 = Control::start(store.clone(), rt.clone(), Config::default())
+        .await
+        .unwrap();
+    let keys = rt.snapshot_keys().await;
+    assert!(keys.contains(&kept.key), "{keys:?}");
+    assert!(!keys.contains(&"forkleftover".to_string()), "{keys:?}");
 }

@@ -434,6 +434,10 @@ impl SandboxRuntime for NsRuntime {
         self.snapshot_now(id, key).await
     }
 
+    async fn snapshot_keys(&self) -> Vec<String> {
+        self.snapshot_keys_now()
+    }
+
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         self.delete_snapshot_now(key)
     }

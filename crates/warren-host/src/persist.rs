@@ -24,7 +24,8 @@ use warren_runtime_ns::layer;
 
 use crate::{NsRuntime, Record};
 
-fn failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+/// An I/O failure while doing `what`; a full disk is the host's capacity, not an error.
+pub(crate) fn failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
     move |e| {
         if e.kind() == std::io::ErrorKind::StorageFull {
             RuntimeError::Exhausted(format!("{what}: the host's disk is full"))
@@ -35,12 +36,44 @@ fn failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
 }
 
 /// Snapshot keys become directory names.
-fn valid_key(key: &str) -> bool {
+pub(crate) fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= 128
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Names of the finished saves in `dir` (no `.partial` or `.trash` ones).
+pub(crate) fn complete_entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| valid_key(n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Deletes a directory of saved state without making the caller wait: renamed out of the way
+/// at once (a new save may be written there right away), deleted in the background. A crash
+/// before the deletion leaves a `.trash` directory that the next start's sweep removes.
+pub(crate) fn discard_dir(dir: &std::path::Path) {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let trash = layer::sibling(dir, &format!("{stamp}.trash"));
+    match std::fs::rename(dir, &trash) {
+        Ok(()) => {
+            tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(trash);
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not remove saved state"),
+    }
 }
 
 /// What an operation needs of a live sandbox, taken without holding the runtime's lock over
@@ -89,23 +122,7 @@ impl NsRuntime {
     /// the background. A crash before the deletion leaves a `.trash` directory that the next
     /// start's sweep removes.
     fn discard_saved(&self, id: &str) {
-        let dir = self.paused_dir(id);
-        let trash = dir.with_file_name(format!(
-            "{id}.{}.trash",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
-        match std::fs::rename(&dir, &trash) {
-            Ok(()) => {
-                tokio::task::spawn_blocking(move || {
-                    let _ = std::fs::remove_dir_all(trash);
-                });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not remove saved files"),
-        }
+        discard_dir(&self.paused_dir(id));
     }
 
     /// After a restart: removes saved layers of sandboxes that are not paused (a pause the
@@ -286,6 +303,10 @@ impl NsRuntime {
             memory: false,
             bytes,
         })
+    }
+
+    pub(crate) fn snapshot_keys_now(&self) -> Vec<String> {
+        complete_entries(&self.cfg.data_dir.join("snapshots"))
     }
 
     pub(crate) fn delete_snapshot_now(&self, key: &str) -> Result<(), RuntimeError> {

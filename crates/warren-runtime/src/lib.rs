@@ -175,4 +175,10 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         Err(RuntimeError::NotFound(key.to_string()))
     }
+
+    /// The keys of every snapshot this host holds (after a restart the control plane deletes
+    /// those it has no record of, e.g. a fork's checkpoint when the server died mid-fork).
+    async fn snapshot_keys(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

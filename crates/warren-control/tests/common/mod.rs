@@ -125,6 +125,9 @@ impl SandboxRuntime for FakeRuntime {
             bytes: 4096,
         })
     }
+    async fn snapshot_keys(&self) -> Vec<String> {
+        self.snapshots.lock().unwrap().keys().cloned().collect()
+    }
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         self.snapshots
             .lock()

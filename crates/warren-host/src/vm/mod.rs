@@ -738,7 +738,7 @@ impl SandboxRuntime for VmRuntime {
     }
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
         if self.paused.lock().await.remove(id) {
-            self.discard_checkpoint(&self.paused_dir(id));
+            crate::persist::discard_dir(&self.paused_dir(id));
             return Ok(());
         }
         let m = self
@@ -786,6 +786,10 @@ impl SandboxRuntime for VmRuntime {
         memory: bool,
     ) -> Result<SnapshotInfo, RuntimeError> {
         self.snapshot_now(id, key, memory).await
+    }
+
+    async fn snapshot_keys(&self) -> Vec<String> {
+        self.snapshot_keys_now()
     }
 
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {

@@ -28,25 +28,7 @@ use warren_vm::checkpoint::{self, CaptureSpec};
 use warren_vm::snapshot::Snapshot;
 
 use super::{failed, machine, Machine, Record, VmRuntime};
-
-/// Snapshot keys become directory names.
-fn valid_key(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= 128
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-fn io_failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
-    move |e| {
-        if e.kind() == std::io::ErrorKind::StorageFull {
-            RuntimeError::Exhausted(format!("{what}: the host's disk is full"))
-        } else {
-            RuntimeError::Failed(format!("{what}: {e}"))
-        }
-    }
-}
+use crate::persist::{failed as io_failed, valid_key};
 
 /// Run in the guest before a disk-only checkpoint: every process but init (PID 1), the agent
 /// (this shell's parent) and the shell itself stops, twice over to catch children forked
@@ -114,28 +96,6 @@ impl VmRuntime {
             .then(|| Snapshot::open(&self.snapshot_dir(key)))
             .flatten()
             .ok_or_else(|| RuntimeError::UnknownTemplate(format!("snapshot {key}")))
-    }
-
-    /// Deletes a checkpoint without making the caller wait: renamed out of the way at once
-    /// (a new checkpoint may be written there right away), deleted in the background. A crash
-    /// before the deletion leaves a `.trash` directory that the next start removes.
-    pub(super) fn discard_checkpoint(&self, dir: &Path) {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let trash = layer::sibling(dir, &format!("{stamp}.trash"));
-        match std::fs::rename(dir, &trash) {
-            Ok(()) => {
-                tokio::task::spawn_blocking(move || {
-                    let _ = std::fs::remove_dir_all(trash);
-                });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not remove a checkpoint")
-            }
-        }
     }
 
     /// After a restart: removes paused checkpoints no paused sandbox owns (a pause the
@@ -337,7 +297,7 @@ impl VmRuntime {
             .await?;
         self.paused.lock().await.remove(&id);
         // The new VM keeps what it needs (its memory mapped, a link of the disk).
-        self.discard_checkpoint(&dir);
+        crate::persist::discard_dir(&dir);
         Ok((sandbox, kind))
     }
 
@@ -372,13 +332,17 @@ impl VmRuntime {
         })
     }
 
+    pub(super) fn snapshot_keys_now(&self) -> Vec<String> {
+        crate::persist::complete_entries(&self.checkpoints_dir().join("snapshots"))
+    }
+
     pub(super) fn delete_snapshot_now(&self, key: &str) -> Result<(), RuntimeError> {
         let dir = self.snapshot_dir(key);
         if !valid_key(key) || !dir.is_dir() {
             return Err(RuntimeError::NotFound(format!("snapshot {key}")));
         }
         // VMs started from it keep their memory mapping and disk link.
-        self.discard_checkpoint(&dir);
+        crate::persist::discard_dir(&dir);
         Ok(())
     }
 }
