@@ -388,3 +388,41 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     rt.shutdown().await.expect("shutdown");
     cleanup(&cfg);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vm_left_stopped_by_a_dead_server_runs_again_after_restart() {
+    let Some((cfg, vm)) = config("u", 2) else {
+        return;
+    };
+    let rt = start(&cfg, &vm, vec![]).await;
+    let s = rt
+        .create(spec("stoppedvm"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run(s.agent, WRITE).await, (0, "ok\n".into()));
+    let (pid, _) = counter(s.agent).await;
+    // What a server that died in the middle of a pause or snapshot leaves: the VM stopped
+    // (its checkpoint never acknowledged) and a partial checkpoint.
+    let name = s.record["name"].as_str().unwrap().to_string();
+    let qmp_path = cfg.run_dir.join("vm/vms").join(&name).join("qmp.sock");
+    drop(rt);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let qmp = warren_vm::qmp::Qmp::connect(&qmp_path, Duration::from_secs(5))
+        .await
+        .unwrap();
+    qmp.execute("stop", serde_json::json!({})).await.unwrap();
+    assert_eq!(qmp.status().await.unwrap(), "paused");
+    drop(qmp);
+    let partial = cfg.data_dir.join("vm-checkpoints/paused/stoppedvm.partial");
+    std::fs::create_dir_all(&partial).unwrap();
+
+    let rt = start(&cfg, &vm, vec![s.clone()]).await;
+    assert_eq!(counter(s.agent).await.0, pid, "the same VM runs on");
+    let (_, a) = counter(s.agent).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(counter(s.agent).await.1 > a, "and is running, not stopped");
+    assert!(!partial.exists(), "the unfinished checkpoint is removed");
+    rt.kill("stoppedvm").await.unwrap();
+    rt.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}
