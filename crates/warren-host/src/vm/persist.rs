@@ -1,14 +1,14 @@
 //! Pause, resume, snapshots and forks of VM sandboxes, all made of one operation: a
-//! **checkpoint** of the running VM (memory, device state and disk; see
-//! [`warren_vm::checkpoint`]), written in the format of a template snapshot so that a
-//! sandbox starts from it exactly as from a template: a new QEMU maps its memory
-//! copy-on-write and its disk is an overlay on the checkpoint's.
+//! **checkpoint** of the running VM (disk, and memory with device state; see
+//! [`warren_vm::checkpoint`]), from which a sandbox starts much as from a template.
 //!
-//! - **Pause**: checkpoint into `<data_dir>/vm-checkpoints/paused/<id>`, then the VM is
-//!   killed and its slot freed: a paused sandbox holds disk, not memory. **Resume** restores
-//!   the checkpoint on this host; its processes continue where they were.
-//! - **Snapshot**: checkpoint into `<data_dir>/vm-checkpoints/snapshots/<key>`; the VM then
-//!   continues. Sandboxes created from it (forks) share its memory file copy-on-write.
+//! - **Pause**: checkpoint into `<data_dir>/vm-checkpoints/paused/<id>` (memory in the form the
+//!   VM writes itself, or with a filesystem pause the disk only), then the VM is killed and its
+//!   slot freed: a paused sandbox holds disk, not memory. **Resume** restores it on this host:
+//!   its processes continue where they were (or, from a disk only, it boots).
+//! - **Snapshot**: checkpoint into `<data_dir>/vm-checkpoints/snapshots/<key>`, the VM then
+//!   continues; its memory is turned into the form of a template snapshot, so the sandboxes
+//!   created from it (forks) map it copy-on-write and share its pages.
 //!
 //! Each checkpoint is durable (every file fsynced, renamed into place, parent synced) before
 //! the call returns. A VM restored from a checkpoint keeps a hard link of the checkpoint's disk
@@ -51,9 +51,11 @@ impl VmRuntime {
         match crate::agent::run_as_root(&self.client, agent, token.as_deref(), script).await {
             Ok(0) => Ok(()),
             Ok(code) => Err(failed(format!(
-                "`{script}` in the guest exited with {code}"
+                "stopping or continuing the guest's processes exited with {code}"
             ))),
-            Err(e) => Err(failed(format!("`{script}` in the guest: {e}"))),
+            Err(e) => Err(failed(format!(
+                "stopping or continuing the guest's processes: {e}"
+            ))),
         }
     }
 
