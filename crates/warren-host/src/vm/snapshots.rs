@@ -127,10 +127,20 @@ fn remove_older(current: &Path) {
     };
     for e in rd.flatten() {
         let other = e.file_name().to_string_lossy().into_owned();
-        let same_template = other
+        // `<template>-<key>` and its builder's `<template>-<key>.lock`.
+        let (dir_name, is_lock) = match other.strip_suffix(".lock") {
+            Some(d) => (d, true),
+            None => (other.as_str(), false),
+        };
+        let same_template = dir_name
             .rsplit_once('-')
             .is_some_and(|(t, key)| t == template && key.len() == 16);
-        if same_template && other != name {
+        if !same_template || dir_name == name {
+            continue;
+        }
+        if is_lock {
+            let _ = std::fs::remove_file(e.path());
+        } else {
             tracing::info!(snapshot = %other, "removing an outdated template snapshot");
             let _ = std::fs::remove_dir_all(e.path());
         }
