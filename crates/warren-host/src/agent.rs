@@ -211,7 +211,7 @@ async fn start(
 }
 
 /// Polls `GET http://<sandbox>:<ready_port><ready_path>` until it answers 200.
-async fn wait_ready(
+pub async fn wait_ready(
     client: &reqwest::Client,
     agent: SocketAddr,
     cmd: &crate::templates::StartCommand,

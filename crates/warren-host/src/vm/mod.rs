@@ -661,16 +661,29 @@ impl VmRuntime {
         env.insert("E2B_SANDBOX".into(), "true".into());
         env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
-        if let Err(e) = agent::wait_and_init(
-            &self.client,
-            agent,
-            &env,
-            spec.access_token.as_deref(),
-            current_token,
-            self.cfg.ready_timeout,
-        )
-        .await
-        {
+        let ready = async {
+            agent::wait_and_init(
+                &self.client,
+                agent,
+                &env,
+                spec.access_token.as_deref(),
+                current_token,
+                self.cfg.ready_timeout,
+            )
+            .await?;
+            // Templates with a service (the code interpreter) start it as `ns` does; a VM
+            // restored with memory (a resume, a snapshot's child) has it running already.
+            let Some(cmd) = crate::templates::start_command(&spec.template) else {
+                return Ok(());
+            };
+            if checkpoint.is_some_and(|c| c.has_memory()) {
+                agent::wait_ready(&self.client, agent, &cmd).await
+            } else {
+                let token = spec.access_token.as_deref();
+                agent::run_start_command(&self.client, agent, token, &cmd).await
+            }
+        };
+        if let Err(e) = ready.await {
             self.live.lock().await.remove(&spec.id);
             let why = m.exit.borrow().clone();
             m.kill().await;
