@@ -42,7 +42,9 @@ pub struct NetConfig {
     pub max_slots: Option<u32>,
     /// Destinations that sandboxes never reach, even with internet access on. The default
     /// holds private, shared, link-local (cloud metadata!), loopback, multicast and reserved
-    /// ranges. The DNS servers handed to sandboxes stay reachable on port 53 regardless.
+    /// ranges, and Azure's WireServer 168.63.129.16. The DNS servers handed to sandboxes stay
+    /// reachable on port 53 regardless (and only they: other DNS servers in these ranges are
+    /// blocked like everything else there).
     pub blocked_destinations: Vec<Ipv4Cidr>,
     /// DNS servers written into sandboxes' resolv.conf.
     pub dns: DnsSource,
@@ -50,8 +52,24 @@ pub struct NetConfig {
     pub run_dir: PathBuf,
     /// Delete the host's conntrack entries of a slot when it is released, so replies to the
     /// previous sandbox's connections cannot reach the next one. Costs ~10 ms per release
-    /// (a conntrack table walk); skipped when the `conntrack` tool is not installed.
+    /// (a conntrack table walk). Needs the `conntrack` tool: the pool refuses to start
+    /// without it unless this is turned off.
     pub flush_conntrack: bool,
+    /// Most connections one sandbox may have open at once (tracked by conntrack inside its
+    /// slot; new ones beyond it are rejected), so that one sandbox cannot fill the host's
+    /// conntrack table for everyone. 0 = no limit.
+    pub max_connections_per_slot: u32,
+    /// Most new outgoing connections per second one sandbox may open (burst: twice as
+    /// many); `None` = no rate limit.
+    pub new_connections_per_second: Option<u32>,
+    /// How often the pool checks that its host table is intact and restores it if not
+    /// (e.g. after `nft flush ruleset`), in milliseconds. 0 = never.
+    pub table_check_interval_ms: u64,
+    /// Host interfaces on which IPv4 forwarding is turned on when the host has it off
+    /// globally: the ones replies to sandboxes' connections arrive on. Empty = the
+    /// interfaces of the host's default routes at pool start. Ignored when
+    /// `net.ipv4.ip_forward` is already 1.
+    pub forward_uplinks: Vec<String>,
 }
 
 impl Default for NetConfig {
@@ -66,6 +84,10 @@ impl Default for NetConfig {
             dns: DnsSource::Host,
             run_dir: PathBuf::from("/run/warren-net"),
             flush_conntrack: true,
+            max_connections_per_slot: 4096,
+            new_connections_per_second: None,
+            table_check_interval_ms: 2000,
+            forward_uplinks: Vec::new(),
         }
     }
 }
@@ -83,6 +105,9 @@ pub fn default_blocked() -> Vec<Ipv4Cidr> {
         "192.168.0.0/16", // private
         "224.0.0.0/4",    // multicast
         "240.0.0.0/4",    // reserved and broadcast
+        // Azure's WireServer (host agent and DHCP/DNS of Azure VMs): a public address that
+        // answers only to VMs on Azure hosts, with the VM's credentials in reach.
+        "168.63.129.16/32",
     ]
     .iter()
     .filter_map(|s| s.parse().ok())
@@ -137,6 +162,22 @@ impl NetConfig {
                 self.pool_size
             )));
         }
+        if self.new_connections_per_second == Some(0) {
+            return Err(Error::InvalidConfig(
+                "new_connections_per_second must be at least 1 (or unset)".into(),
+            ));
+        }
+        if let Some(bad) = self.forward_uplinks.iter().find(|n| {
+            n.is_empty()
+                || n.len() > MAX_IFNAME
+                || n.contains(['/', '\0'])
+                || *n == "."
+                || *n == ".."
+        }) {
+            return Err(Error::InvalidConfig(format!(
+                "forward_uplinks: `{bad}` is not an interface name"
+            )));
+        }
         if let DnsSource::Servers(servers) = &self.dns {
             if let Some(bad) = servers
                 .iter()
@@ -172,6 +213,15 @@ impl NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_blocks_metadata_and_wireserver() {
+        let blocked = default_blocked();
+        for addr in ["169.254.169.254/32", "168.63.129.16/32"] {
+            let a: Ipv4Cidr = addr.parse().unwrap();
+            assert!(blocked.iter().any(|b| b.overlaps(&a)), "{addr}");
+        }
+    }
 
     #[test]
     fn default_is_valid() {

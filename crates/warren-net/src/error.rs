@@ -86,6 +86,21 @@ pub enum Error {
     #[error("The async runtime shut down during a network slot operation")]
     RuntimeShutdown,
 
+    /// `flush_conntrack` is on but the `conntrack` tool cannot be run.
+    #[error(
+        "The `conntrack` tool is required to forget a released slot's connections (install \
+         the Debian package `conntrack`, or set flush_conntrack = false)"
+    )]
+    ConntrackRequired {
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// The host's nftables table of the pool is missing or changed and could not be
+    /// restored; no new slots are handed out until it is.
+    #[error("The host nftables table `{table}` of the network pool is not in place")]
+    HostTableMissing { table: String },
+
     /// Objects that should be gone are still there after removal.
     #[error("Could not remove {what}")]
     Leftover { what: String },

@@ -46,18 +46,79 @@ impl PrefixLock {
     }
 }
 
-/// Turns on IPv4 forwarding in the host namespace if it is off; returns whether it changed.
+/// How slots get IPv4 forwarding on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Forwarding {
+    /// `net.ipv4.ip_forward` was already on: every interface forwards; nothing to do.
+    Global,
+    /// Forwarding is on only for these uplinks and for each slot link (set at creation).
+    PerLink { uplinks: Vec<String> },
+}
+
+/// Makes slots' traffic forwardable without turning on `net.ipv4.ip_forward`, which would
+/// make the host route between all its networks.
 ///
-/// This is the one global setting slots need (the host routes between slot links and its
-/// uplink). It is deliberately not turned off again at shutdown: other software may have
-/// come to rely on it, and our nftables table already confines what slots can forward.
-pub(crate) fn ensure_ip_forward() -> Result<bool> {
+/// The kernel checks the forwarding switch of the interface a packet *arrives* on
+/// (`net.ipv4.conf.<if>.forwarding`), so forwarding is needed on each slot link (the
+/// sandbox's packets) and on the uplinks (the replies, which the host de-masquerades and
+/// forwards to the slot); measured on Linux 6.18: with either alone, NAT egress fails.
+/// The global switch is left alone: if it is already on, nothing changes; it is never
+/// turned off (other software may rely on it).
+pub(crate) async fn setup_forwarding(config: &NetConfig) -> Result<Forwarding> {
     let current = std::fs::read_to_string(IP_FORWARD).map_err(|e| Error::io(IP_FORWARD, e))?;
     if current.trim() == "1" {
-        return Ok(false);
+        return Ok(Forwarding::Global);
     }
-    std::fs::write(IP_FORWARD, "1\n").map_err(|e| Error::io(IP_FORWARD, e))?;
-    Ok(true)
+    let uplinks = if config.forward_uplinks.is_empty() {
+        default_route_devs().await?
+    } else {
+        config.forward_uplinks.clone()
+    };
+    for uplink in &uplinks {
+        enable_link_forwarding(uplink)?;
+    }
+    Ok(Forwarding::PerLink { uplinks })
+}
+
+/// Turns on IPv4 forwarding for packets arriving on the host link `name`.
+pub(crate) fn enable_link_forwarding(name: &str) -> Result<()> {
+    let path = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{name}/forwarding"));
+    std::fs::write(&path, "1\n").map_err(|e| Error::io(path, e))
+}
+
+/// The interfaces of the host's IPv4 default routes (main table).
+async fn default_route_devs() -> Result<Vec<String>> {
+    let command = "ip -j -4 route show default";
+    let out = Invocation::new(IP)
+        .args(["-j", "-4", "route", "show", "default"])
+        .run()
+        .await?;
+    let mut devs: Vec<String> = json_array(command, &out)?
+        .iter()
+        .filter_map(|r| Some(r.get("dev")?.as_str()?.to_owned()))
+        .collect();
+    devs.sort();
+    devs.dedup();
+    Ok(devs)
+}
+
+/// Every IPv4 address of the host's own interfaces: a sandbox must reach none of them, even
+/// those outside the special-purpose ranges (a public address on the uplink).
+pub(crate) async fn host_addrs() -> Result<Vec<std::net::Ipv4Addr>> {
+    let command = "ip -j -4 addr show";
+    let out = Invocation::new(IP)
+        .args(["-j", "-4", "addr", "show"])
+        .run()
+        .await?;
+    let mut addrs: Vec<std::net::Ipv4Addr> = json_array(command, &out)?
+        .iter()
+        .filter_map(|link| link.get("addr_info")?.as_array())
+        .flatten()
+        .filter_map(|a| a.get("local")?.as_str()?.parse().ok())
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    Ok(addrs)
 }
 
 /// Loads (atomically replaces) the host table.

@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Everything here needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for namespaces) and the
-//! `ip` (iproute2) and `nft` (nftables) tools; `conntrack` (conntrack) is optional.
+//! `ip` (iproute2), `nft` (nftables) and `conntrack` (conntrack) tools; the last one is
+//! optional only with `flush_conntrack = false`.
 
 mod addr;
 mod adopt;
@@ -37,6 +38,7 @@ pub mod netns;
 mod pool;
 mod rules;
 mod slot;
+mod watchdog;
 
 pub use addr::{
     slot_capacity, Ipv4Cidr, ParseCidrError, SlotAddrs, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR,
@@ -49,3 +51,4 @@ pub use dns::{parse_nameservers, DnsConfig};
 pub use error::{Error, Result};
 pub use pool::{NetPool, PoolStats};
 pub use slot::Slot;
+pub use watchdog::TableCheck;

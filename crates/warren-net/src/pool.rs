@@ -1,7 +1,7 @@
 //! The pool: slots built ahead of demand, leased in O(1), reset and recycled on release.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,10 +16,11 @@ use crate::cmd::{Invocation, CONNTRACK};
 use crate::config::NetConfig;
 use crate::dns::DnsConfig;
 use crate::error::{Error, Result};
-use crate::host::{self, PrefixLock};
+use crate::host::{self, Forwarding, PrefixLock};
 use crate::netns::netns_path;
-use crate::rules::{self, HostRules};
+use crate::rules::{self, HostRules, SlotFilter};
 use crate::slot::{self, Returned, Slot};
+use crate::watchdog::{self, TableCheck};
 
 /// Pause of the background refill after a failed creation, so a persistent failure (e.g.
 /// nftables missing) logs once in a while instead of spinning.
@@ -51,6 +52,8 @@ pub struct PoolStats {
 pub struct NetPool {
     inner: Arc<Inner>,
     worker: JoinHandle<()>,
+    /// Checks the host table every `table_check_interval_ms` (none when that is 0).
+    watchdog: Option<JoinHandle<()>>,
     startup_cleanup: CleanupReport,
     // Last field: released after the worker is told to stop.
     _lock: PrefixLock,
@@ -63,6 +66,18 @@ struct Inner {
     dns: DnsConfig,
     resolv_conf: Arc<str>,
     flush_conntrack: bool,
+    /// The in-slot filter every slot gets.
+    filter: SlotFilter,
+    /// Slot links need their own forwarding switch (the host has `ip_forward` off).
+    forward_per_link: bool,
+    /// Serialises changes of the host table (no-egress elements) with the watchdog's check
+    /// and restore, so a restore never loses or resurrects an element.
+    table_lock: tokio::sync::Mutex<()>,
+    /// Shape of the host table as last loaded (see [`watchdog::Listing`]).
+    expected_table: Mutex<String>,
+    /// False while the host table is known to be missing or wrong and could not be restored:
+    /// `acquire` then refuses new slots.
+    healthy: AtomicBool,
     state: Mutex<State>,
     /// Serialises refills (background and [`NetPool::fill`]) so they never overshoot.
     refill_lock: tokio::sync::Mutex<()>,
@@ -82,6 +97,9 @@ struct State {
     refilling: usize,
     broken: usize,
     shutting_down: bool,
+    /// Slot links that are (or may be) in the host's no-egress set: what a restored host
+    /// table must contain.
+    no_egress: BTreeSet<String>,
 }
 
 impl State {
@@ -133,6 +151,17 @@ impl NetPool {
         adopt: Vec<AdoptSlot>,
     ) -> Result<(Self, Vec<Result<Slot>>)> {
         let max_slots = config.validate()?;
+        if config.flush_conntrack {
+            // Without the flush, a recycled slot accepts late replies to its previous
+            // tenant's connections: refuse to start rather than degrade silently.
+            Invocation::new(CONNTRACK)
+                .args(["--version"])
+                .run()
+                .await
+                .map_err(|e| Error::ConntrackRequired {
+                    source: Box::new(e),
+                })?;
+        }
         let lock = PrefixLock::acquire(&config)?;
         let verdicts = adopt::verify(&config, max_slots, &adopt).await?;
         let keep: HashSet<String> = verdicts
@@ -153,9 +182,16 @@ impl NetPool {
                  set `dns` in the network configuration"
             );
         }
-        if host::ensure_ip_forward()? {
-            tracing::info!("enabled IPv4 forwarding (net.ipv4.ip_forward=1)");
+        let forwarding = host::setup_forwarding(&config).await?;
+        if let Forwarding::PerLink { uplinks } = &forwarding {
+            tracing::info!(
+                ?uplinks,
+                "IPv4 forwarding is off on the host; enabled it on \
+                the uplinks and on each slot link only"
+            );
         }
+        let forward_per_link = forwarding != Forwarding::Global;
+        let filter = slot_filter(&config, &dns.servers).await?;
         let link_glob = config.link_glob();
         let no_egress: Vec<String> = adopt
             .iter()
@@ -172,8 +208,30 @@ impl NetPool {
             no_egress: &no_egress,
         }))
         .await?;
+        let expected_table = watchdog::list_host_table(&config.prefix)
+            .await?
+            .ok_or_else(|| Error::Leftover {
+                what: format!(
+                    "nothing: table inet {} vanished right after loading",
+                    config.prefix
+                ),
+            })?
+            .shape;
+        // Adopted slots may predate the in-slot filter, or carry an older configuration's.
+        for (a, v) in adopt.iter().zip(&verdicts) {
+            if let Ok(addrs) = v {
+                let name = config.slot_name(a.index);
+                slot::install_filter(&name, addrs, &filter).await?;
+                if forward_per_link {
+                    host::enable_link_forwarding(&name)?;
+                }
+            }
+        }
 
-        let flush_conntrack = config.flush_conntrack && conntrack_available().await;
+        let flush_conntrack = config.flush_conntrack;
+        let mut state =
+            State::with_leased(verdicts.iter().filter_map(|v| Some(v.as_ref().ok()?.index)));
+        state.no_egress = no_egress.iter().cloned().collect();
         let (returner, returns) = unbounded_channel();
         let inner = Arc::new(Inner {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
@@ -181,10 +239,13 @@ impl NetPool {
             dns,
             max_slots,
             flush_conntrack,
+            filter,
+            forward_per_link,
+            table_lock: tokio::sync::Mutex::new(()),
+            expected_table: Mutex::new(expected_table),
+            healthy: AtomicBool::new(true),
             config,
-            state: Mutex::new(State::with_leased(
-                verdicts.iter().filter_map(|v| Some(v.as_ref().ok()?.index)),
-            )),
+            state: Mutex::new(state),
             refill_lock: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
             returner,
@@ -212,10 +273,14 @@ impl NetPool {
             adopted = keep.len(), not_adopted = adopt.len() - keep.len(),
             "network pool started");
         let worker = tokio::spawn(background(inner.clone(), returns));
+        let check_every = inner.config.table_check_interval_ms;
+        let watchdog =
+            (check_every > 0).then(|| tokio::spawn(table_watchdog(inner.clone(), check_every)));
         inner.wake.notify_one();
         let pool = Self {
             inner,
             worker,
+            watchdog,
             startup_cleanup,
             _lock: lock,
         };
@@ -227,7 +292,15 @@ impl NetPool {
     ///
     /// Cancel-safe, like every pool operation: work that touches the system runs in its own
     /// task, and a slot whose caller went away returns to the pool.
+    ///
+    /// Fails with [`Error::HostTableMissing`] while the host table is known to be gone and
+    /// could not be restored (see [`NetPool::check_host_table`]).
     pub async fn acquire(&self, allow_internet_access: bool) -> Result<Slot> {
+        if !self.is_healthy() {
+            return Err(Error::HostTableMissing {
+                table: format!("inet {}", self.inner.config.prefix),
+            });
+        }
         let ready = self.inner.pop_ready();
         self.inner.wake.notify_one();
         if let (Some((name, addrs)), true) = (&ready, allow_internet_access) {
@@ -296,6 +369,22 @@ impl NetPool {
         &self.startup_cleanup
     }
 
+    /// Checks that the host table is as the pool loaded it and loads it again if it is
+    /// missing or was changed (logging a warning). The watchdog does this every
+    /// `table_check_interval_ms`; this runs a check now.
+    ///
+    /// On failure the pool is unhealthy ([`NetPool::is_healthy`]) and refuses new slots until
+    /// a later check succeeds. Running slots stay isolated by their in-slot filter meanwhile.
+    pub async fn check_host_table(&self) -> Result<TableCheck> {
+        let inner = self.inner.clone();
+        run_detached(async move { inner.check_host_table().await }).await
+    }
+
+    /// Whether the last check found (or left) the host table in place.
+    pub fn is_healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Relaxed)
+    }
+
     pub fn stats(&self) -> PoolStats {
         let state = self.inner.lock();
         let ready = state.ready.len();
@@ -328,6 +417,11 @@ impl NetPool {
         self.worker.abort();
         // Wait until the task is really gone, so no creation races the removal below.
         let _ = (&mut self.worker).await;
+        // And the watchdog, which would otherwise restore the table removed below.
+        if let Some(mut w) = self.watchdog.take() {
+            w.abort();
+            let _ = (&mut w).await;
+        }
         let report =
             remove_prefix_objects(&self.inner.config, &HashSet::new(), Tables::RemoveAll).await?;
         tracing::info!(prefix = %self.inner.config.prefix, slots = report.netns.len(),
@@ -349,6 +443,9 @@ impl NetPool {
 impl Drop for NetPool {
     fn drop(&mut self) {
         self.worker.abort();
+        if let Some(w) = &self.watchdog {
+            w.abort();
+        }
     }
 }
 
@@ -399,17 +496,84 @@ impl Inner {
             return Ok(());
         }
         if allow {
-            slot::set_egress(&self.config, &slot.name, true).await?;
+            self.set_egress(&slot.name, true).await?;
             slot.internet = true;
         } else {
             // Pessimistic first (see `Slot::internet`); an nft failure means nothing changed.
             slot.internet = false;
-            if let Err(e) = slot::set_egress(&self.config, &slot.name, false).await {
+            if let Err(e) = self.set_egress(&slot.name, false).await {
                 slot.internet = true;
                 return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Changes the slot's membership of the host's no-egress set, and the pool's record of
+    /// it that a restored host table is built from.
+    async fn set_egress(&self, name: &str, allow: bool) -> Result<()> {
+        let _table = self.table_lock.lock().await;
+        let result = slot::set_egress(&self.config, name, allow).await;
+        let mut state = self.lock();
+        if allow == result.is_ok() {
+            state.no_egress.remove(name);
+        } else {
+            state.no_egress.insert(name.to_owned());
+        }
+        result
+    }
+
+    fn host_ruleset(&self, no_egress: &[String]) -> String {
+        rules::host_ruleset(&HostRules {
+            table: &self.config.prefix,
+            link_glob: &self.config.link_glob(),
+            pool: self.config.host_cidr,
+            blocked: &self.config.blocked_destinations,
+            dns_servers: &self.dns.servers,
+            no_egress,
+        })
+    }
+
+    async fn check_host_table(&self) -> Result<TableCheck> {
+        let _table = self.table_lock.lock().await;
+        let result = self.check_and_restore().await;
+        self.healthy.store(result.is_ok(), Ordering::Relaxed);
+        result
+    }
+
+    async fn check_and_restore(&self) -> Result<TableCheck> {
+        let table = &self.config.prefix;
+        let want: Vec<String> = self.lock().no_egress.iter().cloned().collect();
+        let found = watchdog::list_host_table(table).await?;
+        let verdict = match &found {
+            None => TableCheck::RestoredMissing,
+            Some(l)
+                if l.shape
+                    == *self
+                        .expected_table
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                    && l.no_egress.iter().eq(want.iter()) =>
+            {
+                return Ok(TableCheck::Intact)
+            }
+            Some(_) => TableCheck::RestoredAltered,
+        };
+        tracing::warn!(table = %format!("inet {table}"), ?verdict,
+            "the host's nftables table of the network pool was removed or changed (e.g. by \
+             `nft flush ruleset`); loading it again");
+        host::install_table(self.host_ruleset(&want)).await?;
+        let now =
+            watchdog::list_host_table(table)
+                .await?
+                .ok_or_else(|| Error::HostTableMissing {
+                    table: format!("inet {table}"),
+                })?;
+        *self
+            .expected_table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = now.shape;
+        Ok(verdict)
     }
 
     fn allocate(&self, for_refill: bool) -> Result<(String, SlotAddrs)> {
@@ -445,7 +609,14 @@ impl Inner {
     /// Builds a new slot (not yet ready nor leased).
     async fn create_one(&self, for_refill: bool) -> Result<(String, SlotAddrs)> {
         let (name, addrs) = self.allocate(for_refill)?;
-        let result = slot::create(&self.config, &name, &addrs).await;
+        let result = slot::create(
+            &self.config,
+            &name,
+            &addrs,
+            &self.filter,
+            self.forward_per_link,
+        )
+        .await;
         if for_refill {
             self.lock().refilling -= 1;
         }
@@ -480,7 +651,7 @@ impl Inner {
     /// is full or the reset failed.
     async fn recycle(&self, name: String, addrs: SlotAddrs, internet: bool) -> Result<()> {
         if !internet {
-            if let Err(e) = slot::set_egress(&self.config, &name, true).await {
+            if let Err(e) = self.set_egress(&name, true).await {
                 // Still listed as "no egress": removal must take the element out first.
                 self.discard(&name, addrs.index, true).await;
                 return Err(e);
@@ -514,7 +685,14 @@ impl Inner {
     /// Removes a slot that must not be used again; on failure it stays allocated (broken)
     /// so its index and name are never reused while its remains exist.
     async fn discard(&self, name: &str, index: u32, in_no_egress_set: bool) {
-        match slot::destroy(&self.config, name, in_no_egress_set).await {
+        if in_no_egress_set {
+            if let Err(e) = self.set_egress(name, true).await {
+                tracing::warn!(slot = name, error = %e, "could not remove a slot");
+                self.lock().broken += 1;
+                return;
+            }
+        }
+        match slot::destroy(&self.config, name, false).await {
             Ok(()) => self.free_index(index),
             Err(e) => {
                 tracing::warn!(slot = name, error = %e, "could not remove a slot");
@@ -568,12 +746,43 @@ async fn run_detached<T: Send + 'static>(
     }
 }
 
-async fn conntrack_available() -> bool {
-    match Invocation::new(CONNTRACK).args(["--version"]).run().await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::info!(error = %e, "not flushing conntrack entries on release");
-            false
+/// Checks the host table every `every_ms` for the life of the pool.
+async fn table_watchdog(inner: Arc<Inner>, every_ms: u64) {
+    let mut tick = tokio::time::interval(Duration::from_millis(every_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick fires at once; the table was just loaded.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match inner.check_host_table().await {
+            Ok(TableCheck::Intact) => {}
+            Ok(verdict) => {
+                tracing::warn!(?verdict, "restored the network pool's host table");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the network pool's host table is not in place \
+                    and could not be restored; refusing new sandboxes until it is");
+            }
         }
     }
+}
+
+/// The in-slot filter for this pool: the host table's isolation, repeated inside each slot.
+async fn slot_filter(config: &NetConfig, dns: &[std::net::Ipv4Addr]) -> Result<SlotFilter> {
+    let mut isolated = vec![config.host_cidr];
+    isolated.extend(
+        host::host_addrs()
+            .await?
+            .into_iter()
+            .filter(|a| !config.host_cidr.contains(*a))
+            .map(crate::addr::Ipv4Cidr::host),
+    );
+    Ok(SlotFilter {
+        table: config.prefix.clone(),
+        blocked: config.blocked_destinations.clone(),
+        isolated,
+        dns_servers: dns.to_vec(),
+        max_connections: config.max_connections_per_slot,
+        new_per_second: config.new_connections_per_second,
+    })
 }

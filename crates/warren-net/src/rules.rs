@@ -78,6 +78,18 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 \t\tiifname != @{NO_EGRESS_SET} ip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
 \t\tcounter drop
 \t}}
+\t# Only root (the manager and the proxy) opens connections from the host into slots:
+\t# every other local user is kept away from agents and user ports. Replies (e.g. of a
+\t# resolver on the host to a sandbox's query) are not new connections and pass.
+\tchain output {{
+\t\ttype filter hook output priority filter; policy accept;
+\t\tip daddr {pool} jump host_to_slot
+\t}}
+\tchain host_to_slot {{
+\t\tmeta skuid 0 accept
+\t\tct state established,related accept
+\t\tcounter reject with icmpx type admin-prohibited
+\t}}
 \tchain forward {{
 \t\ttype filter hook forward priority filter; policy accept;
 \t\tiifname \"{link_glob}\" jump slot_egress
@@ -139,6 +151,95 @@ pub(crate) fn slot_ruleset(table: &str, a: &SlotAddrs) -> String {
 \t}}
 }}
 "
+    )
+}
+
+/// Inputs of the filter table inside each slot: the second, independent layer of isolation.
+#[derive(Clone, Debug)]
+pub(crate) struct SlotFilter {
+    pub table: String,
+    /// Rejected like the host's `@blocked` (egress policy).
+    pub blocked: Vec<Ipv4Cidr>,
+    /// Silently dropped: the whole slot pool (other slots, the host's veth ends) and the
+    /// host's own addresses.
+    pub isolated: Vec<Ipv4Cidr>,
+    pub dns_servers: Vec<Ipv4Addr>,
+    pub max_connections: u32,
+    pub new_per_second: Option<u32>,
+}
+
+/// The filter table `inet <prefix>` inside a slot's netns. It repeats the host table's
+/// isolation (no pool, host, special-purpose or metadata addresses; DNS only to the
+/// configured servers) where a host-side `nft flush ruleset` cannot reach it and the
+/// sandbox, which has no CAP_NET_ADMIN over this netns, cannot change it. It also caps the
+/// sandbox's connections. It filters on `eth0` only, for both a namespace sandbox (its own
+/// traffic: `output`) and a microVM behind `tap0` (routed by the slot: `forward`).
+///
+/// New connections into the slot are accepted only from the host end of its veth, so a
+/// neighbour that routes to the pool through the host (a LAN peer, a slot with the host
+/// table gone) reaches nothing either. The leading `table`/`delete table` pair makes
+/// loading it an atomic replace (adoption re-installs it).
+pub(crate) fn slot_filter_ruleset(f: &SlotFilter, a: &SlotAddrs) -> String {
+    let table = &f.table;
+    let host_veth = a.host_veth;
+    let mut limits = String::new();
+    if f.max_connections > 0 {
+        let _ = writeln!(
+            limits,
+            "\t\tct state new ct count over {} counter reject with icmpx type admin-prohibited",
+            f.max_connections
+        );
+    }
+    if let Some(rate) = f.new_per_second {
+        let _ = writeln!(
+            limits,
+            "\t\tct state new limit rate over {rate}/second burst {} packets counter reject \
+             with icmpx type admin-prohibited",
+            rate.saturating_mul(2)
+        );
+    }
+    format!(
+        "table inet {table}
+delete table inet {table}
+table inet {table} {{
+\tset isolated {{
+\t\ttype ipv4_addr
+\t\tflags interval
+\t\tauto-merge
+{isolated}\t}}
+\tset blocked {{
+\t\ttype ipv4_addr
+\t\tflags interval
+\t\tauto-merge
+{blocked}\t}}
+\tset dns_servers {{
+\t\ttype ipv4_addr
+{dns}\t}}
+\tchain ingress {{
+\t\ttype filter hook prerouting priority mangle; policy accept;
+\t\tiifname \"{SANDBOX_IFACE}\" meta nfproto ipv6 counter drop
+\t\tiifname \"{SANDBOX_IFACE}\" ct state new ip saddr != {host_veth} counter drop
+\t}}
+\tchain output {{
+\t\ttype filter hook output priority filter; policy accept;
+\t\toifname \"{SANDBOX_IFACE}\" jump egress
+\t}}
+\tchain forward {{
+\t\ttype filter hook forward priority filter; policy accept;
+\t\toifname \"{SANDBOX_IFACE}\" jump egress
+\t}}
+\tchain egress {{
+\t\tmeta nfproto ipv6 counter drop
+\t\tct state established,related accept
+{limits}\t\tip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
+\t\tip daddr @isolated counter drop
+\t\tip daddr @blocked counter reject with icmpx type admin-prohibited
+\t}}
+}}
+",
+        isolated = elements(f.isolated.iter()),
+        blocked = elements(f.blocked.iter()),
+        dns = elements(f.dns_servers.iter()),
     )
 }
 

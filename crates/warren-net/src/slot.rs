@@ -11,6 +11,7 @@ use crate::cmd::{Invocation, CONNTRACK, IP, NFT};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::netns::netns_path;
+use crate::rules::SlotFilter;
 use crate::{host, rules};
 
 /// A network slot leased from a [`crate::NetPool`].
@@ -123,8 +124,14 @@ impl Drop for Slot {
 
 /// Builds slot `addrs` named `name`: 3 processes (host `ip -batch`, then the slot's
 /// `ip -batch` and `nft -f` concurrently). On failure removes whatever was created.
-pub(crate) async fn create(config: &NetConfig, name: &str, addrs: &SlotAddrs) -> Result<()> {
-    let result = create_inner(config, name, addrs).await;
+pub(crate) async fn create(
+    config: &NetConfig,
+    name: &str,
+    addrs: &SlotAddrs,
+    filter: &SlotFilter,
+    forward_per_link: bool,
+) -> Result<()> {
+    let result = create_inner(config, name, addrs, filter, forward_per_link).await;
     if let Err(e) = &result {
         tracing::warn!(slot = name, error = %e, "slot creation failed; removing the remains");
         if let Err(cleanup) = destroy(config, name, false).await {
@@ -134,12 +141,21 @@ pub(crate) async fn create(config: &NetConfig, name: &str, addrs: &SlotAddrs) ->
     result
 }
 
-async fn create_inner(config: &NetConfig, name: &str, addrs: &SlotAddrs) -> Result<()> {
+async fn create_inner(
+    config: &NetConfig,
+    name: &str,
+    addrs: &SlotAddrs,
+    filter: &SlotFilter,
+    forward_per_link: bool,
+) -> Result<()> {
     Invocation::new(IP)
         .args(["-batch", "-"])
         .stdin(rules::host_create_batch(name, addrs))
         .run()
         .await?;
+    if forward_per_link {
+        host::enable_link_forwarding(name)?;
+    }
     let ns = netns_path(name);
     let links = Invocation::new(IP)
         .args(["-batch", "-"])
@@ -148,13 +164,33 @@ async fn create_inner(config: &NetConfig, name: &str, addrs: &SlotAddrs) -> Resu
         .run();
     let nat = Invocation::new(NFT)
         .args(["-f", "-"])
-        .stdin(rules::slot_ruleset(&config.prefix, addrs))
+        .stdin(format!(
+            "{}{}",
+            rules::slot_ruleset(&config.prefix, addrs),
+            rules::slot_filter_ruleset(filter, addrs)
+        ))
         .in_netns(&ns)
         .run();
     let (links, nat) = tokio::join!(links, nat);
     links?;
     nat?;
     Ok(())
+}
+
+/// (Re)installs the slot's filter table in one atomic replace: for adopted slots, which may
+/// have been built before the table existed or with another configuration.
+pub(crate) async fn install_filter(
+    name: &str,
+    addrs: &SlotAddrs,
+    filter: &SlotFilter,
+) -> Result<()> {
+    Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(rules::slot_filter_ruleset(filter, addrs))
+        .in_netns(&netns_path(name))
+        .run()
+        .await
+        .map(drop)
 }
 
 /// Adds or removes the slot from the host's no-egress set: one small, idempotent nft

@@ -269,7 +269,9 @@ pub fn sh(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, S
 }
 
 impl TestCtx {
-    /// A pool configuration confined to this test: own prefix, /24 and lock directory.
+    /// A pool configuration confined to this test: own prefix, /24 and lock directory. The
+    /// outside world (if made first) is the pool's uplink: when the host has IPv4
+    /// forwarding off, the pool turns it on for that link instead of the default route's.
     pub fn config(&self, pool_size: usize) -> NetConfig {
         NetConfig {
             prefix: self.prefix.clone(),
@@ -278,6 +280,7 @@ impl TestCtx {
                 .expect("valid test CIDR"),
             pool_size,
             run_dir: PathBuf::from(RUN_DIR),
+            forward_uplinks: self.outside.iter().map(|o| o.name.clone()).collect(),
             ..NetConfig::default()
         }
     }
