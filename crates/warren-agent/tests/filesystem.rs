@@ -16,13 +16,17 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().http1_only().build().unwrap()
 }
 
-/// A scratch directory under /tmp, removed on drop.
+/// A scratch directory under /tmp, removed on drop. It belongs to `user`, as a workspace in a
+/// sandbox would: the agent acts with the caller's identity, so `user` may only create where
+/// `user` could.
 struct Scratch(PathBuf);
 
 impl Scratch {
     fn new() -> Scratch {
         let p = PathBuf::from(format!("/tmp/warren-fs-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&p).unwrap();
+        let (uid, gid) = common::user_ids("user");
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
         Scratch(p)
     }
     fn path(&self, rel: &str) -> PathBuf {

@@ -5,9 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use xattr::FileExt;
 
 /// Namespace of the metadata attributes.
 pub const XATTR_PREFIX: &str = "user.e2b.";
@@ -63,6 +66,45 @@ pub fn replace(path: &Path, metadata: &Metadata) -> io::Result<()> {
     Ok(())
 }
 
+/// [`read`] through an open file: no path is looked up again.
+pub fn read_fd(file: &File) -> io::Result<Metadata> {
+    let mut out = Metadata::new();
+    let names = match file.list_xattr() {
+        Ok(n) => n,
+        Err(e) if unsupported(&e) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for name in names {
+        let Some(key) = metadata_key(&name) else {
+            continue;
+        };
+        if let Some(value) = file.get_xattr(&name)? {
+            out.insert(key, String::from_utf8_lossy(&value).into_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// [`replace`] through an open file, so a path swapped after the open cannot redirect it.
+pub fn replace_fd(file: &File, metadata: &Metadata) -> io::Result<()> {
+    for name in file.list_xattr()? {
+        let Some(key) = metadata_key(&name) else {
+            continue;
+        };
+        if !metadata.contains_key(&key) {
+            match file.remove_xattr(&name) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    for (key, value) in metadata {
+        file.set_xattr(format!("{XATTR_PREFIX}{key}"), value.as_bytes())?;
+    }
+    Ok(())
+}
+
 /// The metadata key of an attribute name, if it is in our namespace.
 fn metadata_key(name: &OsStr) -> Option<String> {
     let rest = name.as_bytes().strip_prefix(XATTR_PREFIX.as_bytes())?;
@@ -99,6 +141,11 @@ mod tests {
         replace(&file, &map(&[("b", "3")])).unwrap();
         assert_eq!(read(&file).unwrap(), map(&[("b", "3")]));
         replace(&file, &Metadata::new()).unwrap();
+        assert!(read(&file).unwrap().is_empty());
+        let fd = File::options().write(true).open(&file).unwrap();
+        replace_fd(&fd, &map(&[("c", "4")])).unwrap();
+        assert_eq!(read_fd(&fd).unwrap(), map(&[("c", "4")]));
+        replace_fd(&fd, &Metadata::new()).unwrap();
         assert!(read(&file).unwrap().is_empty());
         // Attributes outside our namespace are left alone.
         assert_eq!(

@@ -1,6 +1,7 @@
 //! The `filesystem.Filesystem` service.
 
 pub mod entry;
+pub mod identity;
 pub mod metadata;
 pub mod ops;
 pub mod service;

@@ -1,11 +1,12 @@
 //! The unary filesystem operations: Stat, MakeDir, Move, ListDir and Remove.
 //!
-//! Everything here is blocking `std::fs` work; the service runs it on the blocking pool. Paths
-//! arrive raw from the client and are resolved once per call against the run-as user.
+//! Everything here is blocking `std::fs` work; the service runs it with the caller's filesystem
+//! identity (`identity::run_as`), so the kernel checks every step as it would for the caller,
+//! and directories created are the caller's. Paths arrive raw from the client and are resolved
+//! once per call against the run-as user.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use warren_proto::filesystem::*;
@@ -54,7 +55,7 @@ pub fn make_dir(caller: &Caller, req: MakeDirRequest) -> RpcResult<MakeDirRespon
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error(&e, format!("error reading {}", path.display()))),
     }
-    ensure_dirs(&path, caller.user.uid, caller.user.gid)
+    super::identity::open_dirs(&path)
         .map_err(|e| io_error(&e, format!("error creating directory {}", path.display())))?;
     let entry = entry_info(&path, &UserDb::load())
         .map_err(|e| lookup_error(&e, "file not found", &path))?;
@@ -68,7 +69,7 @@ pub fn move_entry(caller: &Caller, req: MoveRequest) -> RpcResult<MoveResponse> 
     // that could equally be about the destination.
     fs::symlink_metadata(&source).map_err(|e| lookup_error(&e, "source not found", &source))?;
     if let Some(parent) = destination.parent() {
-        ensure_dirs(parent, caller.user.uid, caller.user.gid)
+        super::identity::open_dirs(parent)
             .map_err(|e| io_error(&e, format!("error creating directory {}", parent.display())))?;
     }
     fs::rename(&source, &destination).map_err(|e| {
@@ -199,39 +200,6 @@ fn push_children(stack: &mut Vec<Pending>, dir: &Path, shown: &Path, depth: u32)
             meta,
             depth,
         });
-    }
-    Ok(())
-}
-
-/// Creates `path` and any missing parents (mode 0755 before umask), handing each directory it
-/// creates to `uid:gid`; existing ones are left as they are.
-pub fn ensure_dirs(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
-    let mut missing = Vec::new();
-    let mut cur = path;
-    loop {
-        match fs::metadata(cur) {
-            Ok(m) if m.is_dir() => break,
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotADirectory,
-                    format!("{} exists and is not a directory", cur.display()),
-                ))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(cur),
-            Err(e) => return Err(e),
-        }
-        match cur.parent() {
-            Some(p) => cur = p,
-            None => break,
-        }
-    }
-    for dir in missing.into_iter().rev() {
-        match fs::DirBuilder::new().mode(0o755).create(dir) {
-            Ok(()) => std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?,
-            // Created concurrently by someone else: fine as long as it is a directory.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-            Err(e) => return Err(e),
-        }
     }
     Ok(())
 }

@@ -61,8 +61,8 @@ fn caller(state: &AppState, headers: &HeaderMap) -> RpcResult<Caller> {
     })
 }
 
-/// A unary call whose operation does blocking filesystem work: it runs on the blocking pool so
-/// a slow disk or a big tree never stalls the async workers.
+/// A unary call whose operation does blocking filesystem work: it runs off the async workers
+/// (so a slow disk or a big tree never stalls them) with the caller's filesystem identity.
 async fn blocking_unary<Req, Resp>(
     state: &AppState,
     headers: &HeaderMap,
@@ -75,9 +75,10 @@ where
 {
     unary(headers, body, |req: Req| async move {
         let caller = caller(state, headers)?;
-        tokio::task::spawn_blocking(move || op(&caller, req))
+        let user = caller.user.clone();
+        super::identity::run_as(&user, move || op(&caller, req))
             .await
-            .map_err(|e| RpcError::internal(format!("filesystem operation failed: {e}")))?
+            .map_err(|e| ops::io_error(&e, "filesystem operation failed"))?
     })
     .await
 }

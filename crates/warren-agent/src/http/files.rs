@@ -28,6 +28,7 @@ use super::headers::{
 use super::signing::{self, Operation, SignedRequest};
 use super::xattrs::{self, Metadata};
 use crate::auth::{http_error, lookup_user};
+use crate::fs::identity;
 use crate::paths;
 use crate::state::AppState;
 use crate::users::User;
@@ -64,13 +65,16 @@ impl Failure {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    /// An I/O error while creating or writing a file: full disks (ENOSPC, EDQUOT) are 507 so
-    /// the SDKs raise `NotEnoughSpaceException`; a file where a directory is needed (or the
-    /// reverse) is the caller's mistake; anything else is ours.
+    /// An I/O error while opening, creating or writing a file: full disks (ENOSPC, EDQUOT)
+    /// are 507 so the SDKs raise `NotEnoughSpaceException`; a file where a directory is needed
+    /// (or the reverse) is the caller's mistake, and so is a path the caller may not use
+    /// (403); anything else is ours.
     fn io(context: &str, e: &io::Error) -> Self {
-        let status = match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => StatusCode::INSUFFICIENT_STORAGE,
-            Some(libc::ENOTDIR) | Some(libc::EISDIR) => StatusCode::BAD_REQUEST,
+        use io::ErrorKind as K;
+        let status = match e.kind() {
+            K::StorageFull | K::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+            K::NotADirectory | K::IsADirectory | K::InvalidInput => StatusCode::BAD_REQUEST,
+            K::PermissionDenied => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, format!("{context}: {e}"))
@@ -168,8 +172,20 @@ async fn serve_file(
 ) -> Result<Response> {
     let caller = authenticate(state, query, headers, Operation::Read)?;
     let path = caller.resolve(caller.query.path.as_deref().unwrap_or(""));
-    let meta = match tokio::fs::metadata(&path).await {
-        Ok(m) => m,
+    // Opened with the caller's identity, so the kernel decides what the caller may read
+    // (through symlinks too); the descriptor's metadata then describes exactly what is served.
+    let opened = {
+        let path = path.clone();
+        identity::run_as(&caller.user, move || {
+            let file = std::fs::File::open(&path)?;
+            let meta = file.metadata()?;
+            Ok::<_, io::Error>((file, meta))
+        })
+        .await
+        .and_then(|r| r)
+    };
+    let (file, meta) = match opened {
+        Ok(o) => o,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(Failure::new(
                 StatusCode::NOT_FOUND,
@@ -177,9 +193,9 @@ async fn serve_file(
             ))
         }
         Err(e) => {
-            return Err(Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("error checking if path exists '{}': {e}", path.display()),
+            return Err(Failure::io(
+                &format!("error opening file '{}'", path.display()),
+                &e,
             ))
         }
     };
@@ -237,21 +253,7 @@ async fn serve_file(
         return Ok(resp);
     }
 
-    let mut file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(Failure::new(
-                StatusCode::NOT_FOUND,
-                format!("path '{}' does not exist", path.display()),
-            ))
-        }
-        Err(e) => {
-            return Err(Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("error opening file '{}': {e}", path.display()),
-            ))
-        }
-    };
+    let mut file = tokio::fs::File::from_std(file);
 
     // Like upstream, a Range request is always answered in identity so byte offsets mean
     // something; Accept-Encoding is advisory.
@@ -366,8 +368,7 @@ async fn receive(
         .trim()
         .to_ascii_lowercase();
     let sink = Sink {
-        uid: caller.user.uid,
-        gid: caller.user.gid,
+        user: caller.user.clone(),
         metadata,
         gzip,
     };
@@ -458,8 +459,7 @@ fn body_stream(body: Body, gzip: bool) -> BoxStream<'static, io::Result<Bytes>> 
 
 /// Where uploaded files go and how they are finished.
 struct Sink {
-    uid: u32,
-    gid: u32,
+    user: User,
     metadata: Metadata,
     gzip: bool,
 }
@@ -476,8 +476,8 @@ impl Sink {
         let mut source = std::pin::pin!(source);
         let first = self.next_chunk(&mut source).await?;
         let (file, regular) = {
-            let (target, uid, gid) = (target.clone(), self.uid, self.gid);
-            tokio::task::spawn_blocking(move || open_target(&target, uid, gid))
+            let target = target.clone();
+            identity::run_as(&self.user, move || open_target(&target))
                 .await
                 .map_err(internal)??
         };
@@ -491,11 +491,11 @@ impl Sink {
         }
         // tokio writes in the background: errors of the last write only surface here.
         file.flush().await.map_err(|e| write_failure(&e))?;
-        drop(file);
+        let file = file.into_std().await;
 
         let metadata = if regular {
-            let (path, wanted) = (target.clone(), self.metadata.clone());
-            tokio::task::spawn_blocking(move || finish_metadata(&path, &wanted))
+            let wanted = self.metadata.clone();
+            tokio::task::spawn_blocking(move || finish_metadata(&file, &wanted))
                 .await
                 .map_err(internal)??
         } else {
@@ -540,94 +540,51 @@ fn write_failure(e: &io::Error) -> Failure {
     }
 }
 
-/// Creates missing parents (each owned by the user), refuses directories, opens the file
-/// truncated and gives it to the user. Returns the file and whether it is a regular file
-/// (devices such as /dev/null are written to, but neither chowned nor tagged).
-fn open_target(path: &Path, uid: u32, gid: u32) -> Result<(std::fs::File, bool)> {
-    use std::os::unix::fs::OpenOptionsExt;
-
-    if let Some(parent) = path.parent() {
-        ensure_dirs(parent, uid, gid).map_err(|e| Failure::io("error ensuring directories", &e))?;
-    }
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => {
+/// Creates missing parents, refuses directories and opens the file truncated; to be run with
+/// the caller's identity (`identity::run_as`), so whatever it creates is the caller's and
+/// whatever it opens the caller could have opened. Returns the file and whether it is a
+/// regular file (devices such as /dev/null are written to, but not tagged).
+fn open_target(path: &Path) -> Result<(std::fs::File, bool)> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Failure::bad_request(format!(
+            "path is a directory: {}",
+            path.display()
+        )));
+    };
+    let dir =
+        identity::open_dirs(parent).map_err(|e| Failure::io("error ensuring directories", &e))?;
+    match nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::empty()) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
             return Err(Failure::bad_request(format!(
                 "path is a directory: {}",
                 path.display()
             )))
         }
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Failure::io("error getting file info", &e)),
+        Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(Failure::io("error getting file info", &io::Error::from(e))),
     }
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Failure::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                format!("not enough inodes available: {e}"),
-            ),
-            _ => Failure::io("error opening file", &e),
-        })?;
+    let file = identity::create_file(&dir, name).map_err(|e| match e.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Failure::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("not enough inodes available: {e}"),
+        ),
+        _ => Failure::io("error opening file", &e),
+    })?;
     let regular = file.metadata().map(|m| m.is_file()).unwrap_or(false);
-    if regular {
-        // Through the descriptor, so a path swapped meanwhile cannot redirect the chown.
-        nix::unistd::fchown(
-            &file,
-            Some(nix::unistd::Uid::from_raw(uid)),
-            Some(nix::unistd::Gid::from_raw(gid)),
-        )
-        .map_err(|e| Failure::io("error changing file ownership", &io::Error::from(e)))?;
-    }
     Ok((file, regular))
 }
 
-/// `mkdir -p` where every directory created is handed to the user.
-fn ensure_dirs(dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mut current = PathBuf::new();
-    for component in dir.components() {
-        current.push(component);
-        if current.is_dir() {
-            continue;
-        }
-        match std::fs::DirBuilder::new().mode(0o755).create(&current) {
-            Ok(()) => nix::unistd::chown(
-                &current,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )
-            .map_err(io::Error::from)?,
-            // Created concurrently by someone else: fine if it is a directory.
-            Err(_) if current.is_dir() => {}
-            // A file where a directory is needed: the caller's path is wrong (→ 400).
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                return Err(io::Error::from_raw_os_error(libc::ENOTDIR))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Replaces the file's metadata and reads it back for the response. Filesystems without
-/// xattrs (some virtual ones) keep the upload and just report no metadata.
-fn finish_metadata(path: &Path, wanted: &Metadata) -> Result<Metadata> {
-    match crate::fs::metadata::replace(path, wanted) {
+/// Replaces the file's metadata and reads it back for the response, through the descriptor
+/// the upload wrote (never by path, which could have been swapped meanwhile). Filesystems
+/// without xattrs (some virtual ones) keep the upload and just report no metadata.
+fn finish_metadata(file: &std::fs::File, wanted: &Metadata) -> Result<Metadata> {
+    match crate::fs::metadata::replace_fd(file, wanted) {
         Ok(()) => {}
         Err(e) if crate::fs::metadata::unsupported(&e) => {
-            tracing::warn!(path = %path.display(), "filesystem has no xattrs; metadata dropped");
+            tracing::warn!("filesystem has no xattrs; metadata dropped");
             return Ok(Metadata::new());
         }
         Err(e) => return Err(Failure::io("error writing file metadata", &e)),
     }
-    crate::fs::metadata::read(path).map_err(|e| Failure::io("error reading file metadata", &e))
+    crate::fs::metadata::read_fd(file).map_err(|e| Failure::io("error reading file metadata", &e))
 }

@@ -149,3 +149,15 @@ pub fn basic(user: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
     )
 }
+
+/// uid and gid of a local account, from /etc/passwd (panics when it is missing: the tests need
+/// it and say so).
+pub fn user_ids(name: &str) -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 4 && f[0] == name)
+        .map(|f| (f[2].parse().unwrap(), f[3].parse().unwrap()))
+        .unwrap_or_else(|| panic!("account '{name}' is missing: useradd -m {name}"))
+}
