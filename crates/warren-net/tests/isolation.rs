@@ -250,6 +250,14 @@ fn dns_servers_stay_reachable_on_port_53_only() {
     // ... while other ports of the same private address stay blocked.
     let web = listen(Some(&outside_ns), sa(dns_ip, 80));
     assert_blocked(Some(&ns), sa(dns_ip, 80), Some(&web));
+    // Only the configured resolver is an exception: another DNS server in a blocked range
+    // (a split-horizon internal resolver) stays out of reach, port 53 or not.
+    let other_ip = ctx.other_private_addr();
+    let _other_dns = udp_echo(&outside_ns, sa(other_ip, 53));
+    assert!(
+        !udp_roundtrip(&ns, sa(other_ip, 53), Duration::from_millis(800)),
+        "a DNS server other than the configured one answered"
+    );
 
     // Without internet access, DNS goes too (it is a way out).
     rt.block_on(pool.set_internet_access(&mut slot, false))

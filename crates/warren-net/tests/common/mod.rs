@@ -295,6 +295,11 @@ impl TestCtx {
         Ipv4Addr::new(10, self.octet2(), 200 + self.no, 53)
     }
 
+    /// A second such address: a DNS server that is *not* the configured one.
+    pub fn other_private_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.octet2(), 200 + self.no, 54)
+    }
+
     /// Creates this test's fake internet (`<prefix>x`). The host routes the outside /30 and
     /// [`TestCtx::private_addr`] to it.
     pub fn outside(&mut self) -> &Outside {
@@ -303,12 +308,13 @@ impl TestCtx {
         let host_addr = Ipv4Addr::from(base + 1);
         let addr = Ipv4Addr::from(base + 2);
         let private = self.private_addr();
+        let other = self.other_private_addr();
         // Registered before creation, so the guard removes a half-built world too.
         self.outside = Some(Outside {
             name: name.clone(),
             host_addr,
             addr,
-            private: vec![private],
+            private: vec![private, other],
         });
         // Explicit MACs: udev's MACAddressPolicy would otherwise rewrite a random one shortly
         // after creation, invalidating the neighbour caches of the first packets.
@@ -318,19 +324,21 @@ impl TestCtx {
              address 02:77:74:00:00:02 netns {name}\n\
              address add {host_addr}/30 dev {name}\n\
              link set dev {name} up\n\
-             route add {private}/32 via {addr} dev {name}\n"
+             route add {private}/32 via {addr} dev {name}\n\
+             route add {other}/32 via {addr} dev {name}\n"
         );
         sh("ip", &["-batch", "-"], Some(&host)).expect("create outside world");
         let inner = format!(
             "link set dev lo up\n\
              address add {addr}/30 dev eth0\n\
              address add {private}/32 dev eth0\n\
+             address add {other}/32 dev eth0\n\
              link set dev eth0 up\n"
         );
         sh("ip", &["-n", &name, "-batch", "-"], Some(&inner)).expect("configure outside");
         // The safety net of the whole suite: traffic to these addresses must end up in our
         // namespace, never on a real network.
-        for target in [addr, private] {
+        for target in [addr, private, other] {
             let route =
                 sh("ip", &["route", "get", &target.to_string()], None).expect("ip route get");
             assert!(
