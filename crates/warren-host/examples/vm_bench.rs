@@ -375,6 +375,7 @@ async fn main() -> anyhow::Result<()> {
                 tap: Some("tap0".into()),
                 netns: None,
                 boot_timeout: Duration::from_secs(300),
+                run_as: None,
             };
             s.append = s.append.clone();
             s

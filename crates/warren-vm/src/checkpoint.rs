@@ -16,7 +16,6 @@
 //!
 //! Making the directory durable and putting it in place is the caller's.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,8 +24,10 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::qemu;
 use crate::qmp::Qmp;
-use crate::snapshot::VmFiles;
-use crate::snapshot::{connect_spawned, create_overlay, set_capability, Snapshot, SnapshotMeta};
+use crate::snapshot::{
+    connect_spawned, create_overlay, qemu_jail, seal as seal_files, set_capability, virtual_size,
+    Snapshot, SnapshotMeta, VmFiles,
+};
 
 /// File name of a checkpoint's self-contained disk.
 pub const DISK: &str = "disk.qcow2";
@@ -47,12 +48,19 @@ pub struct CaptureSpec {
     pub qemu: PathBuf,
     /// What the VM was restored from: its command line is rebuilt from this.
     pub source: SnapshotMeta,
-    /// The VM's writable disk (its qcow2 overlay).
+    /// The VM's writable disk (its qcow2 overlay), written by the guest's QEMU.
     pub disk: PathBuf,
+    /// The only backing file that overlay may have (the link the manager made) and its
+    /// format: the flattening follows this chain, never the one the overlay's header names.
+    pub backing: PathBuf,
+    pub backing_format: &'static str,
+    /// The directory the VM's jail may write a checkpoint's memory into (its `out/`).
+    pub outbox: PathBuf,
     /// Whether the VM has a network device (then the helper gets a tap in `netns`).
     pub network: bool,
     pub netns: Option<PathBuf>,
-    /// The user the VM's QEMU runs as; the helper runs as the same one.
+    /// The user the VM's QEMU runs as; the helper and the disk flattening run as the same
+    /// one, jailed.
     pub run_as: Option<(u32, u32)>,
     /// A scratch directory for the helper's sockets and logs (short path: socket names are
     /// limited to 108 bytes); removed afterwards.
@@ -86,22 +94,9 @@ pub async fn capture(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()>
 
 async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let started = Instant::now();
-    std::fs::create_dir_all(staging).map_err(Error::io("create", staging))?;
+    crate::snapshot::private_dir(staging)?;
     let disk = staging.join(DISK);
-    let out = tokio::process::Command::new("qemu-img")
-        // -U: QEMU still holds the image (stopped, its caches flushed).
-        .args(["convert", "-U", "-q", "-f", "qcow2", "-O", "qcow2"])
-        .arg(&spec.disk)
-        .arg(&disk)
-        .output()
-        .await
-        .map_err(Error::io("run qemu-img convert for", &disk))?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command: format!("qemu-img convert {}", spec.disk.display()),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
+    crate::flatten::flatten(spec, &disk).await?;
     let meta =
         serde_json::to_vec_pretty(&spec.source).map_err(|e| Error::Invalid(e.to_string()))?;
     let meta_path = staging.join("meta.json");
@@ -119,34 +114,35 @@ async fn write(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
     seal(staging)
 }
 
-/// Forks of a checkpoint run as other users: they read its files, nobody writes them.
+/// Sealed 0400 root: forks of a checkpoint read its files through their jails' id-mapped
+/// mounts; nobody writes them.
 fn seal(staging: &Path) -> Result<()> {
-    for name in ["mem", "state", SAVED_RAM, DISK, "meta.json"] {
-        let p = staging.join(name);
-        if p.exists() {
-            std::os::unix::fs::lchown(&p, Some(0), Some(0)).map_err(Error::io("chown", &p))?;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
-                .map_err(Error::io("chmod", &p))?;
-        }
-    }
-    Ok(())
+    let names = ["mem", "state", SAVED_RAM, DISK, "meta.json"];
+    seal_files(&names.map(|n| staging.join(n)))
 }
 
-/// Creates `path` empty for QEMU running as `run_as` to write (the directory stays root's, so
-/// nothing else can appear there).
-fn writable_by(path: &Path, len: u64, run_as: Option<(u32, u32)>) -> Result<()> {
-    let f = std::fs::File::create(path).map_err(Error::io("create", path))?;
-    f.set_len(len).map_err(Error::io("size", path))?;
-    if let Some((uid, gid)) = run_as {
-        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(Error::io("chown", path))?;
-    }
-    Ok(())
+/// Creates `path` empty (root's, 0600) for a jailed QEMU to write through its id-mapped mount.
+fn writable(path: &Path, len: u64) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(Error::io("create", path))?;
+    f.set_len(len).map_err(Error::io("size", path))
 }
 
-/// The stopped VM migrates itself to a `mapped-ram` file.
+/// The stopped VM migrates itself to a `mapped-ram` file: into its jail's `out/` (the only
+/// place it may write), then moved into the checkpoint (same filesystem).
 async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()> {
-    let ram = staging.join(SAVED_RAM);
-    writable_by(&ram, 0, spec.run_as)?;
+    let ram = if spec.run_as.is_some() {
+        spec.outbox.join(SAVED_RAM)
+    } else {
+        staging.join(SAVED_RAM)
+    };
+    writable(&ram, 0)?;
     set_capability(vm, "x-ignore-shared", false).await?;
     set_capability(vm, "mapped-ram", true).await?;
     vm.execute(
@@ -159,7 +155,12 @@ async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()
         json!({ "uri": format!("file:{}", ram.display()) }),
     )
     .await?;
-    vm.wait_migration(MIGRATION_TIMEOUT).await
+    vm.wait_migration(MIGRATION_TIMEOUT).await?;
+    let dest = staging.join(SAVED_RAM);
+    if ram != dest {
+        std::fs::rename(&ram, &dest).map_err(Error::io("move into the checkpoint", &ram))?;
+    }
+    Ok(())
 }
 
 /// Turns the [`SAVED_RAM`] of a checkpoint in `staging` into the form of a template snapshot,
@@ -170,7 +171,6 @@ async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()
 pub async fn share(spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let started = Instant::now();
     let _ = std::fs::remove_dir_all(&spec.work);
-    std::fs::create_dir_all(&spec.work).map_err(Error::io("create", &spec.work))?;
     let result = run_helper(spec, staging).await;
     let _ = std::fs::remove_dir_all(&spec.work);
     result?;
@@ -184,27 +184,35 @@ pub async fn share(spec: &CaptureSpec, staging: &Path) -> Result<()> {
 }
 
 async fn run_helper(spec: &CaptureSpec, staging: &Path) -> Result<()> {
+    let files = VmFiles::new(&spec.work);
+    files.create(None)?;
     let overlay = spec.work.join("disk.qcow2");
     create_overlay(&staging.join(DISK), "qcow2", &overlay)?;
-    // The helper may write only its two output files and its scratch directory.
+    // The helper may write only its two output files and its overlay.
     let (mem, state) = (staging.join("mem"), staging.join("state"));
-    writable_by(&mem, u64::from(spec.source.memory_mb) << 20, spec.run_as)?;
-    writable_by(&state, 0, spec.run_as)?;
-    if let Some((uid, gid)) = spec.run_as {
-        for p in [&spec.work, &overlay] {
-            std::os::unix::fs::lchown(p, Some(uid), Some(gid)).map_err(Error::io("chown", p))?;
-        }
-    }
-    let files = VmFiles::new(&spec.work);
+    writable(&mem, u64::from(spec.source.memory_mb) << 20)?;
+    writable(&state, 0)?;
     let source = Snapshot {
         dir: staging.to_path_buf(),
         meta: spec.source.clone(),
     };
     let tap = spec.network.then(|| HELPER_TAP.to_string());
-    let mut cfg = source.config(overlay, "qcow2", &files, tap, true, &spec.qemu);
+    let mut cfg = source.config(overlay.clone(), "qcow2", &files, tap, true, &spec.qemu);
     cfg.incoming = true;
-    cfg.run_as = spec.run_as;
     cfg.extra = vec!["-S".into()];
+    if let Some(user) = spec.run_as {
+        let read = vec![staging.join(SAVED_RAM), staging.join(DISK)];
+        let write = vec![overlay.clone(), mem.clone(), state.clone()];
+        let bytes = virtual_size(&overlay);
+        cfg.jail = Some(qemu_jail(
+            &cfg,
+            user,
+            files.root.clone(),
+            read,
+            write,
+            bytes,
+        ));
+    }
     let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
     let result = async {
         let helper = connect_spawned(&mut child, &files).await?;

@@ -7,6 +7,7 @@
 //! * [`accel`]: whether KVM is truly usable (PVM is not) or TCG must be used;
 //! * [`qmp`]: a small async client of QEMU's machine protocol;
 //! * [`qemu`]: the `-M microvm` command line and the process;
+//! * [`jail`]: the mount-namespace jail and unprivileged user every tenant-facing QEMU runs as;
 //! * [`snapshot`]: template snapshots (boot once, snapshot with `x-ignore-shared`) and forks
 //!   restored from them (`-incoming defer`, private copy-on-write memory, qcow2 disk overlay);
 //! * [`checkpoint`]: a running VM's memory, device state and disk in the same format.
@@ -15,7 +16,9 @@ pub mod accel;
 mod cachelock;
 pub mod checkpoint;
 mod error;
+pub mod flatten;
 pub mod initramfs;
+pub mod jail;
 pub mod kernel;
 pub mod qemu;
 pub mod qmp;

@@ -10,9 +10,15 @@ use std::path::{Path, PathBuf};
 
 use crate::accel::Accel;
 use crate::error::{Error, Result};
+use crate::jail::Jail;
 
-/// Descriptor number of the tap device handed to an unprivileged QEMU.
+/// Descriptor numbers QEMU inherits: the tap device (jailed QEMU only), the QMP socket
+/// (listening, bound by the manager) and the console file (opened by the manager).
 const TAP_FD: i32 = 100;
+const QMP_FD: i32 = 101;
+const CONSOLE_FD: i32 = 102;
+/// The file descriptor set `-add-fd` puts the console in (`/dev/fdset/1`).
+const CONSOLE_FDSET: u32 = 1;
 
 /// The guest's MAC address: fixed, like its IP address, so that snapshots fit every slot.
 pub const GUEST_MAC: &str = "02:77:72:00:00:15";
@@ -44,10 +50,10 @@ pub struct VmConfig {
     pub console_log: PathBuf,
     /// Wait for an incoming migration (`-incoming defer`).
     pub incoming: bool,
-    /// Run QEMU as this uid:gid from the start (no root at all). The tap device is opened
-    /// before the switch and handed over as a descriptor; every file QEMU opens must be
-    /// accessible to that user (see [`crate::snapshot::Pending::spawn`]).
-    pub run_as: Option<(u32, u32)>,
+    /// Run QEMU jailed as an unprivileged user from the start (no root at all; see
+    /// [`crate::jail`]). The tap device is opened before the switch and handed over as a
+    /// descriptor; every file QEMU opens must be in the jail.
+    pub jail: Option<Jail>,
     /// Appended as they are (e.g. a baseline's `-incoming file:...`).
     pub extra: Vec<String>,
 }
@@ -88,10 +94,12 @@ impl VmConfig {
             ),
             None => format!("memory-backend-ram,id=mem,size={}M", self.memory_mb),
         });
+        // The console is a file the manager opened (root's, in a directory QEMU cannot write).
+        push("-add-fd".into());
+        push(format!("fd={CONSOLE_FD},set={CONSOLE_FDSET}"));
         push("-chardev".into());
         push(format!(
-            "file,id=console,path={},append=on",
-            self.console_log.display()
+            "file,id=console,path=/dev/fdset/{CONSOLE_FDSET},append=on"
         ));
         push("-serial".into());
         push("chardev:console".into());
@@ -119,7 +127,7 @@ impl VmConfig {
         push("virtio-blk-device,drive=rw".into());
         if let Some(tap) = &self.tap {
             push("-netdev".into());
-            if self.run_as.is_some() {
+            if self.jail.is_some() {
                 push(format!("tap,id=net0,fd={TAP_FD}"));
             } else {
                 push(format!("tap,id=net0,ifname={tap},script=no,downscript=no"));
@@ -127,11 +135,12 @@ impl VmConfig {
             push("-device".into());
             push(format!("virtio-net-device,netdev=net0,mac={GUEST_MAC}"));
         }
-        push("-qmp".into());
-        push(format!(
-            "unix:{},server=on,wait=off",
-            self.qmp_socket.display()
-        ));
+        // QMP listens on a socket the manager bound (at `qmp_socket`, in a directory of
+        // root's): QEMU cannot replace it, and needs no writable directory for it.
+        push("-chardev".into());
+        push(format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off"));
+        push("-mon".into());
+        push("chardev=qmp,mode=control".into());
         if self.incoming {
             push("-incoming".into());
             push("defer".into());
@@ -155,35 +164,60 @@ pub fn kernel_cmdline(tsc_khz: u64, hostname: &str, dns: &[std::net::Ipv4Addr]) 
 }
 
 /// Starts QEMU detached from the caller's session (a server restart or a Ctrl-C must not
-/// kill it), inside network namespace `netns` when given. stdout and stderr go to `log`.
+/// kill it), inside network namespace `netns` when given, with an empty environment and, with
+/// [`VmConfig::jail`], jailed. stdout and stderr go to `log`; the manager creates the console
+/// file and binds the QMP socket, and QEMU inherits both as descriptors.
 pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::process::Child> {
+    use std::os::unix::fs::OpenOptionsExt;
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(log)
         .map_err(Error::io("open", log))?;
     let err = out.try_clone().map_err(Error::io("open", log))?;
+    let console = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&cfg.console_log)
+        .map_err(Error::io("open", &cfg.console_log))?;
+    let _ = std::fs::remove_file(&cfg.qmp_socket);
+    let qmp = std::os::unix::net::UnixListener::bind(&cfg.qmp_socket)
+        .map_err(Error::io("bind", &cfg.qmp_socket))?;
     let ns = match netns {
         Some(p) => Some(std::fs::File::open(p).map_err(Error::io("open", p))?),
         None => None,
     };
     let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
+    let (qmp_fd, console_fd) = (qmp.as_raw_fd(), console.as_raw_fd());
     // Everything the child needs after fork is prepared here: no allocation happens there.
-    let tap = match (&cfg.tap, cfg.run_as) {
+    let tap = match (&cfg.tap, &cfg.jail) {
         (Some(name), Some(_)) => Some(tap_name(name)?),
         _ => None,
     };
+    let jail = match &cfg.jail {
+        Some(j) => Some(j.prepare(&cfg.qemu)?),
+        None => None,
+    };
     let tun_path = c"/dev/net/tun";
-    let run_as = cfg.run_as;
-    let mut cmd = tokio::process::Command::new(&cfg.qemu);
+    let mut cmd = tokio::process::Command::new(match &cfg.jail {
+        // The jail holds the binary at its real path.
+        Some(_) => {
+            std::fs::canonicalize(resolve(&cfg.qemu)?).map_err(Error::io("resolve", &cfg.qemu))?
+        }
+        None => cfg.qemu.clone(),
+    });
     cmd.args(cfg.args())
+        .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range,
-    // setgroups, setgid, setuid) on descriptors and buffers that stay valid in the parent until spawn returns.
+    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range, and the
+    // jail's: see `Prepared::enter`) on descriptors and buffers that stay valid in the parent
+    // until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -206,9 +240,12 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
                 }
                 libc::close(tun);
             }
+            if libc::dup2(qmp_fd, QMP_FD) < 0 || libc::dup2(console_fd, CONSOLE_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             // Descriptors the manager inherited without close-on-exec (a lock held by
             // whoever started it, ...) must not live on in a QEMU that outlives it: mark
-            // all but stdio and the tap close-on-exec.
+            // all but stdio and the three handed over close-on-exec.
             let flags = libc::CLOSE_RANGE_CLOEXEC as libc::c_long;
             let last = libc::c_long::from(u32::MAX);
             libc::syscall(
@@ -219,24 +256,30 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
             );
             libc::syscall(
                 libc::SYS_close_range,
-                TAP_FD as libc::c_long + 1,
+                CONSOLE_FD as libc::c_long + 1,
                 last,
                 flags,
             );
-            if let Some((uid, gid)) = run_as {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+            if let Some(j) = &jail {
+                j.enter()?;
             }
             Ok(())
         });
     }
     let child = cmd.spawn().map_err(Error::io("start", &cfg.qemu))?;
-    drop(ns);
+    drop((ns, qmp, console));
     Ok(child)
+}
+
+/// `program` as a path: a bare name is looked up in `PATH`.
+pub fn resolve(program: &Path) -> Result<PathBuf> {
+    if program.components().count() > 1 {
+        return Ok(program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| Error::Invalid(format!("{} is not in PATH", program.display())))
 }
 
 /// `_IOW('T', 202, int)`: attach to (or create) the tun/tap device named in the request.
@@ -265,21 +308,30 @@ fn tap_request(name: [libc::c_char; libc::IFNAMSIZ]) -> libc::ifreq {
     req
 }
 
-/// The last `lines` lines of a console log (for error messages).
+/// The last `lines` lines of a console log (for error messages), read from at most its last
+/// 64 KiB: the guest writes it.
 pub fn console_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 << 10;
+    let mut text = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).is_ok() {
+            let _ = f.take(TAIL).read_to_end(&mut text);
+        }
+    }
     let text = String::from_utf8_lossy(&text);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Whether `pid` is alive and runs QEMU with the QMP socket `qmp` (a recycled pid does not
-/// count).
-pub fn is_our_qemu(pid: u32, qmp: &Path) -> bool {
+/// Whether `pid` is alive and runs the QEMU of the VM directory `dir` (its writable disk is
+/// `dir/disk.qcow2`; a recycled pid does not count).
+pub fn is_our_qemu(pid: u32, dir: &Path) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    let needle = format!("unix:{},", qmp.display());
+    let needle = format!("file={},", dir.join("disk.qcow2").display());
     String::from_utf8_lossy(&cmdline).contains(&needle)
         && std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| {
@@ -290,4 +342,50 @@ pub fn is_our_qemu(pid: u32, qmp: &Path) -> bool {
                     .starts_with('Z')
             })
             .unwrap_or(false)
+}
+
+/// `text` (from the guest or QEMU) on one line: control characters, newlines included, and
+/// backslashes escaped, so that it cannot forge log lines or terminal sequences where it is
+/// copied (exit reasons, server logs, stored failures).
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                out.extend(c.escape_unicode())
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_keeps_guest_text_on_one_line() {
+        let forged = "ok\n2030-01-01T00:00:00Z ERROR warren: FAKE-LINE\r\x1b[2J\\n";
+        let e = escape(forged);
+        assert!(!e.chars().any(|c| c.is_control()), "{e:?}");
+        assert_eq!(
+            e,
+            "ok\\n2030-01-01T00:00:00Z ERROR warren: FAKE-LINE\\r\\u{1b}[2J\\\\n"
+        );
+    }
+
+    #[test]
+    fn console_tail_reads_only_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("console.log");
+        let mut text = "x".repeat(1 << 20);
+        text.push_str("\nlast line\n");
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(console_tail(&p, 1), "last line");
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, Mutex};
@@ -18,6 +18,46 @@ use crate::error::{Error, Result};
 
 /// Default time a command may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest QMP message accepted. QEMU is not trusted (it emulates devices for a hostile
+/// guest): a longer line ends the connection instead of growing the manager's memory.
+pub const MAX_LINE: usize = 16 << 20;
+
+/// The next line of `r` without its newline, at most `max` bytes; `None` at a clean end.
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<Option<String>> {
+    use std::io::{Error as IoError, ErrorKind};
+    let mut line = Vec::new();
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return if line.is_empty() {
+                Ok(None)
+            } else {
+                Err(ErrorKind::UnexpectedEof.into())
+            };
+        }
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        if line.len() + take > max {
+            return Err(IoError::new(
+                ErrorKind::InvalidData,
+                format!("QMP message longer than {max} bytes"),
+            ));
+        }
+        line.extend_from_slice(&avail[..take]);
+        r.consume(take + usize::from(done));
+        if done {
+            return String::from_utf8(line)
+                .map(Some)
+                .map_err(|e| IoError::new(ErrorKind::InvalidData, e));
+        }
+    }
+}
 
 pub struct Qmp {
     writer: Mutex<(OwnedWriteHalf, mpsc::Receiver<Value>)>,
@@ -47,8 +87,8 @@ impl Qmp {
             }
         };
         let (read, write) = stream.into_split();
-        let mut lines = BufReader::new(read).lines();
-        let greeting = tokio::time::timeout_at(deadline, lines.next_line())
+        let mut lines = BufReader::new(read);
+        let greeting = tokio::time::timeout_at(deadline, read_line(&mut lines, MAX_LINE))
             .await
             .map_err(|_| Error::QmpTimeout("greeting".into()))?
             .map_err(Error::QmpConnection)?
@@ -67,7 +107,15 @@ impl Qmp {
         let (tx, rx) = mpsc::channel(8);
         let ev = events.clone();
         let reader = tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
+            loop {
+                let line = match read_line(&mut lines, MAX_LINE).await {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "QMP connection dropped");
+                        break;
+                    }
+                };
                 let Ok(v) = serde_json::from_str::<Value>(&line) else {
                     continue;
                 };
@@ -177,5 +225,59 @@ impl Qmp {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn an_endless_line_is_an_error_not_an_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // A QMP peer that greets, then answers `qmp_capabilities` with a line of 2 GiB
+        // (streamed: it never exists in the test's memory either).
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"{\"QMP\": {}}\n").await.unwrap();
+            let mut buf = [0u8; 256];
+            let _ = s.read(&mut buf).await;
+            let chunk = vec![b'x'; 1 << 20];
+            let mut sent = 0u64;
+            while sent < 2 << 30 {
+                if s.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+            }
+            sent
+        });
+        let err = Qmp::connect(&path, Duration::from_secs(5))
+            .await
+            .err()
+            .expect("an over-long answer fails the command");
+        assert!(matches!(err, Error::QmpConnection(_)), "{err}");
+        let sent = server.await.unwrap();
+        assert!(
+            sent < 2 << 30,
+            "the client stopped reading once the line passed the cap"
+        );
+    }
+
+    #[tokio::test]
+    async fn lines_up_to_the_cap_are_read() {
+        let data = b"short\nnext\n".to_vec();
+        let mut r = BufReader::new(&data[..]);
+        assert_eq!(
+            read_line(&mut r, 5).await.unwrap().as_deref(),
+            Some("short")
+        );
+        assert_eq!(read_line(&mut r, 5).await.unwrap().as_deref(), Some("next"));
+        assert_eq!(read_line(&mut r, 5).await.unwrap(), None);
+        let mut r = BufReader::new(&b"toolong\n"[..]);
+        assert!(read_line(&mut r, 5).await.is_err());
     }
 }

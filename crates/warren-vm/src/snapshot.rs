@@ -47,6 +47,8 @@ pub struct TemplateSpec {
     pub tap: Option<String>,
     pub netns: Option<PathBuf>,
     pub boot_timeout: Duration,
+    /// Boot jailed as this uid:gid (see [`crate::jail`]); `None`: as the caller (root).
+    pub run_as: Option<(u32, u32)>,
 }
 
 /// Recorded next to a snapshot.
@@ -156,7 +158,7 @@ impl Snapshot {
             qmp_socket: files.qmp.clone(),
             console_log: files.console.clone(),
             incoming: !boot,
-            run_as: None,
+            jail: None,
             extra: Vec::new(),
         }
     }
@@ -174,35 +176,159 @@ impl Snapshot {
     }
 }
 
-/// Per-VM files in a directory: QMP socket, console log, QEMU's own log.
+/// Per-VM files in a directory (root's, mode 0700): QMP socket, console log and QEMU's own
+/// log (in `log/`), the jail's mount point (`root/`) and the directory QEMU writes a
+/// checkpoint's memory into (`out/`).
 #[derive(Debug, Clone)]
 pub struct VmFiles {
     pub dir: PathBuf,
     pub qmp: PathBuf,
     pub console: PathBuf,
     pub log: PathBuf,
+    pub root: PathBuf,
+    pub out: PathBuf,
 }
+
+/// Size of the tmpfs a fork's console and QEMU log live on: a guest that floods its console
+/// fills this, not the host's disk.
+pub const LOG_CAP_BYTES: u64 = 2 << 20;
 
 impl VmFiles {
     pub fn new(dir: &Path) -> Self {
         Self {
             dir: dir.to_path_buf(),
             qmp: dir.join("qmp.sock"),
-            console: dir.join("console.log"),
-            log: dir.join("qemu.log"),
+            console: dir.join("log/console.log"),
+            log: dir.join("log/qemu.log"),
+            root: dir.join("root"),
+            out: dir.join("out"),
         }
     }
 
-    /// Why a VM is gone, with the end of its console and QEMU log.
+    /// Creates the directories (root's, 0700); with `cap`, the log directory is a tmpfs of
+    /// that size.
+    pub fn create(&self, cap: Option<u64>) -> Result<()> {
+        for d in [&self.dir, &self.dir.join("log"), &self.root, &self.out] {
+            private_dir(d)?;
+        }
+        if let Some(bytes) = cap {
+            let logs = self.dir.join("log");
+            nix::mount::mount(
+                Some("warren-vmlog"),
+                &logs,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID
+                    | nix::mount::MsFlags::MS_NODEV
+                    | nix::mount::MsFlags::MS_NOEXEC,
+                Some(format!("size={bytes},nr_inodes=64,mode=0700").as_str()),
+            )
+            .map_err(|e| Error::io("mount a tmpfs on", &logs)(e.into()))?;
+        }
+        Ok(())
+    }
+
+    /// Why a VM is gone, with the end of its console and QEMU log (escaped, each line
+    /// prefixed: the guest wrote them).
     pub fn died(&self, reason: String) -> Error {
-        let mut console = qemu::console_tail(&self.console, 30);
-        let log = qemu::console_tail(&self.log, 10);
+        let quote = |text: String| {
+            text.lines()
+                .map(|l| format!("| {}", qemu::escape(l)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let mut console = quote(qemu::console_tail(&self.console, 30));
+        let log = quote(qemu::console_tail(&self.log, 10));
         if !log.is_empty() {
             console.push_str("\n--- qemu ---\n");
             console.push_str(&log);
         }
         Error::VmDied { reason, console }
     }
+}
+
+/// Creates `dir` (and its parents) with mode 0700.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(Error::io("chmod", dir))
+}
+
+/// Removes a VM directory made with [`VmFiles::create`] (its log tmpfs first).
+pub fn remove_vm_dir(dir: &Path) {
+    let _ = nix::mount::umount2(&dir.join("log"), nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Virtual size of a disk image the manager made (raw: its length; qcow2: its header's).
+pub(crate) fn virtual_size(path: &Path) -> u64 {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return 0;
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if f.read_exact(&mut head).is_ok() && head[..4] == *b"QFI\xfb" {
+        return u64::from_be_bytes(head[24..32].try_into().unwrap_or_default());
+    }
+    len
+}
+
+/// The jail of a QEMU that runs `cfg` as `uid:gid`: its kernel, initramfs and image, `read`
+/// and `write`, `/dev/kvm` under KVM; files up to the larger of its RAM and `disk_bytes`.
+pub(crate) fn qemu_jail(
+    cfg: &VmConfig,
+    (uid, gid): (u32, u32),
+    root: PathBuf,
+    mut read: Vec<PathBuf>,
+    write: Vec<PathBuf>,
+    disk_bytes: u64,
+) -> crate::jail::Jail {
+    read.extend([
+        cfg.kernel.clone(),
+        cfg.initrd.clone(),
+        cfg.root_image.clone(),
+    ]);
+    let mut devices = Vec::new();
+    let mut groups = Vec::new();
+    if cfg.accel == Accel::Kvm {
+        use std::os::unix::fs::MetadataExt;
+        devices.push(PathBuf::from("/dev/kvm"));
+        // With /dev/kvm group-accessible (0660 root:kvm), that group is QEMU's only one;
+        // otherwise the jail's id-mapped bind of the device opens it.
+        if let Ok(m) = std::fs::metadata("/dev/kvm") {
+            if m.mode() & 0o060 == 0o060 && m.gid() != 0 {
+                groups.push(m.gid());
+            }
+        }
+    }
+    let ram = u64::from(cfg.memory_mb) << 20;
+    crate::jail::Jail {
+        uid,
+        gid,
+        groups,
+        root,
+        read,
+        write,
+        devices,
+        limits: crate::jail::Limits {
+            nofile: 1024,
+            nproc: 512,
+            fsize: ram.max(disk_bytes) + (256 << 20),
+        },
+    }
+}
+
+/// Makes the files of a template snapshot or checkpoint root's and readable by root only:
+/// the VMs restored from it read them through their jail's id-mapped mounts.
+pub(crate) fn seal(paths: &[PathBuf]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for p in paths.iter().filter(|p| p.exists()) {
+        std::os::unix::fs::lchown(p, Some(0), Some(0)).map_err(Error::io("chown", p))?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o400))
+            .map_err(Error::io("chmod", p))?;
+    }
+    Ok(())
 }
 
 fn make_disk(spec: &TemplateSpec, staging: &Path, disk: &Path) -> Result<()> {
@@ -250,13 +376,13 @@ pub struct Booted {
 /// Cold-boots the template with its files (RAM, disk, sockets, logs) in `dir`, until the
 /// guest agent listens. The VM is killed on failure.
 pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
-    std::fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
+    let files = VmFiles::new(dir);
+    files.create(None)?;
     let staging = dir.join("staging");
     let disk = dir.join("disk.raw");
     make_disk(spec, &staging, &disk)?;
     let _ = std::fs::remove_dir_all(&staging);
-    let files = VmFiles::new(dir);
-    let cfg = VmConfig {
+    let mut cfg = VmConfig {
         qemu: spec.qemu.clone(),
         accel: spec.accel,
         memory_mb: spec.memory_mb,
@@ -273,9 +399,22 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
         qmp_socket: files.qmp.clone(),
         console_log: files.console.clone(),
         incoming: false,
-        run_as: None,
+        jail: None,
         extra: Vec::new(),
     };
+    if let Some(user) = spec.run_as {
+        // It writes the memory file, the disk and (at the snapshot) `state`, all in `dir`.
+        let write = vec![dir.to_path_buf()];
+        let disk_bytes = u64::from(spec.disk_mb) << 20;
+        cfg.jail = Some(qemu_jail(
+            &cfg,
+            user,
+            files.root.clone(),
+            vec![],
+            write,
+            disk_bytes,
+        ));
+    }
     let started = Instant::now();
     let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
     let result = async {
@@ -352,15 +491,15 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = child.start_kill();
-    // Forks may run as unprivileged users: they read these files, nobody writes them.
-    use std::os::unix::fs::PermissionsExt;
-    for p in [snap.state(), snap.mem(), snap.disk()] {
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
-            .map_err(Error::io("chmod", &p))?;
-    }
+    // Forks read these files through their jails; nobody writes them.
+    seal(&[snap.state(), snap.mem(), snap.disk()])?;
     let meta = serde_json::to_vec_pretty(&snap.meta).map_err(|e| Error::Invalid(e.to_string()))?;
     std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
+    seal(&[partial.join("meta.json")])?;
     let _ = std::fs::remove_file(&files.qmp);
+    for d in [&files.root, &files.out] {
+        let _ = std::fs::remove_dir(d);
+    }
     let _ = std::fs::remove_dir_all(dir);
     std::fs::rename(&partial, dir).map_err(Error::io("rename to", dir))?;
     Ok(Snapshot {
@@ -437,7 +576,9 @@ pub const SOURCE_META: &str = "source.json";
 impl Pending {
     /// Creates the fork's disk overlay and starts its QEMU waiting for an incoming snapshot.
     pub async fn spawn(snapshot: &Snapshot, spec: &ForkSpec) -> Result<Self> {
-        std::fs::create_dir_all(&spec.dir).map_err(Error::io("create", &spec.dir))?;
+        let files = VmFiles::new(&spec.dir);
+        // The guest writes the console: its logs get a small filesystem of their own.
+        files.create(spec.run_as.map(|_| LOG_CAP_BYTES))?;
         let disk = spec.dir.join("disk.qcow2");
         let _ = std::fs::remove_file(&disk);
         let backing = match &spec.backing_link {
@@ -455,22 +596,39 @@ impl Pending {
         let meta = serde_json::to_vec(&snapshot.meta).map_err(|e| Error::Invalid(e.to_string()))?;
         let source = spec.dir.join(SOURCE_META);
         std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
-        let files = VmFiles::new(&spec.dir);
-        let _ = std::fs::remove_file(&files.qmp);
-        if let Some((uid, gid)) = spec.run_as {
-            // QEMU runs as this user from the start: it creates its socket and console in
-            // the directory and writes the overlay; the snapshot's files are only read.
-            for p in [&spec.dir, &disk] {
-                std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(Error::io("chown", p))?;
-            }
-        }
-        let mut cfg = snapshot.config(disk, "qcow2", &files, spec.tap.clone(), false, &spec.qemu);
-        cfg.run_as = spec.run_as;
+        let mut cfg = snapshot.config(
+            disk.clone(),
+            "qcow2",
+            &files,
+            spec.tap.clone(),
+            false,
+            &spec.qemu,
+        );
+        let mut read = vec![backing];
         if !snapshot.shared_memory() {
             // The VM's RAM is its own, anonymous: it boots (a disk-only checkpoint) or reads
             // back its saved pages; untouched pages stay the kernel's shared zero page.
             cfg.mem_file = None;
             cfg.incoming = snapshot.has_memory();
+            if cfg.incoming {
+                read.push(snapshot.saved_ram());
+            }
+        } else {
+            read.extend([snapshot.mem(), snapshot.state()]);
+        }
+        if let Some(user) = spec.run_as {
+            // The overlay stays root's (0600): QEMU writes it through the jail's id-mapped
+            // mount, and writes a checkpoint's memory into `out/`.
+            let write = vec![disk.clone(), files.out.clone()];
+            let bytes = virtual_size(&disk);
+            cfg.jail = Some(qemu_jail(
+                &cfg,
+                user,
+                files.root.clone(),
+                read,
+                write,
+                bytes,
+            ));
         }
         let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
         let qmp = connect_spawned(&mut child, &files).await?;
@@ -542,7 +700,9 @@ pub(crate) fn create_overlay(backing: &Path, format: &str, disk: &Path) -> Resul
         .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
         .arg(backing)
         .arg(disk))?;
-    Ok(())
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(disk, std::fs::Permissions::from_mode(0o600))
+        .map_err(Error::io("chmod", disk))
 }
 
 /// Connects to the QMP socket of a QEMU just started. Many QEMUs starting at once on a loaded

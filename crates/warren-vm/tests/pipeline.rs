@@ -12,13 +12,8 @@ async fn boot_snapshot_and_independent_forks() {
     let Some((agent, _vminit, image)) = common::prerequisites() else {
         return;
     };
+    // Mode 0700, root's: fork b's jailed QEMU reaches the snapshot through its jail.
     let tmp = tempfile::tempdir_in("/run").unwrap();
-    // Fork b runs QEMU as an unprivileged user, who must reach the snapshot.
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
     let net_a = common::TestNet::new("a");
     let net_b = common::TestNet::new("b");
     let spec = common::template_spec((&common::data_dir(), tmp.path()), &agent, &image, &net_a);
@@ -66,6 +61,23 @@ async fn boot_snapshot_and_independent_forks() {
             running.as_millis(),
             t.elapsed().as_millis()
         );
+        if name == "b" {
+            // Jailed: own mount namespace whose root is not the host's, no environment, no
+            // new privileges; the snapshot's files are root's alone on the host.
+            let pid = child.id().unwrap();
+            let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+            assert!(!root.join("etc/shadow").exists());
+            assert!(root.join(snap.mem().strip_prefix("/").unwrap()).exists());
+            assert!(std::fs::read(format!("/proc/{pid}/environ"))
+                .unwrap()
+                .is_empty());
+            assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+            use std::os::unix::fs::MetadataExt;
+            for f in [snap.mem(), snap.state(), snap.disk()] {
+                let m = std::fs::metadata(&f).unwrap();
+                assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o400), "{}", f.display());
+            }
+        }
         forks.push((child, qmp));
     }
     for net in [&net_a, &net_b] {
@@ -97,4 +109,5 @@ async fn boot_snapshot_and_independent_forks() {
         let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
         let _ = child.start_kill();
     }
+    warren_vm::snapshot::remove_vm_dir(&tmp.path().join("fork-b"));
 }

@@ -32,7 +32,8 @@ pub struct Machine {
     pub allow_internet_access: bool,
 }
 
-/// File in a VM's directory holding its agent's access token (root only), which a
+/// File in a VM's directory (root's, 0700, which QEMU never sees) holding its agent's access
+/// token (root only), which a
 /// checkpoint needs so that the sandboxes started from it can be initialised.
 const TOKEN_FILE: &str = "token";
 
@@ -122,11 +123,16 @@ fn exit_reason(status: &str, cgroup: &SandboxCgroup, dir: &Path) -> String {
     let files = VmFiles::new(dir);
     let console = qemu::console_tail(&files.console, 15);
     let log = qemu::console_tail(&files.log, 5);
+    // Both are the guest's (or QEMU's) text: escaped onto one line, so that it cannot forge
+    // lines of the server's log or of anything the reason is copied into.
     if !log.trim().is_empty() {
-        reason.push_str(&format!("; qemu: {}", log.trim()));
+        reason.push_str(&format!("; qemu: \"{}\"", qemu::escape(log.trim())));
     }
     if !console.trim().is_empty() {
-        reason.push_str(&format!("; guest console: {}", console.trim()));
+        reason.push_str(&format!(
+            "; guest console: \"{}\"",
+            qemu::escape(console.trim())
+        ));
     }
     reason
 }
@@ -153,14 +159,13 @@ pub fn watch_child(
 /// Watches a QEMU of an earlier server run (not our child) by polling its pid.
 pub fn watch_pid(
     pid: u32,
-    qmp_socket: PathBuf,
     cgroup: SandboxCgroup,
     dir: PathBuf,
     on_exit: impl FnOnce() + Send + 'static,
 ) -> watch::Receiver<Option<String>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        while qemu::is_our_qemu(pid, &qmp_socket) {
+        while qemu::is_our_qemu(pid, &dir) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let _ = tx.send(Some(exit_reason("status unknown", &cgroup, &dir)));
@@ -223,7 +228,7 @@ pub fn remove_stale(dir: &Path, cgroup_parent: &str) {
         .ok()
         .and_then(|p| p.trim().parse::<u32>().ok())
     {
-        if qemu::is_our_qemu(pid, &dir.join("qmp.sock")) {
+        if qemu::is_our_qemu(pid, dir) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -233,5 +238,5 @@ pub fn remove_stale(dir: &Path, cgroup_parent: &str) {
     let cg = SandboxCgroup::at(cgroup_parent, &name);
     let _ = cg.kill_all();
     let _ = cg.remove();
-    let _ = std::fs::remove_dir_all(dir);
+    warren_vm::snapshot::remove_vm_dir(dir);
 }

@@ -12,6 +12,7 @@ mod persist;
 mod reattach;
 mod slotnet;
 mod snapshots;
+pub mod uids;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -48,8 +49,8 @@ pub struct VmSettings {
     pub disk_mb: u32,
     /// QEMUs kept waiting for an incoming snapshot, per template.
     pub warm_pool: usize,
-    /// Run each fork's QEMU as its own unprivileged user (`vm_uid_base` + slot index) instead
-    /// of root. Under KVM only when `/dev/kvm` is open to everyone.
+    /// Run every QEMU jailed as its own unprivileged user (`vm_uid_base` + slot index), under
+    /// KVM too (see `warren_vm::jail`). `false` (root, unjailed) is for measurements only.
     pub unprivileged: bool,
     pub vm_uid_base: u32,
     pub boot_timeout: Duration,
@@ -75,7 +76,7 @@ impl VmSettings {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2),
             boot_timeout: Duration::from_secs(180),
-            unprivileged: std::env::var("WARREN_VM_UNPRIVILEGED").as_deref() != Ok("0"),
+            unprivileged: true,
             vm_uid_base: 200_000,
         }
     }
@@ -87,7 +88,8 @@ struct Record {
     pid: u32,
     slot: u32,
     allow_internet_access: bool,
-    /// The VM's directory name under `<run_dir>/vm/vms` (also its cgroup's name).
+    /// The VM's directory name under `<data_dir>/vm/vms/<cgroup parent>-vm` (also its
+    /// cgroup's name).
     name: String,
     /// Paused: no QEMU runs; its checkpoint is in `<data_dir>/vm-checkpoints/paused/<id>`.
     #[serde(default)]
@@ -126,6 +128,15 @@ fn failed(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Failed(e.to_string())
 }
 
+/// Where this host's VM directories live: on the data disk (a guest's disk and logs must not
+/// fill `/run`), one directory per runtime instance (named like its cgroups), so that
+/// runtimes sharing a data directory never take each other's VMs for stale ones.
+fn vms_dir(cfg: &HostConfig) -> PathBuf {
+    cfg.data_dir
+        .join("vm/vms")
+        .join(format!("{}-vm", cfg.cgroup_parent))
+}
+
 impl VmRuntime {
     /// Prepares the runtime. Like `NsRuntime`, it holds the host lock; network slots and crash
     /// cleanup start with the first `reattach` (or create).
@@ -140,8 +151,21 @@ impl VmRuntime {
         }
         let accel = accel::detect();
         tracing::info!(accel = accel.accel.as_str(), reason = %accel.reason, "vm accelerator");
-        std::fs::create_dir_all(cfg.run_dir.join("vm/vms"))
-            .map_err(|e| failed(format!("create {}: {e}", cfg.run_dir.display())))?;
+        if settings.unprivileged {
+            let n = u32::try_from(cfg.net.pool_size).unwrap_or(u32::MAX);
+            uids::check_free(settings.vm_uid_base, n).map_err(failed)?;
+        }
+        // VM directories (disks, logs) live on the data disk, root's alone: QEMU sees only
+        // what its jail binds. The links to template disks stay next to the template
+        // snapshots (hard links need the same filesystem).
+        for d in [
+            vms_dir(&cfg),
+            cfg.data_dir.join("vm/capture"),
+            cfg.run_dir.join("vm/links"),
+        ] {
+            warren_vm::snapshot::private_dir(&d)
+                .map_err(|e| failed(format!("the vm runtime's directories: {e}")))?;
+        }
         let lock_path = cfg.run_dir.join("host.lock");
         let lock_file = std::fs::OpenOptions::new()
             .create(true)
@@ -194,7 +218,7 @@ impl VmRuntime {
     }
 
     fn vms_dir(&self) -> PathBuf {
-        self.cfg.run_dir.join("vm/vms")
+        vms_dir(&self.cfg)
     }
 
     fn cgroup_parent(&self) -> String {
@@ -233,12 +257,18 @@ impl VmRuntime {
             );
         }
         names.extend(self.disk_link_names());
+        if let Ok(rd) = std::fs::read_dir(self.cfg.run_dir.join("vm/links")) {
+            names.extend(rd.flatten().filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_suffix(".disk").map(str::to_string)
+            }));
+        }
         names.sort();
         names.dedup();
         for name in names.into_iter().filter(|n| !keep.contains(n)) {
             tracing::warn!(vm = %name, "removing a VM left by a previous run");
             machine::remove_stale(&self.vms_dir().join(&name), &parent);
-            let _ = std::fs::remove_file(self.disk_link(&name));
+            self.remove_links(&name);
         }
     }
 
@@ -285,8 +315,11 @@ impl VmRuntime {
             .acquire(false)
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        // The template boot is jailed as the slot's user like every fork (its inputs are
+        // trusted, but QEMU still parses them).
+        let run_as = self.run_as(&slot);
         let result = match slotnet::to_vm(&slot).await {
-            Ok(()) => snapshots::make(&inputs, slot.netns_path()).await,
+            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as).await,
             Err(e) => Err(e),
         };
         self.release_slot(slot).await;
@@ -336,7 +369,7 @@ impl VmRuntime {
         let run_as = self.run_as(&slot);
         // The fork's disk refers to a hard link of the snapshot's (same filesystem).
         let backing_link = if snap.dir.starts_with(&self.cfg.run_dir) {
-            dir.join("base.disk")
+            self.template_link(&name)
         } else {
             self.disk_link(&name)
         };
@@ -356,27 +389,19 @@ impl VmRuntime {
                 cgroup,
             }),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                let _ = std::fs::remove_file(self.disk_link(&name));
+                warren_vm::snapshot::remove_vm_dir(&dir);
+                self.remove_links(&name);
                 self.release_slot(slot).await;
                 Err(e)
             }
         }
     }
 
-    /// The user a fork's QEMU runs as: unique per slot, so no two VMs share one.
+    /// The user a VM's QEMU runs as: unique per slot, so no two VMs share one (see
+    /// [`uids`]). Under KVM too: the jail opens `/dev/kvm` for it.
     fn run_as(&self, slot: &Slot) -> Option<(u32, u32)> {
         if !self.settings.unprivileged {
             return None;
-        }
-        if self.accel.accel == warren_vm::accel::Accel::Kvm {
-            use std::os::unix::fs::PermissionsExt;
-            let open = std::fs::metadata("/dev/kvm")
-                .map(|m| m.permissions().mode() & 0o006 == 0o006)
-                .unwrap_or(false);
-            if !open {
-                return None;
-            }
         }
         let uid = self.settings.vm_uid_base + slot.index();
         Some((uid, uid))
@@ -447,8 +472,8 @@ impl VmRuntime {
             cg.remove()
         })
         .await;
-        let _ = std::fs::remove_dir_all(self.vms_dir().join(&w.name));
-        let _ = std::fs::remove_file(self.disk_link(&w.name));
+        warren_vm::snapshot::remove_vm_dir(&self.vms_dir().join(&w.name));
+        self.remove_links(&w.name);
         self.release_slot(w.slot).await;
     }
 
@@ -465,8 +490,8 @@ impl VmRuntime {
             cg.remove()
         })
         .await;
-        let _ = std::fs::remove_dir_all(&m.dir);
-        let _ = std::fs::remove_file(self.disk_link(&m.name));
+        warren_vm::snapshot::remove_vm_dir(&m.dir);
+        self.remove_links(&m.name);
     }
 
     /// Teardown after QEMU ended on its own (the sandbox stays listed, as failed).
@@ -540,7 +565,8 @@ impl VmRuntime {
                 .map_err(|e| failed(format!("network pool: {e}")))?;
         }
         let _ = warren_runtime_ns::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
-        let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/vms"));
+        let _ = std::fs::remove_dir_all(vms_dir(&this.cfg));
+        let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/links"));
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
     }

@@ -78,6 +78,35 @@ impl VmRuntime {
             .join(format!("{name}.disk"))
     }
 
+    /// The hard link of its template snapshot's disk that VM `name` keeps while it runs.
+    pub(super) fn template_link(&self, name: &str) -> PathBuf {
+        self.cfg
+            .run_dir
+            .join("vm/links")
+            .join(format!("{name}.disk"))
+    }
+
+    /// Removes both kinds of disk link VM `name` may have.
+    pub(super) fn remove_links(&self, name: &str) {
+        let _ = std::fs::remove_file(self.disk_link(name));
+        let _ = std::fs::remove_file(self.template_link(name));
+    }
+
+    /// The backing file of VM `name`'s overlay (the link it keeps) and its format.
+    pub(super) fn backing_of(&self, name: &str) -> Option<(PathBuf, &'static str)> {
+        [self.template_link(name), self.disk_link(name)]
+            .into_iter()
+            .find(|p| p.exists())
+            .map(|p| {
+                let mut magic = [0u8; 4];
+                let qcow2 = std::fs::File::open(&p)
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+                    .is_ok()
+                    && magic == *b"QFI\xfb";
+                (p, if qcow2 { "qcow2" } else { "raw" })
+            })
+    }
+
     /// Names of the VMs that have a disk link.
     pub(super) fn disk_link_names(&self) -> Vec<String> {
         std::fs::read_dir(self.checkpoints_dir().join("disks"))
@@ -167,17 +196,24 @@ impl VmRuntime {
             .as_ref()
             .map(|s| s.netns_path());
         let parent = dest.parent().ok_or_else(|| failed("checkpoint path"))?;
-        std::fs::create_dir_all(parent).map_err(io_failed("create the checkpoint directory"))?;
+        warren_vm::snapshot::private_dir(parent)
+            .map_err(|e| failed(format!("create the checkpoint directory: {e}")))?;
         let staging = layer::sibling(dest, "partial");
         let _ = std::fs::remove_dir_all(&staging);
+        let (backing, backing_format) = self.backing_of(&m.name).ok_or_else(|| {
+            failed("the VM's disk has no recorded base; it cannot be checkpointed")
+        })?;
         let spec = CaptureSpec {
             qemu: self.settings.qemu.clone(),
             source,
             disk: m.dir.join("disk.qcow2"),
+            backing,
+            backing_format,
+            outbox: warren_vm::snapshot::VmFiles::new(&m.dir).out,
             network: true,
             netns,
             run_as: m.run_as,
-            work: self.cfg.run_dir.join("vm/capture").join(&m.name),
+            work: self.cfg.data_dir.join("vm/capture").join(&m.name),
             memory,
         };
         checkpoint::capture(&qmp, &spec, &staging)

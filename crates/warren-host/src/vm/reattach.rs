@@ -42,9 +42,8 @@ impl VmRuntime {
             };
             out.push((r.id, result));
         }
-        let alive = |rec: &Record| {
-            warren_vm::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name).join("qmp.sock"))
-        };
+        let alive =
+            |rec: &Record| warren_vm::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name));
         let keep: Vec<String> = running
             .iter()
             .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
@@ -104,7 +103,7 @@ impl VmRuntime {
         dir: PathBuf,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         let qmp_path = dir.join("qmp.sock");
-        let qmp = if warren_vm::qemu::is_our_qemu(rec.pid, &qmp_path) {
+        let qmp = if warren_vm::qemu::is_our_qemu(rec.pid, &dir) {
             match Qmp::connect(&qmp_path, Duration::from_secs(5)).await {
                 Ok(q) => match q.status().await {
                     Ok(s) if s == "running" => Ok(q),
@@ -127,7 +126,7 @@ impl VmRuntime {
             Ok(q) => q,
             Err(why) => {
                 machine::remove_stale(&dir, &self.cgroup_parent());
-                let _ = std::fs::remove_file(self.disk_link(&rec.name));
+                self.remove_links(&rec.name);
                 self.release_slot(slot).await;
                 return Err(failed(why));
             }
@@ -135,7 +134,6 @@ impl VmRuntime {
         let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
         let exit = machine::watch_pid(
             rec.pid,
-            qmp_path,
             cgroup.clone(),
             dir.clone(),
             self.on_exit(r.id.clone()),

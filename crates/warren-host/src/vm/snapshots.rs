@@ -49,7 +49,7 @@ pub fn inputs(
         .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
-    h.update(b"warren-vm-snapshot-2\0");
+    h.update(b"warren-vm-snapshot-3\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
@@ -81,6 +81,7 @@ pub fn inputs(
         tap: Some(warren_net::TAP_IFACE.into()),
         netns: None,
         boot_timeout: settings.boot_timeout,
+        run_as: None,
     };
     Ok(Inputs {
         spec,
@@ -94,10 +95,15 @@ pub fn existing(inputs: &Inputs) -> Option<Arc<Snapshot>> {
     Snapshot::open(&inputs.dir).map(Arc::new)
 }
 
-/// Boots the template in network namespace `netns` and snapshots it.
-pub async fn make(inputs: &Inputs, netns: PathBuf) -> Result<Arc<Snapshot>, RuntimeError> {
+/// Boots the template in network namespace `netns` (jailed as `run_as`) and snapshots it.
+pub async fn make(
+    inputs: &Inputs,
+    netns: PathBuf,
+    run_as: Option<(u32, u32)>,
+) -> Result<Arc<Snapshot>, RuntimeError> {
     let mut spec = inputs.spec.clone();
     spec.netns = Some(netns);
+    spec.run_as = run_as;
     let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
         .await
         .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;

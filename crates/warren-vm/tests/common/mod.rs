@@ -160,5 +160,7 @@ pub fn template_spec(
         tap: Some("tap0".into()),
         netns: Some(net.path()),
         boot_timeout: Duration::from_secs(180),
+        // The template boot is jailed as an unprivileged user, as the vm runtime does it.
+        run_as: Some((300_000, 300_000)),
     }
 }
