@@ -68,6 +68,7 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes>
 
 /// Opens the store, seeds keys, reattaches sandboxes, serves until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    raise_nofile();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
     let store =
@@ -106,20 +107,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     tracing::info!(listen = %args.listen, "warren serving API and sandbox proxy");
-    // Proxied stream envelopes are small: without TCP_NODELAY each waits for the client's
-    // delayed ACK (~40 ms per command round trip).
-    let listener = {
-        use axum::serve::ListenerExt;
-        listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY");
-            }
-        })
-    };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving")?;
+    warren_server::serve(
+        listener,
+        app,
+        warren_server::ListenerLimits::default(),
+        shutdown_signal(),
+    )
+    .await
+    .context("serving")?;
     control.shutdown();
     if let Some(vm) = vm {
         vm.stop_warm().await;
@@ -158,6 +153,22 @@ async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
         new.secret
     );
     Ok(())
+}
+
+/// Every connection, sandbox and helper process holds descriptors: take the hard limit
+/// rather than the usual 1024, so the listener's connection cap, not EMFILE, is what refuses
+/// clients first.
+fn raise_nofile() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %e, "could not raise the open-file limit");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
 }
 
 async fn shutdown_signal() {

@@ -6,7 +6,7 @@
 //! while different sandboxes proceed in parallel. Every change is written to the [`Store`]
 //! before the operation returns: what the API acknowledged survives a crash.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
@@ -19,9 +19,12 @@ use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 use crate::error::ControlError;
 use crate::keys::{self, ApiKey, NewApiKey};
 use crate::list::{self, ListQuery, Page};
-use crate::model::{Lifecycle, Sandbox, SandboxState};
+use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
 use crate::secrets::{random_id, random_secret};
 use crate::store::Store;
+
+/// The code interpreter's port, a service port on every template (E2B's convention).
+pub const SERVICE_PORT: u16 = 49999;
 
 /// Tunables of the control plane.
 #[derive(Debug, Clone)]
@@ -44,6 +47,9 @@ pub struct Config {
     /// Template names snapshots may not take: a snapshot id is looked up before templates in
     /// create, so a snapshot named like a template would take over every create of it.
     pub template_names: Vec<String>,
+    /// Sandbox ports of in-image services (the code interpreter's 49999): like the agent's
+    /// port, they answer only requests carrying the sandbox's access or traffic token.
+    pub service_ports: Vec<u16>,
 }
 
 impl Default for Config {
@@ -60,6 +66,7 @@ impl Default for Config {
             domain: None,
             exit_poll: Duration::from_secs(5),
             template_names: Vec::new(),
+            service_ports: vec![SERVICE_PORT],
         }
     }
 }
@@ -74,6 +81,7 @@ pub struct CreateRequest {
     pub env_vars: BTreeMap<String, String>,
     pub allow_internet_access: Option<bool>,
     pub lifecycle: Lifecycle,
+    pub network: Network,
 }
 
 /// A create with everything resolved (from a template, a snapshot or a fork's parent).
@@ -87,6 +95,7 @@ pub(crate) struct Plan {
     pub env_vars: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,
     pub lifecycle: Lifecycle,
+    pub network: Network,
     pub timeout: Duration,
     /// Runtime snapshot key to start from.
     pub from_snapshot: Option<String>,
@@ -96,9 +105,29 @@ pub(crate) struct Plan {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub agent: SocketAddr,
-    pub traffic_access_token: String,
+    pub access: Access,
     /// Cancelled when the sandbox stops: the proxy aborts its open streams.
     pub cancel: CancellationToken,
+}
+
+/// What the proxy checks before a request reaches a sandbox port (the agent checks its own).
+#[derive(Clone)]
+pub struct Access {
+    pub envd_access_token: String,
+    pub traffic_access_token: String,
+    pub allow_public_traffic: bool,
+    /// Ports that need a token whatever `allow_public_traffic` says.
+    pub service_ports: Arc<[u16]>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are credentials: never in debug output.
+        f.debug_struct("Access")
+            .field("allow_public_traffic", &self.allow_public_traffic)
+            .field("service_ports", &self.service_ports)
+            .finish_non_exhaustive()
+    }
 }
 
 pub(crate) type Entry = Arc<Mutex<Sandbox>>;
@@ -112,7 +141,7 @@ pub(crate) struct Inner {
     /// Paused (or pausing) sandboxes that traffic wakes (`autoResume`): the proxy looks here
     /// first, so requests for other unrouted sandboxes fail fast instead of waiting for a
     /// sandbox's lock.
-    pub(crate) wakeable: StdMutex<HashSet<String>>,
+    pub(crate) wakeable: StdMutex<HashMap<String, Access>>,
     pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
@@ -149,7 +178,7 @@ impl Control {
                 config,
                 live: StdMutex::new(HashMap::new()),
                 routes: StdMutex::new(HashMap::new()),
-                wakeable: StdMutex::new(HashSet::new()),
+                wakeable: StdMutex::new(HashMap::new()),
                 expiries: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
@@ -176,7 +205,7 @@ impl Control {
         lock(&self.inner.live).insert(sandbox.id.clone(), entry);
         match sandbox.state {
             SandboxState::Running => self.route_running(sandbox),
-            SandboxState::Paused => self.set_wakeable(&sandbox.id, sandbox.lifecycle.auto_resume),
+            SandboxState::Paused => self.set_wakeable(sandbox, sandbox.lifecycle.auto_resume),
             _ => {}
         }
     }
@@ -186,7 +215,7 @@ impl Control {
         if let Some(rt) = &sandbox.runtime {
             let route = Route {
                 agent: rt.agent,
-                traffic_access_token: sandbox.traffic_access_token.clone(),
+                access: self.access_of(sandbox),
                 cancel: CancellationToken::new(),
             };
             lock(&self.inner.routes).insert(sandbox.id.clone(), route);
@@ -204,17 +233,27 @@ impl Control {
         lock(&self.inner.expiries).remove(id);
     }
 
-    pub(crate) fn set_wakeable(&self, id: &str, wakeable: bool) {
+    pub(crate) fn set_wakeable(&self, sandbox: &Sandbox, wakeable: bool) {
         let mut set = lock(&self.inner.wakeable);
         if wakeable {
-            set.insert(id.to_string());
+            set.insert(sandbox.id.clone(), self.access_of(sandbox));
         } else {
-            set.remove(id);
+            set.remove(&sandbox.id);
         }
     }
 
-    pub(crate) fn is_wakeable(&self, id: &str) -> bool {
-        lock(&self.inner.wakeable).contains(id)
+    /// A paused sandbox's access rules when traffic may wake it.
+    pub(crate) fn wake_access(&self, id: &str) -> Option<Access> {
+        lock(&self.inner.wakeable).get(id).cloned()
+    }
+
+    fn access_of(&self, sandbox: &Sandbox) -> Access {
+        Access {
+            envd_access_token: sandbox.envd_access_token.clone(),
+            traffic_access_token: sandbox.traffic_access_token.clone(),
+            allow_public_traffic: sandbox.network.allow_public_traffic,
+            service_ports: self.inner.config.service_ports.clone().into(),
+        }
     }
 
     /// The runtime's name and what it can keep, for API callers.
@@ -313,6 +352,7 @@ impl Control {
                     env_vars,
                     metadata: req.metadata,
                     lifecycle: req.lifecycle,
+                    network: req.network,
                     timeout,
                     from_snapshot: Some(snap.key),
                 }
@@ -326,6 +366,7 @@ impl Control {
                 env_vars: req.env_vars,
                 metadata: req.metadata,
                 lifecycle: req.lifecycle,
+                network: req.network,
                 timeout,
                 from_snapshot: None,
             },
@@ -356,6 +397,7 @@ impl Control {
             env_vars: plan.env_vars,
             lifecycle: plan.lifecycle,
             pause_mode: None,
+            network: plan.network,
         };
 
         // Reserve a slot and hold the sandbox's lock for the whole creation, so a concurrent

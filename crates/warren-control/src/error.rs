@@ -13,6 +13,9 @@ pub enum ControlError {
     /// Missing, unknown or revoked API key. The message never contains the key.
     #[error("invalid or missing API key")]
     Unauthenticated,
+    /// Authenticated (or not needing to be) but not allowed to do this.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{message}")]
     ResourceExhausted {
         message: String,

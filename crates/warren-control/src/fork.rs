@@ -88,6 +88,7 @@ impl Control {
                 env_vars: sb.env_vars.clone(),
                 metadata: sb.metadata.clone(),
                 lifecycle: sb.lifecycle,
+                network: sb.network.clone(),
                 timeout,
                 from_snapshot: Some(key.clone()),
             }

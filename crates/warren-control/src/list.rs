@@ -217,6 +217,7 @@ mod tests {
             env_vars: BTreeMap::new(),
             lifecycle: Default::default(),
             pause_mode: None,
+            network: Default::default(),
         }
     }
 

@@ -122,6 +122,27 @@ pub struct Sandbox {
     pub lifecycle: Lifecycle,
     /// What the current pause kept (state `Paused` only).
     pub pause_mode: Option<PauseMode>,
+    /// Who may reach the sandbox's ports through the proxy.
+    pub network: Network,
+}
+
+/// A sandbox's network settings as the control plane enforces them.
+// `default`: records written before network settings existed hold `{}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Network {
+    /// User ports answer anyone who reaches the proxy (`true`, E2B's default), or only
+    /// requests carrying the sandbox's traffic access token (`false`). In-image service ports
+    /// (the code interpreter's) always need a token.
+    pub allow_public_traffic: bool,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            allow_public_traffic: true,
+        }
+    }
 }
 
 /// What happens at the end time, and whether traffic wakes a paused sandbox.

@@ -9,7 +9,7 @@ use chrono::Utc;
 use tokio::sync::OwnedMutexGuard;
 use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
 
-use crate::control::{spec_of, Control, Route};
+use crate::control::{spec_of, Access, Control, Route};
 use crate::error::ControlError;
 use crate::model::{Lifecycle, OnTimeout, Sandbox, SandboxState};
 
@@ -107,14 +107,14 @@ impl Control {
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a
         // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
         // that arrives meanwhile waits for the pause and then resumes it.
-        self.set_wakeable(&id, sb.lifecycle.auto_resume);
+        self.set_wakeable(sb, sb.lifecycle.auto_resume);
         self.unroute(&id);
         self.unschedule(&id);
         let rt = match self.inner.runtime.pause(&id, mode).await {
             Ok(rt) => rt,
             Err(e) => {
                 // The runtime refused or failed; the sandbox is still the running one it was.
-                self.set_wakeable(&id, false);
+                self.set_wakeable(sb, false);
                 self.route_running(sb);
                 tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
                 let doing = format!("pausing sandbox {id} failed (it keeps running)");
@@ -181,7 +181,7 @@ impl Control {
             return Err(e.into());
         }
         **sb = next;
-        self.set_wakeable(&id, false);
+        self.set_wakeable(sb, false);
         self.route_running(sb);
         if paused_mode == Some(PauseMode::Memory) && kind == ResumeKind::Filesystem {
             // E.g. the host rebooted while it was paused: its files are back, its processes
@@ -194,12 +194,24 @@ impl Control {
 
     /// The proxy's lookup: the route of a running sandbox, or, for a paused one whose
     /// lifecycle says `autoResume`, resumes it (default timeout) and returns its new route.
-    pub async fn route_or_resume(&self, id: &str) -> Result<Option<Route>, ControlError> {
+    /// A paused sandbox is woken only by a request `may_wake` lets through (one that would be
+    /// authorised once it runs), so strangers cannot make a paused sandbox cost memory again.
+    pub async fn route_or_resume(
+        &self,
+        id: &str,
+        may_wake: impl FnOnce(&Access) -> bool,
+    ) -> Result<Option<Route>, ControlError> {
         if let Some(route) = self.route(id) {
             return Ok(Some(route));
         }
-        if !self.is_wakeable(id) {
-            return Ok(None);
+        match self.wake_access(id) {
+            None => return Ok(None),
+            Some(access) if !may_wake(&access) => {
+                return Err(ControlError::PermissionDenied(format!(
+                    "sandbox {id} is paused; only an authorised request resumes it"
+                )))
+            }
+            Some(_) => {}
         }
         let id = id.to_string();
         self.detached(|c| async move {

@@ -197,7 +197,14 @@ async fn on_timeout_pause_then_traffic_resumes() {
     let rec = store.get_sandbox(&sb.id).await.unwrap().unwrap();
     assert_eq!(rec.state, SandboxState::Paused, "paused, not killed");
     assert!(c.route(&sb.id).is_none());
-    let route = c.route_or_resume(&sb.id).await.unwrap();
+    // A request the sandbox would refuse does not wake it.
+    let refused = c.route_or_resume(&sb.id, |_| false).await;
+    assert!(matches!(refused, Err(ControlError::PermissionDenied(_))));
+    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Paused);
+    let route = c
+        .route_or_resume(&sb.id, |a| a.envd_access_token == sb.envd_access_token)
+        .await
+        .unwrap();
     assert!(route.is_some(), "traffic wakes it");
     let got = c.get(&sb.id).await.unwrap();
     assert_eq!(got.state, SandboxState::Running);
@@ -206,7 +213,11 @@ async fn on_timeout_pause_then_traffic_resumes() {
     // Without autoResume traffic does not wake it.
     let plain = c.create(base()).await.unwrap();
     c.pause(&plain.id, None).await.unwrap();
-    assert!(c.route_or_resume(&plain.id).await.unwrap().is_none());
+    assert!(c
+        .route_or_resume(&plain.id, |_| true)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(c.get(&plain.id).await.unwrap().state, SandboxState::Paused);
 }
 
@@ -390,12 +401,20 @@ async fn auto_resume_survives_restart() {
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
         .unwrap();
-    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_some());
+    assert!(c2
+        .route_or_resume(&sb.id, |_| true)
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
     // Killed while paused: traffic gets the plain not-found answer.
     c2.pause(&sb.id, None).await.unwrap();
     c2.kill(&sb.id).await.unwrap();
-    assert!(c2.route_or_resume(&sb.id).await.unwrap().is_none());
+    assert!(c2
+        .route_or_resume(&sb.id, |_| true)
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]

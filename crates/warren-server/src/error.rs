@@ -37,6 +37,7 @@ impl From<ControlError> for ApiError {
             ControlError::NotFound(_) => StatusCode::NOT_FOUND,
             ControlError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ControlError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ControlError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ControlError::ResourceExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ControlError::FailedPrecondition(_) => StatusCode::CONFLICT,
             ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -88,12 +88,14 @@ impl FromRequestParts<AppState> for Authed {
 /// Bodies up to this size are read to the end before an oversized request gets its 413.
 const DRAIN_CAP: u64 = 64 * 1024 * 1024;
 
-/// Answers 413 to an API request whose declared body is over `limit`, after reading that body
-/// to the end (up to [`DRAIN_CAP`]). Answering while the client is still sending would make the
-/// kernel reset the connection when it closes with unread data, and the client would see a
-/// reset instead of the answer.
+/// Answers 413 to an API request whose declared body is over the limit. For a caller with a
+/// valid API key the body is read to the end first (up to [`DRAIN_CAP`]): answering while the
+/// client is still sending would make the kernel reset the connection when it closes with
+/// unread data, and the client would see a reset instead of the answer. A caller without one
+/// gets its 401 at once and the connection is closed: nothing of the body is read for a
+/// stranger.
 pub(crate) async fn reject_oversized(
-    axum::extract::State(limit): axum::extract::State<usize>,
+    axum::extract::State((state, limit)): axum::extract::State<(AppState, usize)>,
     req: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -106,6 +108,19 @@ pub(crate) async fn reject_oversized(
         .and_then(|v| v.parse::<u64>().ok());
     match declared {
         Some(len) if len > limit as u64 => {
+            let key = req
+                .headers()
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if let Err(e) = state.control.authenticate(key).await {
+                let mut resp = ApiError::from(e).into_response();
+                resp.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return resp;
+            }
             if len <= DRAIN_CAP {
                 let mut body = req.into_body();
                 while let Some(frame) = body.frame().await {

@@ -10,6 +10,8 @@
 
 pub mod error;
 mod extract;
+mod ingress;
+pub mod listener;
 mod normalize;
 pub mod openapi;
 mod persistence;
@@ -23,6 +25,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::{middleware, Router};
 use warren_control::Control;
+
+pub use listener::{serve, ListenerLimits};
 
 /// Limit of JSON request bodies on the API (the proxy streams bodies of any size).
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -94,7 +98,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(config.body_limit))
         .layer(middleware::from_fn_with_state(
-            config.body_limit,
+            (state.clone(), config.body_limit),
             extract::reject_oversized,
         ))
         .layer(middleware::from_fn(normalize::json_errors))

@@ -6,8 +6,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, ForkResultItem, ForkSandbox, LifecycleInfo,
-    ListedSandbox, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated,
-    SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
+    ListedSandbox, NetworkConfig, NetworkInfo, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo,
+    SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
 };
 use crate::{persistence, routes};
 
@@ -32,7 +32,7 @@ use crate::{persistence, routes};
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
-        ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo
+        ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo
     )),
     modifiers(&ApiKeyAuth)
 )]

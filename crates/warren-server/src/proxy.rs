@@ -27,11 +27,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
+use crate::ingress;
 use crate::types::{rfc3339, SandboxMetric};
 use crate::AppState;
 
 /// The agent's port inside every sandbox.
 pub const AGENT_PORT: u16 = 49983;
+
+/// Largest `/metrics` answer read from an agent (a real one is a few hundred bytes).
+const METRICS_BODY_LIMIT: usize = 64 * 1024;
 
 const SANDBOX_ID: &str = "e2b-sandbox-id";
 const SANDBOX_PORT: &str = "e2b-sandbox-port";
@@ -58,6 +62,17 @@ pub struct Proxy {
 struct Target {
     id: String,
     port: u16,
+}
+
+/// `host[:port]` without the port.
+fn strip_port(host: &str) -> &str {
+    host.rsplit_once(':').map_or(host, |(h, p)| {
+        if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    })
 }
 
 fn valid_id(id: &str) -> bool {
@@ -105,15 +120,35 @@ impl Proxy {
         Ok(self.parse_host(host))
     }
 
+    /// With `--domain` set, a request must name that domain, one of its subdomains, `localhost`
+    /// or an IP address: a browser tricked into sending another name here (DNS rebinding)
+    /// is turned away before anything is routed.
+    fn known_host(&self, headers: &HeaderMap, uri: &Uri) -> bool {
+        let Some(domain) = &self.domain else {
+            return true;
+        };
+        let Some(host) = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| uri.host())
+        else {
+            // HTTP/1.0 without Host: nothing to rebind.
+            return true;
+        };
+        let host = strip_port(host);
+        let name = host.trim_end_matches('.');
+        name.parse::<std::net::IpAddr>().is_ok()
+            || (name.starts_with('[') && name.ends_with(']'))
+            || name.eq_ignore_ascii_case("localhost")
+            || name.eq_ignore_ascii_case(domain)
+            || name.len().checked_sub(domain.len() + 1).is_some_and(|cut| {
+                name.as_bytes()[cut] == b'.' && name[cut + 1..].eq_ignore_ascii_case(domain)
+            })
+    }
+
     /// `{port}-{id}.{domain}[:listen-port]`.
     fn parse_host(&self, host: &str) -> Option<Target> {
-        let host = host.rsplit_once(':').map_or(host, |(h, p)| {
-            if p.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        });
+        let host = strip_port(host);
         let (label, rest) = host.split_once('.')?;
         if let Some(domain) = &self.domain {
             if !rest.eq_ignore_ascii_case(domain) {
@@ -139,22 +174,29 @@ impl Proxy {
             .header("x-access-token", token)
             .body(Body::empty())
             .map_err(|e| unavailable(format!("building metrics request: {e}")))?;
-        let resp = tokio::time::timeout(Duration::from_secs(10), self.client.request(req))
+        // The agent answers from inside the sandbox, so its answer is hostile input: the whole
+        // exchange, body included, is bounded in time and size.
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| unavailable(format!("sandbox agent unreachable: {e}")))?;
+            if !resp.status().is_success() {
+                return Err(unavailable(format!(
+                    "sandbox agent answered {}",
+                    resp.status()
+                )));
+            }
+            http_body_util::Limited::new(resp.into_body(), METRICS_BODY_LIMIT)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| unavailable(format!("reading agent metrics: {e}")))
+        };
+        let body = tokio::time::timeout(Duration::from_secs(10), exchange)
             .await
-            .map_err(|_| unavailable("sandbox agent did not answer in time".into()))?
-            .map_err(|e| unavailable(format!("sandbox agent unreachable: {e}")))?;
-        if !resp.status().is_success() {
-            return Err(unavailable(format!(
-                "sandbox agent answered {}",
-                resp.status()
-            )));
-        }
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| unavailable(format!("reading agent metrics: {e}")))?
-            .to_bytes();
+            .map_err(|_| unavailable("sandbox agent did not answer in time".into()))??;
         let m: AgentMetrics = serde_json::from_slice(&body)
             .map_err(|e| unavailable(format!("agent metrics are malformed: {e}")))?;
         let now = chrono::Utc::now();
@@ -198,6 +240,13 @@ fn not_found(id: &str) -> Response {
 
 /// Middleware in front of the API: sandbox traffic is proxied, everything else goes on.
 pub(crate) async fn route_or_api(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if !st.proxy.known_host(req.headers(), req.uri()) {
+        return ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this server does not serve that host name",
+        )
+        .into_response();
+    }
     match st.proxy.target(req.headers(), req.uri()) {
         Err(e) => e.into_response(),
         Ok(None) => next.run(req).await,
@@ -235,10 +284,22 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
-    // A paused sandbox whose lifecycle says `autoResume` wakes here, on its first request.
-    let route = match st.control.route_or_resume(&target.id).await {
+    // A paused sandbox whose lifecycle says `autoResume` wakes here, on its first request
+    // (only on one that would be let through once it runs).
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let headers = req.headers();
+    let may_wake = |a: &warren_control::Access| ingress::may_wake(a, target.port, headers, &query);
+    let route = match st.control.route_or_resume(&target.id, may_wake).await {
         Ok(Some(route)) => route,
         Ok(None) => return not_found(&target.id),
+        Err(warren_control::ControlError::PermissionDenied(_)) => {
+            // The sandbox is paused; say what a running one would have said.
+            return sandbox_error(
+                StatusCode::FORBIDDEN,
+                &target.id,
+                "The sandbox is paused; only an authorised request resumes it",
+            );
+        }
         Err(e) => {
             tracing::warn!(sandbox_id = %target.id, error = %e, "auto-resume failed");
             return sandbox_error(
@@ -248,6 +309,11 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
             );
         }
     };
+    if let Err(denied) = ingress::authorize(&route.access, target.port, req.headers())
+        .and_then(|()| ingress::check_site(&route.access, target.port, req.headers(), &query))
+    {
+        return sandbox_error(StatusCode::FORBIDDEN, &target.id, &denied.message());
+    }
     // Port 49983 is "the agent", wherever the runtime put it; other ports are the sandbox's
     // own services at the agent's address.
     let addr = if target.port == AGENT_PORT {
@@ -269,8 +335,14 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     // The pool speaks HTTP/1.1 to sandboxes whatever the client spoke to us.
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    // The control-plane credential never enters a sandbox, whatever a client sends along.
+    // The control-plane credential never enters a sandbox, whatever a client sends along;
+    // neither does the traffic token, nor the envd token where the agent and in-image
+    // services (which call the agent with it) are not the receiver.
     parts.headers.remove("x-api-key");
+    parts.headers.remove(ingress::TRAFFIC_TOKEN);
+    if target.port != AGENT_PORT && !route.access.service_ports.contains(&target.port) {
+        parts.headers.remove(ingress::ACCESS_TOKEN);
+    }
     if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
         parts.headers.insert(header::HOST, host);
     }
@@ -387,5 +459,40 @@ mod tests {
         );
         assert_eq!(any.parse_host("80-XYZ.example.com"), None);
         assert_eq!(any.parse_host("api.example.com"), None);
+    }
+
+    #[test]
+    fn unknown_hosts_are_refused_when_a_domain_is_set() {
+        let p = Proxy::new(Some("warren.test".into()));
+        let known = |host: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(host));
+            p.known_host(&h, &Uri::from_static("/"))
+        };
+        for ok in [
+            "warren.test",
+            "api.warren.test:3000",
+            "49983-abc.WARREN.test",
+            "localhost:3000",
+            "127.0.0.1:3000",
+            "[::1]:3000",
+        ] {
+            assert!(known(ok), "{ok}");
+        }
+        for bad in [
+            "evil.test",
+            "49999-abc.evil.test:3000",
+            "xwarren.test",
+            "warren.test.evil",
+        ] {
+            assert!(!known(bad), "{bad}");
+        }
+        let any = Proxy::new(None);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::HOST,
+            HeaderValue::from_static("49999-abc.evil.test"),
+        );
+        assert!(any.known_host(&h, &Uri::from_static("/")));
     }
 }

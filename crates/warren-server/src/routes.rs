@@ -10,8 +10,8 @@ use warren_control::{parse_metadata_query, CreateRequest, ListQuery, ListStates,
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Authed, OptionalJson};
 use crate::types::{
-    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NewSandbox, RuntimeInfo,
-    SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
+    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NetworkConfig, NewSandbox,
+    RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
 };
 use crate::AppState;
 
@@ -46,6 +46,12 @@ pub(crate) async fn create_sandbox(
     ApiJson(body): ApiJson<NewSandbox>,
 ) -> ApiResult<impl IntoResponse> {
     let lifecycle = lifecycle_of(&body);
+    let network = body
+        .network
+        .map(NetworkConfig::into_network)
+        .transpose()
+        .map_err(ApiError::bad_request)?
+        .unwrap_or_default();
     let sandbox = st
         .control
         .create(CreateRequest {
@@ -55,6 +61,7 @@ pub(crate) async fn create_sandbox(
             env_vars: body.env_vars.unwrap_or_default(),
             allow_internet_access: body.allow_internet_access,
             lifecycle,
+            network,
         })
         .await?;
     let cfg = st.control.config();

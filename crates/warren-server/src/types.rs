@@ -38,12 +38,52 @@ pub struct NewSandbox {
     pub env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
-    /// Accepted for compatibility; network policy is not enforced yet.
-    #[schema(value_type = Option<Object>)]
-    pub network: Option<serde_json::Value>,
+    pub network: Option<NetworkConfig>,
     #[schema(value_type = Option<Object>)]
     pub mcp: Option<serde_json::Value>,
     pub secure: Option<bool>,
+}
+
+/// `network` of create (`e2b-compat-wave2.md` §2.1). `allowPublicTraffic` is enforced by the
+/// proxy; the egress fields are not enforced yet and are refused (400) rather than ignored,
+/// so nobody believes a sandbox is fenced when it is not.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// `false`: user ports need the `e2b-traffic-access-token` header.
+    pub allow_public_traffic: Option<bool>,
+    /// Every other key (`allowOut`, `denyOut`, `rules`, `maskRequestHost`, ...).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub unsupported: BTreeMap<String, serde_json::Value>,
+}
+
+impl NetworkConfig {
+    /// The enforced settings, or why the request asks for something Warren does not do yet.
+    pub fn into_network(self) -> Result<warren_control::Network, String> {
+        let empty = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => true,
+            serde_json::Value::Array(a) => a.is_empty(),
+            serde_json::Value::Object(o) => o.is_empty(),
+            _ => false,
+        };
+        if let Some((key, _)) = self.unsupported.iter().find(|(_, v)| !empty(v)) {
+            return Err(format!(
+                "network.{key} is not supported by this server yet (egress policy is not \
+                 enforced); remove it, or use allow_internet_access to cut egress"
+            ));
+        }
+        Ok(warren_control::Network {
+            allow_public_traffic: self.allow_public_traffic.unwrap_or(true),
+        })
+    }
+}
+
+/// `network` of a sandbox's detail.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInfo {
+    pub allow_public_traffic: bool,
 }
 
 /// `autoResume` of create.
@@ -228,6 +268,7 @@ pub struct SandboxDetail {
     pub domain: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub lifecycle: LifecycleInfo,
+    pub network: NetworkInfo,
     /// While paused: `full` (memory kept) or `filesystem`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<String>,
@@ -337,6 +378,9 @@ impl SandboxDetail {
             lifecycle: LifecycleInfo {
                 auto_resume: s.lifecycle.auto_resume,
                 on_timeout: s.lifecycle.on_timeout.as_str().into(),
+            },
+            network: NetworkInfo {
+                allow_public_traffic: s.network.allow_public_traffic,
             },
             pause_mode: s.pause_mode.map(|m| {
                 match m {

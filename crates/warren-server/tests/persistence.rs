@@ -224,7 +224,30 @@ async fn auto_pause_then_traffic_resumes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(state, "paused", "paused at its end time, not killed");
-    assert_eq!(health(&s, &id).await, 204, "traffic resumed it");
+    // Only a request the running sandbox would accept wakes it: not a stranger's.
+    assert_eq!(
+        health(&s, &id).await,
+        403,
+        "a request without the token is refused"
+    );
+    let d: Value = get(&s, &format!("/sandboxes/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["state"], "paused", "and does not wake it");
+    let token = created["envdAccessToken"].as_str().unwrap();
+    let status = s
+        .client()
+        .get(s.url("/health"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", token)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 204, "traffic resumed it");
     let d: Value = get(&s, &format!("/sandboxes/{id}"))
         .await
         .json()

@@ -9,8 +9,10 @@
 #![forbid(unsafe_code)]
 
 mod migrations;
+mod seal;
 mod snapshots;
 
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,11 +39,29 @@ pub enum OpenError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("making {path} private")]
+    Permissions {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Key(#[from] seal::KeyError),
+    #[error("encrypting the secrets of rows written before encryption")]
+    Reseal(#[source] StoreError),
+}
+
+pub use seal::KeyError;
+
+/// The connection and the key its secrets are sealed with.
+pub(crate) struct Db {
+    conn: Connection,
+    sealer: seal::Sealer,
 }
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    db: Arc<Mutex<Db>>,
 }
 
 pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -50,12 +70,16 @@ pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// The database and its WAL files are readable by their owner only; secrets in it are
+    /// sealed with the key in `<path>.key` (created on first open, 0600).
     pub fn open(path: &Path) -> Result<SqliteStore, OpenError> {
+        make_private(path)?;
         let conn = Connection::open(path).map_err(|source| OpenError::Open {
             path: path.display().to_string(),
             source,
         })?;
-        Self::init(conn)
+        let sealer = seal::Sealer::load_or_create(&path.with_extension("key"))?;
+        Self::init(conn, sealer)
     }
 
     /// A private in-memory database (tests).
@@ -64,10 +88,10 @@ impl SqliteStore {
             path: ":memory:".into(),
             source,
         })?;
-        Self::init(conn)
+        Self::init(conn, seal::Sealer::ephemeral()?)
     }
 
-    fn init(mut conn: Connection) -> Result<SqliteStore, OpenError> {
+    fn init(mut conn: Connection, sealer: seal::Sealer) -> Result<SqliteStore, OpenError> {
         // Several warren processes (server, `warren keys` on the same data dir) may touch the
         // file: wait for locks instead of failing with SQLITE_BUSY.
         conn.busy_timeout(Duration::from_secs(10))
@@ -108,8 +132,10 @@ impl SqliteStore {
             }
             tx.commit().map_err(migrate)?;
         }
+        let mut db = Db { conn, sealer };
+        reseal(&mut db).map_err(OpenError::Reseal)?;
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
+            db: Arc::new(Mutex::new(db)),
         })
     }
 
@@ -117,11 +143,11 @@ impl SqliteStore {
     async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut Db) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            let mut guard = conn
+            let mut guard = db
                 .lock()
                 .map_err(|_| backend("database connection poisoned"))?;
             f(&mut guard)
@@ -129,6 +155,87 @@ impl SqliteStore {
         .await
         .map_err(backend)?
     }
+}
+
+/// Creates the database file 0600 (SQLite gives its `-wal` and `-shm` files the main file's
+/// mode) and tightens files an older version left world-readable.
+fn make_private(path: &Path) -> Result<(), OpenError> {
+    let err = |p: &Path, source| OpenError::Permissions {
+        path: p.display().to_string(),
+        source,
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| err(path, e))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let p = Path::new(&name);
+        match std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(p, e)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Seals the secrets of rows written before the store encrypted them.
+fn reseal(db: &mut Db) -> Result<(), StoreError> {
+    let tx = db.conn.transaction().map_err(backend)?;
+    let plain_sandboxes: Vec<(String, String, String, String)> = {
+        let mut stmt = tx
+            .prepare(
+                "SELECT id, envd_access_token, traffic_access_token, env_vars FROM sandboxes \
+                 WHERE envd_access_token NOT LIKE 'enc1:%' OR traffic_access_token NOT LIKE 'enc1:%' \
+                 OR env_vars NOT LIKE 'enc1:%'",
+            )
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(backend)?;
+        rows.collect::<Result<_, _>>().map_err(backend)?
+    };
+    let seal = |column: &str, v: &str| -> Result<String, StoreError> {
+        if seal::is_plain(v) {
+            db.sealer.seal(column, v)
+        } else {
+            Ok(v.to_string())
+        }
+    };
+    for (id, envd, traffic, env) in plain_sandboxes {
+        tx.execute(
+            "UPDATE sandboxes SET envd_access_token=?2, traffic_access_token=?3, env_vars=?4 \
+             WHERE id=?1",
+            params![
+                id,
+                seal("envd_access_token", &envd)?,
+                seal("traffic_access_token", &traffic)?,
+                seal("env_vars", &env)?
+            ],
+        )
+        .map_err(backend)?;
+    }
+    let plain_snapshots: Vec<(String, String)> = {
+        let mut stmt = tx
+            .prepare("SELECT id, env_vars FROM snapshots WHERE env_vars NOT LIKE 'enc1:%'")
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(backend)?;
+        rows.collect::<Result<_, _>>().map_err(backend)?
+    };
+    for (id, env) in plain_snapshots {
+        tx.execute(
+            "UPDATE snapshots SET env_vars=?2 WHERE id=?1",
+            params![id, seal("env_vars", &env)?],
+        )
+        .map_err(backend)?;
+    }
+    tx.commit().map_err(backend)
 }
 
 pub(crate) fn micros(t: DateTime<Utc>) -> i64 {
@@ -142,7 +249,7 @@ pub(crate) fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
 
 const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
      allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
-     traffic_access_token, runtime, env_vars, lifecycle, pause_mode";
+     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network";
 
 /// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
 struct SandboxRow {
@@ -163,6 +270,7 @@ struct SandboxRow {
     env_vars: String,
     lifecycle: String,
     pause_mode: Option<String>,
+    network: String,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
@@ -184,20 +292,26 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         env_vars: r.get(14)?,
         lifecycle: r.get(15)?,
         pause_mode: r.get(16)?,
+        network: r.get(17)?,
     })
 }
 
 impl SandboxRow {
-    fn decode(self) -> Result<Sandbox, StoreError> {
+    fn decode(self, sealer: &seal::Sealer) -> Result<Sandbox, StoreError> {
         let corrupt = |what: &str| StoreError::Corrupt(format!("sandbox {}: {what}", self.id));
+        let env_vars = sealer.open("env_vars", &self.env_vars)?;
+        let envd_access_token = sealer.open("envd_access_token", &self.envd_access_token)?;
+        let traffic_access_token =
+            sealer.open("traffic_access_token", &self.traffic_access_token)?;
         let state = SandboxState::parse(&self.state).ok_or_else(|| corrupt("state"))?;
         let metadata = serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?;
         let runtime: Option<RuntimeSandbox> = match &self.runtime {
             Some(json) => Some(serde_json::from_str(json).map_err(|_| corrupt("runtime record"))?),
             None => None,
         };
-        let env_vars = serde_json::from_str(&self.env_vars).map_err(|_| corrupt("env vars"))?;
+        let env_vars = serde_json::from_str(&env_vars).map_err(|_| corrupt("env vars"))?;
         let lifecycle = serde_json::from_str(&self.lifecycle).map_err(|_| corrupt("lifecycle"))?;
+        let network = serde_json::from_str(&self.network).map_err(|_| corrupt("network"))?;
         let pause_mode = match &self.pause_mode {
             Some(m) => Some(
                 serde_json::from_value(serde_json::Value::String(m.clone()))
@@ -210,6 +324,7 @@ impl SandboxRow {
             env_vars,
             lifecycle,
             pause_mode,
+            network,
             metadata,
             runtime,
             started_at: from_micros(self.started_at_us)?,
@@ -221,13 +336,14 @@ impl SandboxRow {
             memory_mb: self.memory_mb,
             disk_mb: self.disk_mb,
             allow_internet_access: self.allow_internet_access,
-            envd_access_token: self.envd_access_token,
-            traffic_access_token: self.traffic_access_token,
+            envd_access_token,
+            traffic_access_token,
         })
     }
 }
 
-fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
+fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
+    let conn = &db.conn;
     let metadata = serde_json::to_string(&s.metadata).map_err(backend)?;
     let runtime = s
         .runtime
@@ -236,7 +352,13 @@ fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), Sto
         .transpose()
         .map_err(backend)?;
     let env_vars = serde_json::to_string(&s.env_vars).map_err(backend)?;
+    let env_vars = db.sealer.seal("env_vars", &env_vars)?;
+    let envd_access_token = db.sealer.seal("envd_access_token", &s.envd_access_token)?;
+    let traffic_access_token = db
+        .sealer
+        .seal("traffic_access_token", &s.traffic_access_token)?;
     let lifecycle = serde_json::to_string(&s.lifecycle).map_err(backend)?;
+    let network = serde_json::to_string(&s.network).map_err(backend)?;
     let pause_mode = s
         .pause_mode
         .map(|m| match serde_json::to_value(m) {
@@ -245,12 +367,12 @@ fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), Sto
         })
         .transpose()?;
     let sql = if insert {
-        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)")
+        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)")
     } else {
         "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
          disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
          envd_access_token=?12, traffic_access_token=?13, runtime=?14, env_vars=?15, \
-         lifecycle=?16, pause_mode=?17 WHERE id=?1"
+         lifecycle=?16, pause_mode=?17, network=?18 WHERE id=?1"
             .to_string()
     };
     let n = conn
@@ -268,12 +390,13 @@ fn write_sandbox(conn: &Connection, s: &Sandbox, insert: bool) -> Result<(), Sto
                 metadata,
                 micros(s.started_at),
                 micros(s.end_at),
-                s.envd_access_token,
-                s.traffic_access_token,
+                envd_access_token,
+                traffic_access_token,
                 runtime,
                 env_vars,
                 lifecycle,
                 pause_mode,
+                network,
             ],
         )
         .map_err(backend)?;
@@ -324,15 +447,16 @@ impl Store for SqliteStore {
     async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError> {
         let id = id.to_string();
         self.with(move |c| {
-            c.query_row(
-                &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"),
-                [id],
-                read_row,
-            )
-            .optional()
-            .map_err(backend)?
-            .map(SandboxRow::decode)
-            .transpose()
+            c.conn
+                .query_row(
+                    &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"),
+                    [id],
+                    read_row,
+                )
+                .optional()
+                .map_err(backend)?
+                .map(|r| r.decode(&c.sealer))
+                .transpose()
         })
         .await
     }
@@ -341,6 +465,7 @@ impl Store for SqliteStore {
         let states: Vec<&'static str> = states.iter().map(|s| s.as_str()).collect();
         self.with(move |c| {
             let mut stmt = c
+                .conn
                 .prepare(&format!(
                     "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state = ?1"
                 ))
@@ -349,7 +474,7 @@ impl Store for SqliteStore {
             for state in states {
                 let rows = stmt.query_map([state], read_row).map_err(backend)?;
                 for row in rows {
-                    out.push(row.map_err(backend)?.decode()?);
+                    out.push(row.map_err(backend)?.decode(&c.sealer)?);
                 }
             }
             Ok(out)
@@ -390,18 +515,19 @@ impl Store for SqliteStore {
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError> {
         let k = key.clone();
         self.with(move |c| {
-            c.execute(
-                &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6)"),
-                params![
-                    k.id,
-                    k.name,
-                    k.hash,
-                    k.prefix,
-                    micros(k.created_at),
-                    k.revoked_at.map(micros)
-                ],
-            )
-            .map_err(backend)?;
+            c.conn
+                .execute(
+                    &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6)"),
+                    params![
+                        k.id,
+                        k.name,
+                        k.hash,
+                        k.prefix,
+                        micros(k.created_at),
+                        k.revoked_at.map(micros)
+                    ],
+                )
+                .map_err(backend)?;
             Ok(())
         })
         .await
@@ -410,17 +536,18 @@ impl Store for SqliteStore {
     async fn api_key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
         let hash = hash.to_string();
         self.with(move |c| {
-            c.query_row(
-                &format!(
+            c.conn
+                .query_row(
+                    &format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1 AND revoked_at_us IS NULL"
                 ),
-                [hash],
-                read_key,
-            )
-            .optional()
-            .map_err(backend)?
-            .map(decode_key)
-            .transpose()
+                    [hash],
+                    read_key,
+                )
+                .optional()
+                .map_err(backend)?
+                .map(decode_key)
+                .transpose()
         })
         .await
     }
@@ -428,6 +555,7 @@ impl Store for SqliteStore {
     async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError> {
         self.with(|c| {
             let mut stmt = c
+                .conn
                 .prepare(&format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at_us"
                 ))
@@ -443,6 +571,7 @@ impl Store for SqliteStore {
         let id = id.to_string();
         self.with(move |c| {
             let n = c
+                .conn
                 .execute(
                     "UPDATE api_keys SET revoked_at_us = ?2 WHERE id = ?1 AND revoked_at_us IS NULL",
                     params![id, micros(Utc::now())],

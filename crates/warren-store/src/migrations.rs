@@ -54,4 +54,9 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         );
         CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);",
     ),
+    (
+        3,
+        // Who may reach a sandbox's ports (`allowPublicTraffic`); egress policy joins it later.
+        "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';",
+    ),
 ];

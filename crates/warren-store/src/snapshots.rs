@@ -1,10 +1,11 @@
 //! The `snapshots` table. A snapshot has at most one name (unique), which is how a newer
 //! snapshot of the same name replaces the older one in one transaction.
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, OptionalExtension, Row};
 use warren_control::{Snapshot, StoreError};
 
-use crate::{backend, from_micros, micros};
+use crate::seal::Sealer;
+use crate::{backend, from_micros, micros, Db};
 
 const COLUMNS: &str = "id, name, runtime_key, sandbox_id, template, cpu_count, memory_mb, \
      disk_mb, allow_internet_access, env_vars, metadata, memory, bytes, created_at_us";
@@ -46,10 +47,11 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
 }
 
 impl SnapshotRow {
-    fn decode(self) -> Result<Snapshot, StoreError> {
+    fn decode(self, sealer: &Sealer) -> Result<Snapshot, StoreError> {
         let corrupt = |what: &str| StoreError::Corrupt(format!("snapshot {}: {what}", self.id));
+        let env_vars = sealer.open("env_vars", &self.env_vars)?;
         Ok(Snapshot {
-            env_vars: serde_json::from_str(&self.env_vars).map_err(|_| corrupt("env vars"))?,
+            env_vars: serde_json::from_str(&env_vars).map_err(|_| corrupt("env vars"))?,
             metadata: serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?,
             bytes: u64::try_from(self.bytes).map_err(|_| corrupt("bytes"))?,
             created_at: from_micros(self.created_at_us)?,
@@ -67,15 +69,13 @@ impl SnapshotRow {
     }
 }
 
-pub(crate) fn insert(
-    conn: &mut Connection,
-    s: &Snapshot,
-    replaces: Option<&str>,
-) -> Result<(), StoreError> {
+pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Result<(), StoreError> {
     if s.names.len() > 1 {
         return Err(backend("a snapshot has at most one name"));
     }
     let env_vars = serde_json::to_string(&s.env_vars).map_err(backend)?;
+    let env_vars = db.sealer.seal("env_vars", &env_vars)?;
+    let conn = &mut db.conn;
     let metadata = serde_json::to_string(&s.metadata).map_err(backend)?;
     let bytes = i64::try_from(s.bytes).map_err(backend)?;
     let tx = conn.transaction().map_err(backend)?;
@@ -109,11 +109,8 @@ pub(crate) fn insert(
 }
 
 /// By `id` or `name` (the only two columns callers pass).
-pub(crate) fn get(
-    conn: &mut Connection,
-    column: &str,
-    value: &str,
-) -> Result<Option<Snapshot>, StoreError> {
+pub(crate) fn get(db: &mut Db, column: &str, value: &str) -> Result<Option<Snapshot>, StoreError> {
+    let conn = &db.conn;
     let column = match column {
         "id" => "id",
         _ => "name",
@@ -125,21 +122,23 @@ pub(crate) fn get(
     )
     .optional()
     .map_err(backend)?
-    .map(SnapshotRow::decode)
+    .map(|r| r.decode(&db.sealer))
     .transpose()
 }
 
-pub(crate) fn all(conn: &mut Connection) -> Result<Vec<Snapshot>, StoreError> {
-    let mut stmt = conn
+pub(crate) fn all(db: &mut Db) -> Result<Vec<Snapshot>, StoreError> {
+    let mut stmt = db
+        .conn
         .prepare(&format!("SELECT {COLUMNS} FROM snapshots"))
         .map_err(backend)?;
     let rows = stmt.query_map([], read_row).map_err(backend)?;
-    rows.map(|r| r.map_err(backend).and_then(SnapshotRow::decode))
+    rows.map(|r| r.map_err(backend).and_then(|r| r.decode(&db.sealer)))
         .collect()
 }
 
-pub(crate) fn delete(conn: &mut Connection, id: &str) -> Result<bool, StoreError> {
-    let n = conn
+pub(crate) fn delete(db: &mut Db, id: &str) -> Result<bool, StoreError> {
+    let n = db
+        .conn
         .execute("DELETE FROM snapshots WHERE id = ?1", [id])
         .map_err(backend)?;
     Ok(n == 1)

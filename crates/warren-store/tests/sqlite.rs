@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{TimeZone, Utc};
 use warren_control::{
-    ApiKey, Lifecycle, OnTimeout, PauseMode, Sandbox, SandboxState, Snapshot, Store,
+    ApiKey, Lifecycle, Network, OnTimeout, PauseMode, Sandbox, SandboxState, Snapshot, Store,
 };
 use warren_runtime::RuntimeSandbox;
 use warren_store::SqliteStore;
@@ -28,6 +28,9 @@ fn sandbox(id: &str) -> Sandbox {
         env_vars: BTreeMap::from([("SECRET".to_string(), "s3cr3t".to_string())]),
         lifecycle: Lifecycle::default(),
         pause_mode: None,
+        network: Network {
+            allow_public_traffic: false,
+        },
     }
 }
 
@@ -232,4 +235,103 @@ async fn version_1_databases_upgrade_in_place() {
     assert_eq!(old.lifecycle, Lifecycle::default());
     assert_eq!(old.pause_mode, None);
     assert!(store.snapshots().await.unwrap().is_empty());
+}
+
+/// Every byte SQLite wrote for `path` (the database and its WAL).
+fn raw_bytes(path: &std::path::Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for suffix in ["", "-wal"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        if let Ok(b) = std::fs::read(&p) {
+            all.extend(b);
+        }
+    }
+    all
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[tokio::test]
+async fn secrets_are_encrypted_at_rest_and_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let mut s = sandbox("isecret");
+    s.envd_access_token = "ea_tokenvalue0123456789".into();
+    s.traffic_access_token = "ta_tokenvalue0123456789".into();
+    s.env_vars = BTreeMap::from([("DB_PASSWORD".into(), "hunter2-very-secret".into())]);
+    store.insert_sandbox(&s).await.unwrap();
+    let mut snap = snapshot("ssecret", None, 1);
+    snap.env_vars = BTreeMap::from([("TOKEN".into(), "snapshot-secret-value".into())]);
+    store.insert_snapshot(&snap, None).await.unwrap();
+
+    let raw = raw_bytes(&path);
+    for secret in [
+        "ea_tokenvalue0123456789",
+        "ta_tokenvalue0123456789",
+        "hunter2-very-secret",
+        "snapshot-secret-value",
+    ] {
+        assert!(
+            !contains(&raw, secret),
+            "{secret} is readable in the database file"
+        );
+    }
+    assert_eq!(store.get_sandbox("isecret").await.unwrap().unwrap(), s);
+    assert_eq!(store.get_snapshot("ssecret").await.unwrap().unwrap(), snap);
+    for name in ["warren.db", "warren.db-wal", "warren.db-shm", "warren.key"] {
+        let mode = std::fs::metadata(dir.path().join(name))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{name} is {mode:o}");
+    }
+    // Another data dir's key cannot read these rows.
+    drop(store);
+    std::fs::remove_file(dir.path().join("warren.key")).unwrap();
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(store.get_sandbox("isecret").await.is_err());
+}
+
+#[tokio::test]
+async fn rows_from_before_encryption_are_sealed_on_open() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warren.db");
+    drop(SqliteStore::open(&path).unwrap());
+    // What an older version left: plaintext secrets in a world-readable file.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO sandboxes (id, template, state, cpu_count, memory_mb, disk_mb, \
+             allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
+             traffic_access_token, env_vars) VALUES ('iold', 'base', 'running', 1, 512, 1024, 1, \
+             '{}', 0, 0, 'ea_oldplaintexttoken', 'ta_oldplaintexttoken', '{\"OLD\":\"oldsecretvalue\"}')",
+            [],
+        )
+        .unwrap();
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .unwrap();
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let store = SqliteStore::open(&path).unwrap();
+    let got = store.get_sandbox("iold").await.unwrap().unwrap();
+    assert_eq!(got.envd_access_token, "ea_oldplaintexttoken");
+    assert_eq!(got.env_vars["OLD"], "oldsecretvalue");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0);
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (token, env): (String, String) = conn
+        .query_row(
+            "SELECT envd_access_token, env_vars FROM sandboxes WHERE id='iold'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(token.starts_with("enc1:") && env.starts_with("enc1:"));
 }

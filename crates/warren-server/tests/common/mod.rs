@@ -299,16 +299,35 @@ impl TestServer {
         runtime: Arc<AgentRuntime>,
         config: Config,
     ) -> TestServer {
+        Self::start_full(
+            dir,
+            runtime,
+            config,
+            ServerConfig::default(),
+            warren_server::ListenerLimits::default(),
+        )
+        .await
+    }
+
+    /// Starts a server with its HTTP-side settings (domain, listener limits) too.
+    pub async fn start_full(
+        dir: tempfile::TempDir,
+        runtime: Arc<AgentRuntime>,
+        config: Config,
+        server: ServerConfig,
+        limits: warren_server::ListenerLimits,
+    ) -> TestServer {
         let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).unwrap());
         let control = Control::start(store, runtime.clone(), config)
             .await
             .unwrap();
         control.seed_api_key("test", API_KEY).await.unwrap();
-        let app = warren_server::app(control.clone(), ServerConfig::default());
+        let app = warren_server::app(control.clone(), server);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // The server's own listener (timeouts, connection caps), as `warren serve` runs it.
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = warren_server::serve(listener, app, limits, std::future::pending()).await;
         });
         TestServer {
             base: format!("http://{addr}"),
