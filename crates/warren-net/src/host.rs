@@ -11,6 +11,7 @@ use crate::addr::Ipv4Cidr;
 use crate::cmd::{Invocation, IP, NFT};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
+use crate::rules::SlotFilter;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
@@ -253,4 +254,27 @@ fn json_array(command: &str, out: &str) -> Result<Vec<Value>> {
             detail: e.to_string(),
         }),
     }
+}
+
+/// The in-slot filter for this pool: the host table's isolation, repeated inside each slot.
+pub(crate) async fn slot_filter(
+    config: &NetConfig,
+    dns: &[std::net::Ipv4Addr],
+) -> Result<SlotFilter> {
+    let mut isolated = vec![config.host_cidr];
+    isolated.extend(
+        host_addrs()
+            .await?
+            .into_iter()
+            .filter(|a| !config.host_cidr.contains(*a))
+            .map(crate::addr::Ipv4Cidr::host),
+    );
+    Ok(SlotFilter {
+        table: config.prefix.clone(),
+        blocked: config.blocked_destinations.clone(),
+        isolated,
+        dns_servers: dns.to_vec(),
+        max_connections: config.max_connections_per_slot,
+        new_per_second: config.new_connections_per_second,
+    })
 }

@@ -191,7 +191,7 @@ impl NetPool {
             );
         }
         let forward_per_link = forwarding != Forwarding::Global;
-        let filter = slot_filter(&config, &dns.servers).await?;
+        let filter = host::slot_filter(&config, &dns.servers).await?;
         let link_glob = config.link_glob();
         let no_egress: Vec<String> = adopt
             .iter()
@@ -210,11 +210,8 @@ impl NetPool {
         .await?;
         let expected_table = watchdog::list_host_table(&config.prefix)
             .await?
-            .ok_or_else(|| Error::Leftover {
-                what: format!(
-                    "nothing: table inet {} vanished right after loading",
-                    config.prefix
-                ),
+            .ok_or_else(|| Error::HostTableMissing {
+                table: format!("inet {}", config.prefix),
             })?
             .shape;
         // Adopted slots may predate the in-slot filter, or carry an older configuration's.
@@ -748,41 +745,5 @@ async fn run_detached<T: Send + 'static>(
 
 /// Checks the host table every `every_ms` for the life of the pool.
 async fn table_watchdog(inner: Arc<Inner>, every_ms: u64) {
-    let mut tick = tokio::time::interval(Duration::from_millis(every_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick fires at once; the table was just loaded.
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        match inner.check_host_table().await {
-            Ok(TableCheck::Intact) => {}
-            Ok(verdict) => {
-                tracing::warn!(?verdict, "restored the network pool's host table");
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the network pool's host table is not in place \
-                    and could not be restored; refusing new sandboxes until it is");
-            }
-        }
-    }
-}
-
-/// The in-slot filter for this pool: the host table's isolation, repeated inside each slot.
-async fn slot_filter(config: &NetConfig, dns: &[std::net::Ipv4Addr]) -> Result<SlotFilter> {
-    let mut isolated = vec![config.host_cidr];
-    isolated.extend(
-        host::host_addrs()
-            .await?
-            .into_iter()
-            .filter(|a| !config.host_cidr.contains(*a))
-            .map(crate::addr::Ipv4Cidr::host),
-    );
-    Ok(SlotFilter {
-        table: config.prefix.clone(),
-        blocked: config.blocked_destinations.clone(),
-        isolated,
-        dns_servers: dns.to_vec(),
-        max_connections: config.max_connections_per_slot,
-        new_per_second: config.new_connections_per_second,
-    })
+    watchdog::run(every_ms, || inner.check_host_table()).await
 }

@@ -103,6 +103,32 @@ fn normalize(v: &mut Value) {
     }
 }
 
+/// Runs `check` every `every_ms` milliseconds, forever (the pool aborts the task), and logs
+/// what it finds.
+pub(crate) async fn run<F, Fut>(every_ms: u64, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<TableCheck>>,
+{
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(every_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick fires at once; the table was just loaded.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match check().await {
+            Ok(TableCheck::Intact) => {}
+            Ok(verdict) => {
+                tracing::warn!(?verdict, "restored the network pool's host table");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the network pool's host table is not in place \
+                    and could not be restored; refusing new sandboxes until it is");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
