@@ -334,6 +334,65 @@ mod tests {
     }
 
     #[test]
+    fn host_output_admits_only_root_into_the_pool() {
+        let text = host_ruleset(&HostRules {
+            table: "w",
+            link_glob: "w-*",
+            pool: "10.11.0.0/16".parse().unwrap(),
+            blocked: &[],
+            dns_servers: &[],
+            no_egress: &[],
+        });
+        assert!(text.contains("type filter hook output priority filter"));
+        assert!(text.contains("ip daddr 10.11.0.0/16 jump host_to_slot"));
+        let chain = &text[text.find("chain host_to_slot").unwrap()..];
+        let root = chain.find("meta skuid 0 accept").unwrap();
+        let reject = chain.find("reject").unwrap();
+        assert!(root < reject, "{chain}");
+    }
+
+    #[test]
+    fn slot_filter_repeats_the_isolation_inside_the_slot() {
+        let filter = SlotFilter {
+            table: "w".into(),
+            blocked: vec!["169.254.0.0/16".parse().unwrap()],
+            isolated: vec![
+                "10.11.0.0/16".parse().unwrap(),
+                "192.0.2.2/32".parse().unwrap(),
+            ],
+            dns_servers: vec![Ipv4Addr::new(10, 255, 255, 53)],
+            max_connections: 4096,
+            new_per_second: Some(50),
+        };
+        let text = slot_filter_ruleset(&filter, &addrs());
+        assert!(text.starts_with("table inet w\ndelete table inet w\n"));
+        assert!(text.contains("elements = { 10.11.0.0/16, 192.0.2.2/32 }"));
+        // New connections only from this slot's host veth end (slot 5: 10.11.0.21).
+        assert!(text.contains("iifname \"eth0\" ct state new ip saddr != 10.11.0.21 counter drop"));
+        // Both the namespace sandbox's own traffic and a VM's routed traffic.
+        assert!(text.contains("type filter hook output priority filter"));
+        assert!(text.contains("type filter hook forward priority filter"));
+        assert!(text.contains("ct state new ct count over 4096"));
+        assert!(text.contains("limit rate over 50/second burst 100 packets"));
+        let egress = &text[text.find("chain egress").unwrap()..];
+        let dns = egress.find("@dns_servers").unwrap();
+        assert!(dns < egress.find("@isolated").unwrap() && dns < egress.find("@blocked").unwrap());
+        for line in text.lines() {
+            let t = line.trim();
+            assert!(!t.ends_with('}') || t == "}" || t.contains('{'), "{line}");
+        }
+        let unlimited = slot_filter_ruleset(
+            &SlotFilter {
+                max_connections: 0,
+                new_per_second: None,
+                ..filter
+            },
+            &addrs(),
+        );
+        assert!(!unlimited.contains("ct count") && !unlimited.contains("limit rate"));
+    }
+
+    #[test]
     fn empty_sets_have_no_elements_line() {
         let text = host_ruleset(&HostRules {
             table: "w",
