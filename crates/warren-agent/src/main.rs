@@ -27,6 +27,10 @@ fn main() -> anyhow::Result<()> {
     // thread exists.
     warren_agent::sys::become_init_if_pid1();
     let args = Args::parse();
+    // The runtime hands the token over in the environment so the agent requires it from its
+    // first request on; it has no business in what the agent's processes could inherit. No
+    // thread exists yet, so changing the environment is safe.
+    std::env::remove_var("WARREN_AGENT_ACCESS_TOKEN");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")

@@ -25,6 +25,8 @@ use warren_runtime::{
     SandboxRuntime, SnapshotInfo,
 };
 use warren_runtime_ns::cgroup::Limits;
+use warren_runtime_ns::config::Confinement;
+use warren_runtime_ns::idrange::IdRanges;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
 pub use templates::{recipe, TEMPLATES};
@@ -43,7 +45,8 @@ pub struct HostConfig {
     pub templates_dir: PathBuf,
     pub agent_bin: PathBuf,
     pub nsinit_bin: PathBuf,
-    /// First host uid of the range sandbox ids map to.
+    /// First host id of the ranges sandboxes get (each its own 65536 ids, none overlapping
+    /// `/etc/subuid`/`/etc/subgid`; see `warren_runtime_ns::idrange`).
     pub id_base: u32,
     /// Parent cgroup of all sandboxes.
     pub cgroup_parent: String,
@@ -66,7 +69,8 @@ impl HostConfig {
             templates_dir: PathBuf::from("/run/warren/templates"),
             agent_bin: bin_dir.join("warren-agent"),
             nsinit_bin: bin_dir.join("warren-nsinit"),
-            id_base: 100_000,
+            // Above the ranges `useradd` hands out (100000 up to 600100000) and below 2^31.
+            id_base: 1 << 30,
             cgroup_parent: "warren".into(),
             net: NetConfig::default(),
             ready_timeout: Duration::from_secs(30),
@@ -78,8 +82,9 @@ impl HostConfig {
             state_dir: self.run_dir.join("sandboxes"),
             nsinit_bin: self.nsinit_bin.clone(),
             agent_bin: self.agent_bin.clone(),
-            id_base: self.id_base,
             cgroup_parent: self.cgroup_parent.clone(),
+            // Only benchmarks of the cost of confinement set this (see docs/runtime-ns.md).
+            confinement: Confinement::from_env(),
         }
     }
 }
@@ -113,6 +118,8 @@ pub struct NsRuntime {
     /// saved layer under `<data_dir>/paused/<id>`.
     paused_fs: Mutex<HashSet<String>>,
     client: reqwest::Client,
+    /// Host id ranges of live, paused and saved sandboxes (`<data_dir>/ns-id-ranges`).
+    ids: IdRanges,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
     /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -158,7 +165,10 @@ impl NsRuntime {
             .no_proxy()
             .build()
             .map_err(|e| RuntimeError::Failed(format!("http client: {e}")))?;
+        let ids = IdRanges::open(&cfg.data_dir.join("ns-id-ranges"), cfg.id_base)
+            .map_err(|e| RuntimeError::Failed(format!("open the id range assignments: {e}")))?;
         let rt = Arc::new(Self {
+            ids,
             ns: cfg.ns(),
             cfg,
             net: OnceCell::new(),
@@ -268,6 +278,7 @@ impl NsRuntime {
         slot: &Slot,
         image_root: PathBuf,
         seed: Option<PathBuf>,
+        id_base: u32,
     ) -> Result<Sandbox, RuntimeError> {
         let launch_spec = LaunchSpec {
             id: spec.id.clone(),
@@ -287,6 +298,9 @@ impl NsRuntime {
                 "user".into(),
             ],
             seed,
+            id_base,
+            access_token: spec.access_token.clone(),
+            nested_namespaces: false,
         };
         let sandbox = launch::launch(&self.ns, &launch_spec)
             .await
@@ -296,12 +310,13 @@ impl NsRuntime {
         env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
         let agent = SocketAddr::V4(slot.agent_endpoint());
+        // The agent has required the token since it started (nsinit handed it over).
         if let Err(e) = agent::wait_and_init(
             &self.client,
             agent,
             &env,
             spec.access_token.as_deref(),
-            None,
+            spec.access_token.as_deref(),
             self.cfg.ready_timeout,
         )
         .await
@@ -363,7 +378,9 @@ impl SandboxRuntime for NsRuntime {
 
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
         if self.paused_fs.lock().await.remove(id) {
-            return self.forget_saved(id);
+            let forgotten = self.forget_saved(id);
+            self.release_ids(id);
+            return forgotten;
         }
         let live = self
             .live
@@ -381,7 +398,9 @@ impl SandboxRuntime for NsRuntime {
                 tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
             }
         }
-        result.and(self.forget_saved(id))
+        let result = result.and(self.forget_saved(id));
+        self.release_ids(id);
+        result
     }
 
     async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
@@ -477,14 +496,29 @@ impl NsRuntime {
                 .map_err(|e| RuntimeError::Failed(e.to_string()))??
         };
         let pool = self.pool().await?;
-        let slot = pool
-            .acquire(spec.allow_internet_access)
+        // A sandbox resumed from its files keeps its range; anything else gets a new one.
+        let fresh_ids = self.ids.get(&ids_holder(&spec.id)).is_none();
+        let id_base = self.assign_ids(&spec.id)?;
+        let forget_ids = |this: &Self| {
+            if fresh_ids {
+                this.release_ids(&spec.id);
+            }
+        };
+        let slot = match pool.acquire(spec.allow_internet_access).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                forget_ids(self);
+                return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
+            }
+        };
+        let sandbox = match self
+            .start_sandbox(&spec, &slot, image_root, seed, id_base)
             .await
-            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
-        let sandbox = match self.start_sandbox(&spec, &slot, image_root, seed).await {
+        {
             Ok(s) => s,
             Err(e) => {
                 let _ = pool.release(slot).await;
+                forget_ids(self);
                 return Err(e);
             }
         };
@@ -634,8 +668,47 @@ impl NsRuntime {
         }
         drop(live);
         self.remove_unclaimed_saves(&out).await;
+        self.release_unclaimed_ids().await;
         out
     }
+
+    /// The host id range of sandbox `id`: its own if it has one (a sandbox paused with its
+    /// files), else a new one that no live, paused or saved sandbox uses.
+    fn assign_ids(&self, id: &str) -> Result<u32, RuntimeError> {
+        let saved = persist::saved_id_bases(&self.cfg.data_dir);
+        self.ids.assign(&ids_holder(id), &saved).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::StorageFull {
+                RuntimeError::Exhausted(e.to_string())
+            } else {
+                RuntimeError::Failed(format!("assign a host id range: {e}"))
+            }
+        })
+    }
+
+    fn release_ids(&self, id: &str) {
+        if let Err(e) = self.ids.release(&ids_holder(id)) {
+            tracing::warn!(sandbox = %id, error = %e, "could not release the host id range");
+        }
+    }
+
+    /// After a restart: frees the ranges of sandboxes that are neither live nor paused.
+    async fn release_unclaimed_ids(&self) {
+        let live = self.live.lock().await;
+        let paused = self.paused_fs.lock().await;
+        for holder in self.ids.holders().into_keys() {
+            let Some(id) = holder.strip_prefix("sandbox-") else {
+                continue;
+            };
+            if !live.contains_key(id) && !paused.contains(id) {
+                let _ = self.ids.release(&holder);
+            }
+        }
+    }
+}
+
+/// Name of a sandbox's id range assignment.
+fn ids_holder(id: &str) -> String {
+    format!("sandbox-{id}")
 }
 
 /// Reaps sandbox PID 1s that became our children (their `warren-nsinit` parent died), so none

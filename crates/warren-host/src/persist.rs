@@ -76,10 +76,26 @@ pub(crate) fn discard_dir(dir: &std::path::Path) {
     }
 }
 
+/// Host id ranges that saved layers under `data_dir` (pauses and snapshots) are owned by: a
+/// new sandbox must not get one of them, or it could reach those files on the host.
+pub(crate) fn saved_id_bases(data_dir: &std::path::Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    for sub in ["paused", "snapshots"] {
+        let dir = data_dir.join(sub);
+        for name in complete_entries(&dir) {
+            if let Ok(base) = layer::saved_id_base(&dir.join(name)) {
+                out.push(base);
+            }
+        }
+    }
+    out
+}
+
 /// What an operation needs of a live sandbox, taken without holding the runtime's lock over
 /// slow copies (the control plane serialises operations on one sandbox).
 struct Handle {
     cgroup: SandboxCgroup,
+    id_base: u32,
     upper: PathBuf,
     agent: SocketAddr,
     record: Record,
@@ -162,6 +178,7 @@ impl NsRuntime {
         };
         Ok(Handle {
             cgroup: l.sandbox.cgroup.clone(),
+            id_base: l.sandbox.id_base,
             upper: l.sandbox.upper_dir(),
             agent: SocketAddr::V4(l.slot.agent_endpoint()),
             record: Record {
@@ -186,7 +203,7 @@ impl NsRuntime {
         blocking(move || cg.freeze())
             .await
             .map_err(failed("freeze the sandbox"))?;
-        let saved = layer::save(&h.upper, &dest).await;
+        let saved = layer::save(&h.upper, &dest, h.id_base).await;
         if saved.is_err() || (!stay_frozen && !was_frozen) {
             let cg = h.cgroup.clone();
             blocking(move || cg.thaw())

@@ -159,8 +159,8 @@ async fn main() {
         state_dir: PathBuf::from(format!("/run/warren-bench-ns-{}", std::process::id())),
         nsinit_bin: bin_dir.join("warren-nsinit"),
         agent_bin: bin_dir.join("warren-agent"),
-        id_base: 100_000,
         cgroup_parent: format!("warren-bench-{}", std::process::id()),
+        confinement: warren_runtime_ns::config::Confinement::from_env(),
     };
     for b in [&cfg.nsinit_bin, &cfg.agent_bin] {
         assert!(
@@ -183,6 +183,10 @@ async fn main() {
         writable_bytes: 256 << 20,
         agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
         seed: None,
+        // Ranges well above /etc/subuid's usual allocations, one per benchmark sandbox.
+        id_base: (1 << 30) + (i as u32) * warren_runtime_ns::config::ID_COUNT,
+        access_token: None,
+        nested_namespaces: false,
     };
     println!(
         "# namespace runtime benchmark ({} samples, {} idle sandboxes)",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const ROOT: &str = "/sys/fs/cgroup";
-const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "freezer"];
+pub(crate) const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "freezer"];
 
 /// Resource limits of one sandbox; `None` leaves a resource unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// Environment variable carrying the JSON-encoded [`InitConfig`].
 pub const CONFIG_ENV: &str = "WARREN_NSINIT_CONFIG";
-/// Descriptor on which the manager writes one byte once uid/gid maps and cgroups are in place.
+/// Descriptor on which the manager writes one byte once uid/gid maps and cgroups are in place,
+/// followed by the agent's access token (possibly empty), then closes it.
 pub const SYNC_FD: i32 = 3;
 /// Descriptor on which nsinit reports progress lines to the manager (see [`Report`]).
 pub const STATUS_FD: i32 = 4;
@@ -29,6 +30,43 @@ pub struct InitConfig {
     pub agent_args: Vec<String>,
     /// Content of the sandbox's `/etc/resolv.conf`.
     pub resolv_conf: String,
+    /// First host uid/gid of the sandbox's own id range. nsinit becomes this host uid before
+    /// it creates the user namespace, so the kernel charges the sandbox's per-user counters
+    /// (inotify instances, namespaces) to it rather than to host root.
+    pub id_base: u32,
+    /// How much of the confinement applies (see [`Confinement`]).
+    #[serde(default)]
+    pub confinement: Confinement,
+    /// Let the sandbox create namespaces of its own (`clone`/`unshare` with `CLONE_NEW*`
+    /// flags). Off by default: a new user namespace hands its creator every capability again.
+    #[serde(default)]
+    pub nested_namespaces: bool,
+}
+
+/// The sandbox's confinement.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Confinement {
+    /// Allow-list seccomp profile, reduced capability bounding set.
+    #[default]
+    Full,
+    /// The earlier confinement (a short seccomp deny-list, every capability in the user
+    /// namespace). For measuring what confinement costs only: never for real tenants.
+    Baseline,
+}
+
+impl Confinement {
+    /// Environment variable a benchmark sets (`baseline`) on the server to measure the cost of
+    /// confinement.
+    pub const ENV: &'static str = "WARREN_NS_CONFINEMENT";
+
+    /// The confinement named by [`Confinement::ENV`] (full unless it says `baseline`).
+    pub fn from_env() -> Confinement {
+        match std::env::var(Self::ENV).as_deref() {
+            Ok("baseline") => Confinement::Baseline,
+            _ => Confinement::Full,
+        }
+    }
 }
 
 /// Lines nsinit writes to [`STATUS_FD`]: `userns` once it created its user namespace (the

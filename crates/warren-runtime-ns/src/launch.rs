@@ -3,6 +3,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::cgroup::{self, Limits, SandboxCgroup};
-use crate::config::{InitConfig, Report, CONFIG_ENV, ID_COUNT, STATUS_FD, SYNC_FD};
+use crate::config::{Confinement, InitConfig, Report, CONFIG_ENV, ID_COUNT, STATUS_FD, SYNC_FD};
 
 /// Host-wide settings of the runtime.
 #[derive(Debug, Clone)]
@@ -22,10 +23,10 @@ pub struct NsConfig {
     pub nsinit_bin: PathBuf,
     /// The guest agent binary, bound into every sandbox.
     pub agent_bin: PathBuf,
-    /// First host uid/gid of the range sandbox ids map onto.
-    pub id_base: u32,
     /// Parent cgroup of all sandboxes (relative to each hierarchy's root).
     pub cgroup_parent: String,
+    /// How much confinement sandboxes get (full, except in benchmarks of the baseline).
+    pub confinement: Confinement,
 }
 
 /// One sandbox to start.
@@ -43,6 +44,13 @@ pub struct LaunchSpec {
     /// A saved writable layer (see [`crate::layer`]) to start from instead of an empty one:
     /// how paused sandboxes resume from their files and snapshots become new sandboxes.
     pub seed: Option<PathBuf>,
+    /// First host uid/gid of this sandbox's own id range (ids 0..65536 inside map onto
+    /// `id_base..id_base+65536`); see [`crate::idrange`] for handing out disjoint ranges.
+    pub id_base: u32,
+    /// The token the agent requires on every request from its first one on.
+    pub access_token: Option<String>,
+    /// Let the sandbox create namespaces of its own (see [`InitConfig::nested_namespaces`]).
+    pub nested_namespaces: bool,
 }
 
 /// A started sandbox.
@@ -53,6 +61,8 @@ pub struct Sandbox {
     pub pid1: u32,
     pub cgroup: SandboxCgroup,
     pub dir: PathBuf,
+    /// First host id of the sandbox's id range.
+    pub id_base: u32,
     /// The `warren-nsinit` parent of PID 1 (absent after the manager restarted).
     shim: Option<tokio::process::Child>,
 }
@@ -96,14 +106,26 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
     if !valid_id(&spec.id) {
         return Err(LaunchError::InvalidId(spec.id.clone()));
     }
+    if let Some(entry) = crate::idrange::overlap(spec.id_base) {
+        return Err(LaunchError::Init(format!(
+            "host id range {}..+{ID_COUNT} overlaps the /etc/subuid or /etc/subgid entry {entry}",
+            spec.id_base
+        )));
+    }
     let dir = cfg.state_dir.join(&spec.id);
+    fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    // Only the manager and the sandbox's own ids (nsinit needs to pass through) may enter.
+    nix::unistd::chown(&dir, None, Some(nix::unistd::Gid::from_raw(spec.id_base)))
+        .map_err(nix_io("chown the sandbox directory"))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o750))
+        .map_err(io(format!("chmod {}", dir.display())))?;
     for sub in ["lower", "rw", "root"] {
         fs::create_dir_all(dir.join(sub))
             .map_err(io(format!("create {}", dir.join(sub).display())))?;
     }
     let cg = SandboxCgroup::create(&cfg.cgroup_parent, &spec.id, spec.limits)
         .map_err(io("create cgroup"))?;
-    let started = match prepare_writable(cfg, spec, &dir).await {
+    let started = match prepare_writable(spec, &dir).await {
         Ok(()) => start(cfg, spec, &dir, cg.clone()).await,
         Err(e) => Err(e),
     };
@@ -124,16 +146,12 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
 /// can save it while the sandbox is frozen) and fills it from `spec.seed`. The sandbox's mount
 /// namespace inherits it and builds its overlay on it; its root (the host's `id_base`) owns
 /// it. Its pages are charged to the sandbox's memory cgroup when the sandbox writes them.
-async fn prepare_writable(
-    cfg: &NsConfig,
-    spec: &LaunchSpec,
-    dir: &Path,
-) -> Result<(), LaunchError> {
+async fn prepare_writable(spec: &LaunchSpec, dir: &Path) -> Result<(), LaunchError> {
     let rw = dir.join("rw");
     let opts = format!(
         "size={},mode=0755,uid={base},gid={base}",
         spec.writable_bytes.max(1 << 20),
-        base = cfg.id_base
+        base = spec.id_base
     );
     mount(
         Some("tmpfs"),
@@ -145,13 +163,13 @@ async fn prepare_writable(
     .map_err(nix_io("mount the writable layer"))?;
     let upper = rw.join("upper");
     match &spec.seed {
-        Some(seed) => crate::layer::restore(seed, &upper)
+        Some(seed) => crate::layer::restore(seed, &upper, spec.id_base)
             .await
             .map_err(|e| LaunchError::Init(format!("restore the saved filesystem: {e}")))?,
         None => fs::create_dir(&upper).map_err(io("create the upper layer"))?,
     }
-    let owner = Some(nix::unistd::Uid::from_raw(cfg.id_base));
-    let group = Some(nix::unistd::Gid::from_raw(cfg.id_base));
+    let owner = Some(nix::unistd::Uid::from_raw(spec.id_base));
+    let group = Some(nix::unistd::Gid::from_raw(spec.id_base));
     nix::unistd::chown(&upper, owner, group).map_err(nix_io("chown the upper layer"))?;
     Ok(())
 }
@@ -166,9 +184,12 @@ async fn start(
         sandbox_id: spec.id.clone(),
         sandbox_dir: dir.to_path_buf(),
         writable_bytes: spec.writable_bytes,
-        agent_bin: cfg.agent_bin.clone(),
+        agent_bin: crate::stage::agent(cfg).map_err(io("stage the agent binary"))?,
         agent_args: spec.agent_args.clone(),
         resolv_conf: spec.resolv_conf.clone(),
+        id_base: spec.id_base,
+        confinement: cfg.confinement,
+        nested_namespaces: spec.nested_namespaces,
     };
     let json = serde_json::to_string(&init).map_err(|e| LaunchError::Init(e.to_string()))?;
     let netns: OwnedFd = fs::File::open(&spec.netns)
@@ -215,6 +236,7 @@ async fn start(
         pid1: 0,
         cgroup: cg,
         dir: dir.to_path_buf(),
+        id_base: spec.id_base,
         shim: Some(shim),
     };
 
@@ -237,7 +259,7 @@ async fn start(
             )))
         }
     }
-    let map = format!("0 {} {ID_COUNT}\n", cfg.id_base);
+    let map = format!("0 {} {ID_COUNT}\n", spec.id_base);
     fs::write(format!("/proc/{shim_pid}/uid_map"), &map).map_err(io("write uid_map"))?;
     fs::write(format!("/proc/{shim_pid}/gid_map"), &map).map_err(io("write gid_map"))?;
     sbx.cgroup.add(shim_pid).map_err(io("join cgroup"))?;
@@ -248,8 +270,11 @@ async fn start(
     crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(
         format!("id-mapped mount of {}", spec.image_root.display()),
     ))?;
+    // The go byte, then the token; closing the pipe ends the token.
+    let mut go = b"1".to_vec();
+    go.extend_from_slice(spec.access_token.as_deref().unwrap_or("").as_bytes());
     fs::File::from(sync_w)
-        .write_all(b"1")
+        .write_all(&go)
         .map_err(io("signal nsinit"))?;
 
     let reports = tokio::task::spawn_blocking(move || read_reports(reports));
@@ -294,11 +319,18 @@ impl Sandbox {
     /// A sandbox started by an earlier manager process, found again by id and PID 1.
     pub fn reattach(cfg: &NsConfig, id: &str, pid1: u32) -> Option<Sandbox> {
         let cgroup = SandboxCgroup::at(&cfg.cgroup_parent, id);
-        cgroup.pids().contains(&pid1).then(|| Sandbox {
+        if !cgroup.pids().contains(&pid1) {
+            return None;
+        }
+        // The kernel's record of the range: the first line `0 <host id> <count>`.
+        let map = fs::read_to_string(format!("/proc/{pid1}/uid_map")).ok()?;
+        let id_base = map.split_whitespace().nth(1)?.parse().ok()?;
+        Some(Sandbox {
             id: id.to_string(),
             pid1,
             cgroup,
             dir: cfg.state_dir.join(id),
+            id_base,
             shim: None,
         })
     }
@@ -316,9 +348,11 @@ impl Sandbox {
 
     /// How PID 1 ended (`exited N` / `signaled SIG`), once it has.
     pub fn exit_status(&self) -> Option<String> {
+        // nsinit creates the file when it starts and fills it when PID 1 ends.
         fs::read_to_string(self.dir.join("exit-status"))
             .ok()
             .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
     }
 
     /// Kills everything in the sandbox and removes its cgroup and state. Idempotent.
@@ -391,5 +425,6 @@ pub fn remove_empty_parents(cfg: &NsConfig) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
+    crate::stage::remove(cfg)?;
     cgroup::remove_parent(&cfg.cgroup_parent)
 }

@@ -17,10 +17,15 @@ use std::path::{Path, PathBuf};
 
 /// Name of the layer inside a saved directory.
 const UPPER: &str = "upper";
+/// Name of the file recording the host id range the saved files are owned by.
+const IDS: &str = "id-base";
+/// The range every sandbox used before ranges were per sandbox (saves without [`IDS`]).
+const LEGACY_ID_BASE: u32 = 100_000;
 
-/// Copies the layer `upper` into the directory `dest` (created or atomically replaced) and
-/// returns the bytes it takes. Durable when it returns.
-pub async fn save(upper: &Path, dest: &Path) -> io::Result<u64> {
+/// Copies the layer `upper` of a sandbox whose ids start at host id `id_base` into the
+/// directory `dest` (created or atomically replaced) and returns the bytes it takes. Durable
+/// when it returns.
+pub async fn save(upper: &Path, dest: &Path, id_base: u32) -> io::Result<u64> {
     let parent = dest
         .parent()
         .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
@@ -29,7 +34,20 @@ pub async fn save(upper: &Path, dest: &Path) -> io::Result<u64> {
     remove_dir_if_exists(&staging)?;
     fs::create_dir(&staging)?;
     copy(upper, &staging.join(UPPER)).await?;
+    fs::write(staging.join(IDS), format!("{id_base}\n"))?;
     install(&staging, dest).await
+}
+
+/// The host id range the layer saved in `saved` is owned by.
+pub fn saved_id_base(saved: &Path) -> io::Result<u32> {
+    match fs::read_to_string(saved.join(IDS)) {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::other(format!("{}: {e}", saved.join(IDS).display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(LEGACY_ID_BASE),
+        Err(e) => Err(e),
+    }
 }
 
 /// Makes the directory `staging` durable (every file and directory fsynced) and renames it to
@@ -61,8 +79,10 @@ pub async fn install(staging: &Path, dest: &Path) -> io::Result<u64> {
         .map_err(io::Error::other)?
 }
 
-/// Fills `upper` (which must not exist yet) from a directory written by [`save`].
-pub async fn restore(saved: &Path, upper: &Path) -> io::Result<()> {
+/// Fills `upper` (which must not exist yet) from a directory written by [`save`], for a
+/// sandbox whose ids start at host id `id_base`: files saved from a sandbox with another range
+/// are given the same ids in the new range.
+pub async fn restore(saved: &Path, upper: &Path, id_base: u32) -> io::Result<()> {
     let src = saved.join(UPPER);
     if !src.is_dir() {
         return Err(io::Error::new(
@@ -70,7 +90,48 @@ pub async fn restore(saved: &Path, upper: &Path) -> io::Result<()> {
             format!("no saved layer at {}", saved.display()),
         ));
     }
-    copy(&src, upper).await
+    let from = saved_id_base(saved)?;
+    copy(&src, upper).await?;
+    if from != id_base {
+        let upper = upper.to_path_buf();
+        tokio::task::spawn_blocking(move || shift_ids(&upper, from, id_base))
+            .await
+            .map_err(io::Error::other)??;
+    }
+    Ok(())
+}
+
+/// Moves the ownership of every file under `root` from the id range at `from` to the one at
+/// `to` (ids outside the range are left alone). Setuid and setgid bits, which `chown` clears,
+/// are put back. File capabilities that name their namespace's root (`security.capability`
+/// version 3) keep naming the old range and stop applying.
+pub fn shift_ids(root: &Path, from: u32, to: u32) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let count = crate::config::ID_COUNT;
+    let map = |id: u32| (id >= from && id - from < count).then(|| id - from + to);
+    let mut stack = vec![root.to_path_buf()];
+    let visit = |path: &Path| -> io::Result<bool> {
+        let meta = fs::symlink_metadata(path)?;
+        let (uid, gid) = (map(meta.uid()), map(meta.gid()));
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::lchown(path, uid, gid)?;
+            let special = meta.mode() & 0o6000;
+            if special != 0 && !meta.file_type().is_symlink() {
+                fs::set_permissions(path, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+            }
+        }
+        Ok(meta.is_dir())
+    };
+    visit(root)?;
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if visit(&path)? {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `saved` holds a layer written by [`save`].

@@ -1,30 +1,36 @@
 //! `warren-nsinit`: turns a freshly spawned process into a sandbox.
 //!
-//! The manager starts it already inside the sandbox's network namespace. nsinit creates its
-//! user namespace (it must be the creator, not an exec'd child of one, to hold capabilities
-//! there), waits until the manager has written the id maps and placed it in the sandbox's
-//! cgroups, becomes root of the user namespace, creates the remaining
+//! The manager starts it as host root, already inside the sandbox's network namespace. nsinit
+//! opens what it must write later (the exit status file), becomes the sandbox's own host uid
+//! (so the kernel charges the sandbox's per-user counters, such as inotify instances and
+//! namespaces, to that uid and not to host root), and creates its user namespace (it must be
+//! the creator, not an exec'd child of one, to hold capabilities there). It waits until the
+//! manager has written the id maps and placed it in the sandbox's cgroups, reads the agent's
+//! access token from the manager, becomes root of the user namespace, creates the remaining
 //! namespaces (mount, uts, ipc, cgroup, pid) and forks PID 1. PID 1 builds the root filesystem
-//! (overlay of the template image and a bounded tmpfs), a minimal `/dev`, `/proc`,
-//! pivots into it, installs the seccomp filter and becomes the guest agent. nsinit itself stays
-//! as PID 1's parent: it reaps it and records how it ended.
+//! (see `rootfs`), drops capabilities from its bounding set (see `caps`), installs the seccomp
+//! allow-list and becomes the guest agent. nsinit itself stays as PID 1's parent: it copies the
+//! agent's stderr to its log up to a cap, reaps PID 1 and records how it ended.
 //!
 //! nsinit is single-threaded, so forking here is safe.
 
 use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::FromRawFd;
-use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::Path;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::fcntl::OFlag;
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{chdir, execve, fork, pivot_root, sethostname, ForkResult};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{execve, fork, ForkResult, Gid, Pid, Uid};
 
-use crate::config::{InitConfig, CONFIG_ENV, STATUS_FD, SYNC_FD};
-use crate::seccomp;
+use crate::config::{Confinement, InitConfig, CONFIG_ENV, STATUS_FD, SYNC_FD};
+use crate::{caps, rootfs, seccomp};
+
+/// Bytes of the agent's stderr kept in the host log; the rest is read and dropped, so a
+/// sandbox cannot fill the host's `/run` through it.
+pub const LOG_CAP: usize = 1 << 20;
 
 /// Entry point of the `warren-nsinit` binary. Never returns.
 pub fn main() -> ! {
@@ -53,6 +59,15 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
     let raw = std::env::var(CONFIG_ENV).map_err(|_| format!("{CONFIG_ENV} is not set"))?;
     let cfg: InitConfig = serde_json::from_str(&raw).map_err(|e| format!("bad config: {e}"))?;
 
+    // Opened while still host root: the sandbox's directory belongs to the manager.
+    let exit_file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(cfg.sandbox_dir.join("exit-status"))
+        .map_err(|e| format!("create exit-status: {e}"))?;
+    become_host_uid(cfg.id_base)?;
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare user namespace: {e}"))?;
     report(status, "userns").map_err(|e| format!("report: {e}"))?;
     let mut go = [0u8; 1];
@@ -61,6 +76,9 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
     if go[0] != b'1' {
         return Err("manager aborted the start".into());
     }
+    let mut token = String::new();
+    sync.read_to_string(&mut token)
+        .map_err(|e| format!("reading the access token: {e}"))?;
     drop(std::mem::replace(sync, tempfile_null()?));
 
     become_root()?;
@@ -72,12 +90,15 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
             | CloneFlags::CLONE_NEWPID,
     )
     .map_err(|e| format!("unshare: {e}"))?;
+    let (log_r, log_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("stderr pipe: {e}"))?;
 
     // SAFETY: this process is single-threaded (a plain std program that started no threads),
     // so the child is a complete copy and may run arbitrary code.
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
-            let err = match become_sandbox(&cfg, status) {
+            drop(log_r);
+            let err = match become_sandbox(&cfg, status, &token, log_w) {
                 Ok(never) => match never {},
                 Err(e) => e,
             };
@@ -85,11 +106,27 @@ fn run(status: &mut fs::File, sync: &mut fs::File) -> Result<i32, String> {
             std::process::exit(127);
         }
         ForkResult::Parent { child } => {
+            drop(log_w);
             report(status, &format!("pid {child}")).map_err(|e| format!("report pid: {e}"))?;
             drop(std::mem::replace(status, tempfile_null()?));
-            Ok(wait_for(child, &cfg))
+            Ok(supervise(child, log_r, exit_file))
         }
     }
+}
+
+/// Gives up host root for the sandbox's own host uid and gid. Dumpable again afterwards, so
+/// the user namespace it creates next can see its own `/proc` entries.
+fn become_host_uid(id: u32) -> Result<(), String> {
+    let (uid, gid) = (Uid::from_raw(id), Gid::from_raw(id));
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setresgid {id}: {e}"))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setresuid {id}: {e}"))?;
+    // SAFETY: PR_SET_DUMPABLE takes an integer argument and touches no memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong, 0, 0, 0) };
+    if rc < 0 {
+        return Err(format!("set dumpable: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Writes one report line in a single `write`: nsinit and PID 1 report on the same pipe, and
@@ -119,173 +156,123 @@ fn become_root() -> Result<(), String> {
     nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))
 }
 
-/// Waits for PID 1 and records its end in `<sandbox_dir>/exit-status` for the manager.
-fn wait_for(child: nix::unistd::Pid, cfg: &InitConfig) -> i32 {
-    loop {
-        match waitpid(child, None) {
-            Ok(WaitStatus::Exited(_, code)) => {
-                let _ = fs::write(
-                    cfg.sandbox_dir.join("exit-status"),
-                    format!("exited {code}\n"),
-                );
-                return code;
+/// Copies PID 1's stderr to our own (the host log) up to [`LOG_CAP`] bytes until PID 1 ends,
+/// then records how it ended in `exit_file` (`<sandbox_dir>/exit-status`) for the manager.
+fn supervise(child: Pid, log: OwnedFd, mut exit_file: fs::File) -> i32 {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
+    let mut copier = LogCopier::default();
+    let mut log = Some(fs::File::from(log));
+    if pidfd >= 0 {
+        // SAFETY: pidfd_open just returned this descriptor to us and nothing else owns it.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: log.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd structs for the whole call; a
+            // negative fd is ignored by the kernel.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                break;
             }
+            if fds[1].revents != 0 {
+                if let Some(f) = log.as_mut() {
+                    if !copier.copy_once(f) {
+                        log = None;
+                    }
+                }
+            }
+            if fds[0].revents != 0 {
+                break;
+            }
+        }
+    } else {
+        // Kernels without pidfds: nobody drains the pipe, so the agent's stderr goes nowhere.
+        log = None;
+    }
+    drop(log);
+    let (line, code) = loop {
+        match waitpid(child, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(_, code)) => break (format!("exited {code}\n"), code),
             Ok(WaitStatus::Signaled(_, sig, _)) => {
-                let _ = fs::write(
-                    cfg.sandbox_dir.join("exit-status"),
-                    format!("signaled {sig}\n"),
-                );
-                return 128 + sig as i32;
+                break (format!("signaled {sig}\n"), 128 + sig as i32)
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return 1,
+            Err(e) => break (format!("unknown ({e})\n"), 1),
         }
+    };
+    let _ = exit_file.write_all(line.as_bytes());
+    code
+}
+
+/// Copies from the stderr pipe to our stderr, up to [`LOG_CAP`] bytes in all.
+#[derive(Default)]
+struct LogCopier {
+    written: usize,
+    truncated: bool,
+}
+
+impl LogCopier {
+    /// One read and (within the cap) write; false once the pipe is closed or broken.
+    fn copy_once(&mut self, pipe: &mut fs::File) -> bool {
+        let mut buf = [0u8; 16 << 10];
+        let n = match pipe.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        let keep = n.min(LOG_CAP - self.written);
+        let mut err = std::io::stderr();
+        if keep > 0 {
+            let _ = err.write_all(&buf[..keep]);
+            self.written += keep;
+        }
+        if keep < n && !self.truncated {
+            self.truncated = true;
+            let _ = err.write_all(b"\n[warren-nsinit: log limit reached; the rest is dropped]\n");
+        }
+        true
     }
-}
-
-fn mnt(
-    src: Option<&str>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: MsFlags,
-    data: Option<&str>,
-) -> Result<(), String> {
-    mount(src, target, fstype, flags, data).map_err(|e| {
-        format!(
-            "mount {} on {}: {e}",
-            fstype.or(src).unwrap_or("?"),
-            target.display()
-        )
-    })
-}
-
-fn mkdir(p: &Path, mode: u32) -> Result<(), String> {
-    fs::create_dir_all(p).map_err(|e| format!("mkdir {}: {e}", p.display()))?;
-    fs::set_permissions(p, fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {}: {e}", p.display()))
-}
-
-fn touch(p: &Path) -> Result<(), String> {
-    if let Some(parent) = p.parent() {
-        fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
-    }
-    fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(p)
-        .map(drop)
-        .map_err(|e| format!("create {}: {e}", p.display()))
 }
 
 /// PID 1: build the root filesystem, pivot into it, confine, exec the agent.
 fn become_sandbox(
     cfg: &InitConfig,
     status: &mut fs::File,
+    token: &str,
+    stderr: OwnedFd,
 ) -> Result<std::convert::Infallible, String> {
-    // Nothing we mount may leak back to the host, and host mount events stay out.
-    mnt(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )?;
-
-    let lower = cfg.sandbox_dir.join("lower");
-    let rw = cfg.sandbox_dir.join("rw");
-    let root = cfg.sandbox_dir.join("root");
-    // The writable layer (a bounded tmpfs, so a full disk stops at the quota) was mounted by
-    // the manager, which keeps it reachable for pauses and snapshots; `upper` may hold a
-    // restored filesystem.
-    mkdir(&rw.join("work"), 0o755)?;
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
-        rw.join("upper").display(),
-        rw.join("work").display()
-    );
-    mnt(
-        Some("overlay"),
-        &root,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(&format!("{opts},userxattr")),
-    )
-    .or_else(|_| {
-        mnt(
-            Some("overlay"),
-            &root,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(&opts),
-        )
-    })?;
-
-    // The agent comes from the host, read-only, so images never need rebuilding for it.
-    let agent = root.join("usr/local/bin/warren-agent");
-    touch(&agent)?;
-    let agent_src = cfg.agent_bin.to_string_lossy().into_owned();
-    mnt(Some(&agent_src), &agent, None, MsFlags::MS_BIND, None)?;
-    mnt(
-        None,
-        &agent,
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None,
-    )?;
-
-    mkdir(&root.join("proc"), 0o555)?;
-    mnt(
-        Some("proc"),
-        &root.join("proc"),
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None,
-    )?;
-    mkdir(&root.join("sys"), 0o555)?;
-    mnt(
-        Some("/sys"),
-        &root.join("sys"),
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None,
-    )?;
-    mnt(
-        None,
-        &root.join("sys"),
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None,
-    )?;
-    // /tmp is part of the writable layer (not a tmpfs of its own), so what a sandbox keeps
-    // there is saved by pauses and snapshots like any other file, and counts against its disk.
-    mkdir(&root.join("tmp"), 0o1777)?;
-    build_dev(&root)?;
-
-    let etc = root.join("etc");
-    let write = |name: &str, content: &str| {
-        let p = etc.join(name);
-        // Replace rather than write through: the image may have a symlink there.
-        let _ = fs::remove_file(&p);
-        fs::write(&p, content).map_err(|e| format!("write {}: {e}", p.display()))
-    };
-    write("resolv.conf", &cfg.resolv_conf)?;
-    write("hostname", &format!("{}\n", cfg.sandbox_id))?;
-    write(
-        "hosts",
-        &format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
-            cfg.sandbox_id
-        ),
-    )?;
-    sethostname(&cfg.sandbox_id).map_err(|e| format!("sethostname: {e}"))?;
-
-    chdir(&root).map_err(|e| format!("chdir {}: {e}", root.display()))?;
-    pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
-    chdir("/").map_err(|e| format!("chdir /: {e}"))?;
-
-    seccomp::install()?;
+    // The agent's stderr is the pipe nsinit drains, never a host file the sandbox could grow.
+    // SAFETY: dup2 onto descriptor 2 of this (single-threaded) process; `stderr` stays open
+    // for the call and is closed on exec (it has FD_CLOEXEC, the new descriptor 2 does not).
+    if unsafe { libc::dup2(stderr.as_raw_fd(), 2) } < 0 {
+        return Err(format!("stderr pipe: {}", std::io::Error::last_os_error()));
+    }
+    drop(stderr);
+    let full = cfg.confinement == Confinement::Full;
+    rootfs::build(cfg, full)?;
+    if full {
+        // The bounding set first: installing seccomp without no_new_privs still needs
+        // CAP_SYS_ADMIN in the effective set, which dropping from the bounding set keeps.
+        caps::drop_bounding_set()?;
+        for prog in seccomp::programs(cfg.nested_namespaces)? {
+            seccomp::install(&prog)?;
+        }
+    } else {
+        seccomp::install(&seccomp::baseline_program()?)?;
+    }
     report(status, "ready").map_err(|e| format!("report ready: {e}"))?;
 
     let prog = CString::new("/usr/local/bin/warren-agent").map_err(|e| e.to_string())?;
@@ -293,66 +280,21 @@ fn become_sandbox(
     for a in &cfg.agent_args {
         argv.push(CString::new(a.as_str()).map_err(|e| e.to_string())?);
     }
-    let env = [
+    let mut env: Vec<CString> = [
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME=/root",
         "LANG=C.UTF-8",
     ]
-    .map(|e| CString::new(e).expect("static strings have no NUL"));
+    .iter()
+    .map(|e| CString::new(*e).expect("static strings have no NUL"))
+    .collect();
+    if !token.is_empty() {
+        // The agent requires it from its first request on and removes it from its environment.
+        env.push(
+            CString::new(format!("WARREN_AGENT_ACCESS_TOKEN={token}"))
+                .map_err(|_| "the access token contains a NUL byte".to_string())?,
+        );
+    }
     execve(&prog, &argv, &env).map_err(|e| format!("exec the agent: {e}"))?;
     unreachable!("execve returned without an error")
-}
-
-/// A minimal `/dev`: tmpfs with the host's harmless character devices bound in, a private
-/// devpts instance for terminals, and `/dev/shm`.
-fn build_dev(root: &Path) -> Result<(), String> {
-    let dev = root.join("dev");
-    mkdir(&dev, 0o755)?;
-    mnt(
-        Some("tmpfs"),
-        &dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=0755,size=65536k"),
-    )?;
-    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
-        let target = dev.join(name);
-        touch(&target)?;
-        let src = format!("/dev/{name}");
-        mnt(Some(&src), &target, None, MsFlags::MS_BIND, None)?;
-    }
-    mkdir(&dev.join("pts"), 0o755)?;
-    mnt(
-        Some("devpts"),
-        &dev.join("pts"),
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
-    )
-    .or_else(|_| {
-        mnt(
-            Some("devpts"),
-            &dev.join("pts"),
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        )
-    })?;
-    let link = |target: &str, name: &str| {
-        symlink(target, dev.join(name)).map_err(|e| format!("symlink /dev/{name}: {e}"))
-    };
-    link("pts/ptmx", "ptmx")?;
-    link("/proc/self/fd", "fd")?;
-    link("/proc/self/fd/0", "stdin")?;
-    link("/proc/self/fd/1", "stdout")?;
-    link("/proc/self/fd/2", "stderr")?;
-    mkdir(&dev.join("shm"), 0o1777)?;
-    mnt(
-        Some("tmpfs"),
-        &dev.join("shm"),
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )?;
-    Ok(())
 }
