@@ -23,7 +23,9 @@ pub enum KeysCommand {
     },
 }
 
+/// Writes the key file readable by its owner only, also when an older file was not.
 pub fn write_key_file(path: &Path, secret: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -31,7 +33,12 @@ pub fn write_key_file(path: &Path, secret: &str) -> anyhow::Result<()> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("writing {}", path.display()))?;
+    // `mode` applies only when the file is created.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making {} private", path.display()))?;
     writeln!(f, "{secret}").with_context(|| format!("writing {}", path.display()))?;
+    f.sync_all()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -69,8 +69,7 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes>
 /// Opens the store, seeds keys, reattaches sandboxes, serves until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_nofile();
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
+    private_data_dir(&args.data_dir)?;
     let store =
         Arc::new(SqliteStore::open(&args.data_dir.join("warren.db")).context("opening the store")?);
     // Bind before starting sandboxes' recovery so a port clash fails fast.
@@ -146,12 +145,45 @@ async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
     let new = control.create_api_key("initial").await?;
     let path = data_dir.join(KEY_FILE);
     crate::keys::write_key_file(&path, &new.secret)?;
-    // Printed once, on purpose, to the terminal of whoever started the server; never logged.
-    eprintln!(
-        "\nCreated API key (shown once; also saved to {}):\n\n    {}\n",
-        path.display(),
-        new.secret
-    );
+    // Shown once to the person at the terminal; never written where logs go (under systemd
+    // stderr is the journal, which other groups may read): there only the file is named.
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprintln!(
+            "\nCreated API key (shown once; also saved to {}):\n\n    {}\n",
+            path.display(),
+            new.secret
+        );
+    } else {
+        tracing::info!(file = %path.display(), "created the first API key; it is in the key file (root only)");
+    }
+    Ok(())
+}
+
+/// The data dir holds the store, its key, the API key file and every sandbox's saved state:
+/// it is created, or tightened, to 0700 root (threat model H3). What sandboxes and QEMUs need
+/// from it is handed to them by the runtimes, never by opening the directory up.
+fn private_data_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating data dir {}", dir.display()))?;
+    let meta =
+        std::fs::metadata(dir).with_context(|| format!("reading data dir {}", dir.display()))?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        anyhow::bail!(
+            "data dir {} belongs to uid {}, not to the user running warren serve: choose \
+             another --data-dir or chown it",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making data dir {} private (0700)", dir.display()))?;
+    }
     Ok(())
 }
 

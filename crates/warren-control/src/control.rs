@@ -50,6 +50,19 @@ pub struct Config {
     /// Sandbox ports of in-image services (the code interpreter's 49999): like the agent's
     /// port, they answer only requests carrying the sandbox's access or traffic token.
     pub service_ports: Vec<u16>,
+    /// A pause at the end time (`onTimeout = pause`) that fails is tried again after
+    /// `end_of_life_pause_retry`; after this many failed attempts the sandbox is killed, so a
+    /// sandbox that breaks its own save cannot outlive its end time.
+    pub end_of_life_pause_attempts: u32,
+    pub end_of_life_pause_retry: Duration,
+    /// Quotas on what sandboxes leave on disk (threat model M5): snapshots in all, snapshots
+    /// of one sandbox, bytes of all snapshots, and paused sandboxes at once.
+    pub max_snapshots: usize,
+    pub max_snapshots_per_sandbox: usize,
+    pub max_snapshot_bytes: u64,
+    pub max_paused: usize,
+    /// Killed and failed sandboxes are forgotten this long after their end time.
+    pub ended_retention: Duration,
 }
 
 impl Default for Config {
@@ -67,6 +80,13 @@ impl Default for Config {
             exit_poll: Duration::from_secs(5),
             template_names: Vec::new(),
             service_ports: vec![SERVICE_PORT],
+            end_of_life_pause_attempts: 3,
+            end_of_life_pause_retry: Duration::from_secs(60),
+            max_snapshots: 1000,
+            max_snapshots_per_sandbox: 100,
+            max_snapshot_bytes: 500 * 1024 * 1024 * 1024,
+            max_paused: 1000,
+            ended_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -143,6 +163,8 @@ pub(crate) struct Inner {
     /// sandbox's lock.
     pub(crate) wakeable: StdMutex<HashMap<String, Access>>,
     pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
+    /// Failed end-of-life pauses per sandbox.
+    eol_failures: StdMutex<HashMap<String, u32>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
 }
@@ -180,6 +202,7 @@ impl Control {
                 routes: StdMutex::new(HashMap::new()),
                 wakeable: StdMutex::new(HashMap::new()),
                 expiries: StdMutex::new(HashMap::new()),
+                eol_failures: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
             }),
@@ -221,6 +244,18 @@ impl Control {
             lock(&self.inner.routes).insert(sandbox.id.clone(), route);
         }
         self.schedule_end(&sandbox.id, sandbox.end_at);
+    }
+
+    /// Counts one more failed end-of-life pause of `id`; returns the count.
+    pub(crate) fn count_eol_failure(&self, id: &str) -> u32 {
+        let mut map = lock(&self.inner.eol_failures);
+        let n = map.entry(id.to_string()).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    pub(crate) fn forget_eol_failures(&self, id: &str) {
+        lock(&self.inner.eol_failures).remove(id);
     }
 
     pub(crate) fn schedule_end(&self, id: &str, end: DateTime<Utc>) {

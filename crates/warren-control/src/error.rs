@@ -21,6 +21,9 @@ pub enum ControlError {
         message: String,
         retry_after: Duration,
     },
+    /// A quota (snapshots, pauses) is used up; freeing something is the way out.
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// The sandbox exists but its state does not allow the operation.
     #[error("{0}")]
     FailedPrecondition(String),

@@ -12,7 +12,35 @@ const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 pub(crate) fn spawn(control: Control) {
     tokio::spawn(reaper(control.clone()));
+    tokio::spawn(pruner(control.clone()));
     tokio::spawn(exit_watcher(control));
+}
+
+/// How often records of ended sandboxes past their retention are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Deletes the store's records of sandboxes that ended longer ago than the retention (their
+/// metadata and env vars would otherwise stay forever).
+async fn pruner(control: Control) {
+    let inner = &control.inner;
+    let mut tick = tokio::time::interval(PRUNE_EVERY);
+    loop {
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Ok(keep) = chrono::Duration::from_std(inner.config.ended_retention) else {
+            continue;
+        };
+        match inner.store.prune_ended(Utc::now() - keep).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                records = n,
+                "forgot sandboxes that ended past the retention"
+            ),
+            Err(e) => tracing::warn!(error = %e, "pruning ended sandboxes"),
+        }
+    }
 }
 
 async fn reaper(control: Control) {

@@ -104,6 +104,19 @@ impl Control {
                 )))
             }
         }
+        let max = self.inner.config.max_paused;
+        let paused = self
+            .inner
+            .store
+            .sandboxes_in(&[SandboxState::Paused])
+            .await?
+            .len();
+        if paused >= max {
+            return Err(ControlError::QuotaExceeded(format!(
+                "{paused} sandboxes are paused, the most this server keeps ({max}); kill one \
+                 first"
+            )));
+        }
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a
         // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
         // that arrives meanwhile waits for the pause and then resumes it.
@@ -248,16 +261,32 @@ impl Control {
             if sb.lifecycle.on_timeout == OnTimeout::Pause {
                 let mode = c.pause_mode(sb.lifecycle.pause_memory)?;
                 match c.pause_locked(&mut sb, mode).await {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => {
+                        c.forget_eol_failures(&id);
+                        return Ok(());
+                    }
                     Err(e) => {
-                        // Killing would lose what the caller asked to keep; try again later.
-                        let retry = Utc::now() + chrono::Duration::seconds(60);
-                        c.schedule_end(&id, retry);
-                        return Err(e);
+                        // Killing would lose what the caller asked to keep, so try again
+                        // later; but the sandbox can make its own save fail, and its end
+                        // time must hold: after a few attempts it ends.
+                        let cfg = &c.inner.config;
+                        let failures = c.count_eol_failure(&id);
+                        if failures < cfg.end_of_life_pause_attempts {
+                            let retry = Utc::now()
+                                + chrono::Duration::from_std(cfg.end_of_life_pause_retry)
+                                    .unwrap_or(chrono::Duration::seconds(60));
+                            c.schedule_end(&id, retry);
+                            return Err(e);
+                        }
+                        tracing::warn!(
+                            sandbox_id = %id, attempts = failures, error = %e,
+                            "pausing at the end time kept failing; the sandbox is killed"
+                        );
                     }
                 }
             }
             drop(sb);
+            c.forget_eol_failures(&id);
             c.kill_now(&id).await
         })
         .await

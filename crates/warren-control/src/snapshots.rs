@@ -138,6 +138,8 @@ impl Control {
             }
         }
         let memory = self.check_snapshot_mode(memory)?;
+        self.check_snapshot_quota(sandbox_id, name.as_deref())
+            .await?;
         let sb = self.locked(sandbox_id).await?;
         if sb.state != SandboxState::Running {
             return Err(ControlError::FailedPrecondition(format!(
@@ -192,6 +194,47 @@ impl Control {
         }
         tracing::info!(snapshot_id = %snap.id, sandbox_id = %sandbox_id, memory = snap.memory, bytes = snap.bytes, "snapshot created");
         Ok(snap)
+    }
+
+    /// Refuses a snapshot that would take more than the quotas allow (a replaced name frees
+    /// its older snapshot, so it does not count).
+    async fn check_snapshot_quota(
+        &self,
+        sandbox_id: &str,
+        name: Option<&str>,
+    ) -> Result<(), ControlError> {
+        let cfg = &self.inner.config;
+        let all = self.inner.store.snapshots().await?;
+        let counted = all
+            .iter()
+            .filter(|s| name.is_none_or(|n| !s.names.iter().any(|m| m == n)));
+        let (mut total, mut mine, mut bytes) = (0usize, 0usize, 0u64);
+        for s in counted {
+            total += 1;
+            mine += usize::from(s.sandbox_id == sandbox_id);
+            bytes = bytes.saturating_add(s.bytes);
+        }
+        let refuse = |what: String| Err(ControlError::QuotaExceeded(what));
+        if total >= cfg.max_snapshots {
+            return refuse(format!(
+                "this server keeps at most {} snapshots; delete one first",
+                cfg.max_snapshots
+            ));
+        }
+        if mine >= cfg.max_snapshots_per_sandbox {
+            return refuse(format!(
+                "sandbox {sandbox_id} has {mine} snapshots, the most one sandbox may have; \
+                 delete one first"
+            ));
+        }
+        if bytes >= cfg.max_snapshot_bytes {
+            return refuse(format!(
+                "snapshots take {bytes} bytes, the most this server keeps ({}); delete some \
+                 first",
+                cfg.max_snapshot_bytes
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a snapshot keeps memory: what was asked if the runtime has it, else the best it

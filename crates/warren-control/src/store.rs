@@ -39,4 +39,14 @@ pub trait Store: Send + Sync + 'static {
     async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError>;
     /// Revokes a key by id; `false` if no such active key.
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Forgets killed and failed sandboxes whose end time is before `before`; returns how
+    /// many. Stores that keep nothing forever implement it; the default keeps everything.
+    async fn prune_ended(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let _ = before;
+        Ok(0)
+    }
 }

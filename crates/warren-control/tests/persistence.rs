@@ -456,3 +456,82 @@ async fn a_restart_removes_runtime_snapshots_nothing_records() {
     assert!(keys.contains(&kept.key), "{keys:?}");
     assert!(!keys.contains(&"forkleftover".to_string()), "{keys:?}");
 }
+
+/// Threat model M6: a sandbox that makes its own end-of-life pause fail is killed after a few
+/// attempts instead of running past its end time forever.
+#[tokio::test]
+async fn an_end_of_life_pause_that_keeps_failing_ends_the_sandbox() {
+    let config = Config {
+        end_of_life_pause_attempts: 3,
+        end_of_life_pause_retry: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (c, store, rt) = start_with(full_caps(), config).await;
+    *rt.fail_pause.lock().unwrap() = true;
+    let sb = c
+        .create(CreateRequest {
+            timeout: Some(1),
+            lifecycle: Lifecycle {
+                on_timeout: OnTimeout::Pause,
+                pause_memory: None,
+                auto_resume: false,
+            },
+            ..base()
+        })
+        .await
+        .unwrap();
+    let mut state = SandboxState::Running;
+    for _ in 0..100 {
+        state = store.get_sandbox(&sb.id).await.unwrap().unwrap().state;
+        if state == SandboxState::Killed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, SandboxState::Killed);
+    assert!(
+        rt.alive.lock().unwrap().get(&sb.id).is_none(),
+        "the runtime ended it"
+    );
+}
+
+/// Threat model M5: snapshots and pauses have quotas, answered with a clear refusal.
+#[tokio::test]
+async fn snapshots_and_pauses_have_quotas() {
+    let config = Config {
+        max_snapshots: 3,
+        max_snapshots_per_sandbox: 2,
+        max_paused: 1,
+        ..Config::default()
+    };
+    let (c, _, _) = start_with(full_caps(), config).await;
+    let a = c.create(base()).await.unwrap();
+    let b = c.create(base()).await.unwrap();
+    c.create_snapshot(&a.id, None, None).await.unwrap();
+    c.create_snapshot(&a.id, Some("keep".into()), None)
+        .await
+        .unwrap();
+    let per_sandbox = c.create_snapshot(&a.id, None, None).await;
+    assert!(
+        matches!(per_sandbox, Err(ControlError::QuotaExceeded(_))),
+        "{per_sandbox:?}"
+    );
+    // Replacing a name frees the older one.
+    c.create_snapshot(&a.id, Some("keep".into()), None)
+        .await
+        .unwrap();
+    c.create_snapshot(&b.id, None, None).await.unwrap();
+    let total = c.create_snapshot(&b.id, None, None).await;
+    assert!(
+        matches!(total, Err(ControlError::QuotaExceeded(_))),
+        "{total:?}"
+    );
+
+    c.pause(&a.id, None).await.unwrap();
+    let paused = c.pause(&b.id, None).await;
+    assert!(
+        matches!(paused, Err(ControlError::QuotaExceeded(_))),
+        "{paused:?}"
+    );
+    assert_eq!(c.get(&b.id).await.unwrap().state, SandboxState::Running);
+}

@@ -38,6 +38,7 @@ impl From<ControlError> for ApiError {
             ControlError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ControlError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ControlError::PermissionDenied(_) => StatusCode::FORBIDDEN,
+            ControlError::QuotaExceeded(_) => StatusCode::INSUFFICIENT_STORAGE,
             ControlError::ResourceExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ControlError::FailedPrecondition(_) => StatusCode::CONFLICT,
             ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -434,6 +434,18 @@ const KEY_COLUMNS: &str = "id, name, hash, prefix, created_at_us, revoked_at_us"
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn prune_ended(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {
+        self.with(move |c| {
+            c.conn
+                .execute(
+                    "DELETE FROM sandboxes WHERE state IN ('killed', 'failed') AND end_at_us < ?1",
+                    [micros(before)],
+                )
+                .map_err(backend)
+        })
+        .await
+    }
+
     async fn insert_sandbox(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
         let s = sandbox.clone();
         self.with(move |c| write_sandbox(c, &s, true)).await

@@ -335,3 +335,23 @@ async fn rows_from_before_encryption_are_sealed_on_open() {
         .unwrap();
     assert!(token.starts_with("enc1:") && env.starts_with("enc1:"));
 }
+
+#[tokio::test]
+async fn ended_sandboxes_are_pruned_after_the_retention() {
+    let store = SqliteStore::open_in_memory().unwrap();
+    let mut old = sandbox("iold");
+    old.state = SandboxState::Killed;
+    let mut failed = sandbox("ifailed");
+    failed.state = SandboxState::Failed;
+    let mut paused = sandbox("ipaused");
+    paused.state = SandboxState::Paused;
+    for s in [&old, &failed, &paused] {
+        store.insert_sandbox(s).await.unwrap();
+    }
+    let cut = old.end_at + chrono::Duration::seconds(1);
+    assert_eq!(store.prune_ended(cut).await.unwrap(), 2);
+    assert!(store.get_sandbox("iold").await.unwrap().is_none());
+    assert!(store.get_sandbox("ifailed").await.unwrap().is_none());
+    // Live ones are kept whatever their end time.
+    assert!(store.get_sandbox("ipaused").await.unwrap().is_some());
+}

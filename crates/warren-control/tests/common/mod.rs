@@ -34,6 +34,8 @@ pub struct FakeRuntime {
     pub fail_resume: Mutex<bool>,
     /// Creates from a snapshot fail for this many more calls.
     pub fail_creates: Mutex<usize>,
+    /// Every pause fails (a sandbox that broke its own save).
+    pub fail_pause: Mutex<bool>,
 }
 
 #[async_trait]
@@ -77,6 +79,11 @@ impl SandboxRuntime for FakeRuntime {
         }
     }
     async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        if *self.fail_pause.lock().unwrap() {
+            return Err(RuntimeError::Failed(
+                "saving the writable layer: File name too long".into(),
+            ));
+        }
         let mut rt = self
             .alive
             .lock()
