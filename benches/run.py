@@ -9,7 +9,11 @@
 Starts its own `warren serve` (as root) on a free loopback port with --data-dir (default
 /var/lib/warren, which must hold or will build the base image), runs the scenarios, and writes
 results.json, results.md and latency.png to --out (default benches/results/<timestamp>/).
-Scenarios: create, command, files, pty, idle, pause, fork. See docs/performance.md.
+Scenarios: create, command, files, pty, idle, pause, fork, confinement. See docs/performance.md.
+The confinement scenario (ns runtime only) restarts the server with WARREN_NS_CONFINEMENT=baseline
+(the earlier seccomp deny-list and full capabilities; for measurement only) and without it, in
+alternating rounds, and prints the medians of create + first command and of commands.run('true')
+under both, with their ratio.
 """
 
 from __future__ import annotations
@@ -29,7 +33,66 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness.common import API_KEY, REPO_ROOT, Results, Server, cgroup_layout, meminfo  # noqa: E402
 from harness.report import table, write_all  # noqa: E402
-from harness.scenarios import SCENARIOS, Ctx  # noqa: E402
+from harness.common import Metric, percentile, time_calls  # noqa: E402
+from harness.scenarios import SCENARIOS, Ctx, kill, sdk_create  # noqa: E402
+
+
+def scenario_confinement(ctx: Ctx) -> None:
+    """Cost of the ns runtime's confinement: the same operations under the baseline (earlier)
+    confinement and the full one, on servers restarted between alternating rounds."""
+    res, S = ctx.results, "confinement"
+    if ctx.server.runtime != "ns":
+        res.note(S, "ns runtime only")
+        return
+    rounds, creates, cmds, warm = (1, 2, 5, 1) if ctx.smoke else (3, 10, 100, 5)
+    samples = {(mode, what): [] for mode in ("baseline", "full") for what in ("create", "cmd")}
+
+    def measure(mode: str) -> None:
+        for _ in range(warm):
+            sbx = sdk_create(ctx)
+            sbx.commands.run("true")
+            kill(ctx, sbx.sandbox_id)
+        for _ in range(creates):
+            t0 = time.perf_counter()
+            sbx = sdk_create(ctx)
+            sbx.commands.run("true")
+            samples[(mode, "create")].append((time.perf_counter() - t0) * 1000)
+            kill(ctx, sbx.sandbox_id)
+        sbx = sdk_create(ctx)
+        try:
+            samples[(mode, "cmd")] += time_calls(lambda: sbx.commands.run("true"), cmds, warm)
+        finally:
+            kill(ctx, sbx.sandbox_id)
+
+    def restart(mode: str) -> None:
+        ctx.server.stop()
+        if mode == "baseline":
+            os.environ["WARREN_NS_CONFINEMENT"] = "baseline"
+        else:
+            os.environ.pop("WARREN_NS_CONFINEMENT", None)
+        ctx.server.start()
+        os.environ.update(E2B_API_URL=ctx.server.url, E2B_SANDBOX_URL=ctx.server.url)
+
+    try:
+        for _ in range(rounds):
+            for mode in ("baseline", "full"):
+                restart(mode)
+                measure(mode)
+    finally:
+        if os.environ.pop("WARREN_NS_CONFINEMENT", None) is not None:
+            restart("full")
+    labels = {"create": "SDK create + run('true')", "cmd": "SDK commands.run('true')"}
+    for what, label in labels.items():
+        base, full = samples[("baseline", what)], samples[("full", what)]
+        res.add(Metric(S, f"{label}, baseline confinement", "ms", base))
+        res.add(Metric(S, f"{label}, full confinement", "ms", full,
+                       baseline=f"{label}, baseline confinement"))
+        mb, mf = percentile(base, 0.5), percentile(full, 0.5)
+        ratio = mf / mb if mb else float("nan")
+        print(f"  {label}: median {mb:.2f} ms baseline, {mf:.2f} ms full (x{ratio:.3f})", flush=True)
+
+
+SCENARIOS["confinement"] = scenario_confinement
 
 
 def machine() -> str:
