@@ -405,3 +405,22 @@ def test_sandbox_killed_during_execution(fresh):
         fresh.run_code(
             "import time\nprint('running', flush=True)\ntime.sleep(600)",
             on_stdout=on_stdout, timeout=120)
+
+
+def test_execute_needs_a_token(server, shared):
+    """Threat model C1: the interpreter runs code for whoever reaches it, so the proxy lets
+    through only requests with the sandbox's access or traffic token (the SDK sends both)."""
+    import requests
+
+    url = server.url + "/execute"
+    route = {"E2b-Sandbox-Id": shared.sandbox_id, "E2b-Sandbox-Port": "49999",
+             "Content-Type": "application/json"}
+    body = '{"code": "print(6 * 7)"}'
+    r = requests.post(url, headers=route, data=body, timeout=60)
+    assert r.status_code == 403, r.text
+    assert "42" not in r.text
+    r = requests.post(url, headers={**route, "X-Access-Token": shared._envd_access_token}, data=body, timeout=60)
+    assert r.status_code == 200 and "42" in r.text
+    # The contexts routes get only the traffic token from the SDK; it is enough.
+    r = requests.get(server.url + "/contexts", headers={**route, "E2B-Traffic-Access-Token": shared.traffic_access_token}, timeout=60)
+    assert r.status_code == 200, r.text

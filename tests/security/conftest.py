@@ -1,0 +1,81 @@
+"""The security suite: one test per threat-model finding that can be shown from outside, with
+the official E2B SDK and raw HTTP against one `warren serve` (the e2e suite's harness).
+
+WARREN_BIN, WARREN_E2E_DATA_DIR and WARREN_E2E_RUNTIME as in tests/e2e. Every network request
+goes to the server on loopback or stays inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+
+import pytest
+import requests
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+_spec = importlib.util.spec_from_file_location(
+    "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py")
+)
+_e2e = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_e2e)
+API_KEY = _e2e.API_KEY
+
+# The session-wide server fixture of the e2e suite, reused as is.
+server = _e2e.server
+
+
+def runtime() -> str:
+    return os.environ.get("WARREN_E2E_RUNTIME", "auto")
+
+
+@pytest.fixture
+def api(server):
+    s = requests.Session()
+    s.headers["X-API-KEY"] = API_KEY
+    s.base = server.url  # type: ignore[attr-defined]
+    return s
+
+
+@pytest.fixture
+def sbx(server):
+    from e2b import Sandbox
+
+    s = Sandbox.create(timeout=300, request_timeout=300)
+    yield s
+    s.kill()
+
+
+def sh(sbx, cmd: str, root: bool = False, timeout: int = 60) -> str:
+    """stdout of `cmd` in the sandbox (stderr folded in); never raises on a non-zero exit."""
+    from e2b import CommandExitException
+
+    try:
+        r = sbx.commands.run(f"{cmd} 2>&1", user="root" if root else "user", timeout=timeout)
+        return r.stdout
+    except CommandExitException as e:
+        return e.stdout
+
+
+def serve_in_sandbox(sbx, port: int) -> None:
+    """Starts a web server on `port` inside the sandbox and waits until it answers there."""
+    sbx.commands.run(
+        f"cd /tmp && python3 -m http.server {port} --bind 0.0.0.0 >/dev/null 2>&1",
+        background=True,
+    )
+    sbx.commands.run(
+        "for i in $(seq 100); do python3 -c "
+        + shlex.quote(
+            f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/')"
+        )
+        + " 2>/dev/null && exit 0; sleep 0.1; done; exit 1",
+        timeout=30,
+    )
+
+
+def proxy_get(server, sbx_id: str, port: int, headers: dict | None = None) -> requests.Response:
+    h = {"E2b-Sandbox-Id": sbx_id, "E2b-Sandbox-Port": str(port)}
+    h.update(headers or {})
+    return requests.get(server.url + "/", headers=h, timeout=30)
