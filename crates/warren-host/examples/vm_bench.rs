@@ -7,7 +7,9 @@
 //! * `raw`: QEMU alone restoring the same snapshot (qcow2 overlay, `-incoming defer`, QMP
 //!   `migrate-incoming`, `cont`) in a prepared network namespace, until the agent runs a first
 //!   command: the VMM's floor, without slot, cgroup, `/init` or pool (our overhead is `fork`
-//!   minus `raw`);
+//!   minus `raw`); QEMU runs as root and unjailed there;
+//! * `raw-jailed`: the same, QEMU jailed as an unprivileged user as the runtime runs it (the
+//!   jail's cost is `raw-jailed` minus `raw`);
 //!
 //! and the PSS and RSS per idle VM with 20 VMs running. Under TCG unless KVM is truly usable.
 //!
@@ -244,14 +246,19 @@ async fn wait_warm(rt: &VmRuntime, n: usize) {
     }
 }
 
-async fn raw_restore(snap: &Snapshot, net: &BenchNet, dir: PathBuf) -> Result<f64, String> {
+async fn raw_restore(
+    snap: &Snapshot,
+    net: &BenchNet,
+    dir: PathBuf,
+    run_as: Option<(u32, u32)>,
+) -> Result<f64, String> {
     let t = Instant::now();
     let spec = ForkSpec {
         qemu: "qemu-system-x86_64".into(),
         dir: dir.clone(),
         tap: Some("tap0".into()),
         netns: Some(net.path()),
-        run_as: None,
+        run_as,
         backing_link: None,
     };
     let pending = Pending::spawn(snap, &spec)
@@ -267,7 +274,7 @@ async fn raw_restore(snap: &Snapshot, net: &BenchNet, dir: PathBuf) -> Result<f6
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     let _ = child.start_kill();
     let _ = child.wait().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    snapshot::remove_vm_dir(&dir);
     r.map(|_| ms)
 }
 
@@ -355,10 +362,17 @@ async fn main() -> anyhow::Result<()> {
             let rounds = if c == 1 { counts.seq } else { counts.batches };
             let ms = measure(c, rounds, |i| {
                 let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("raw{i}")));
-                async move { raw_restore(snap, net, dir).await }
+                async move { raw_restore(snap, net, dir, None).await }
             })
             .await;
             results.push(("raw".into(), c, ms));
+            let ms = measure(c, rounds, |i| {
+                let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("jail{i}")));
+                let user = 300_200 + (i % c) as u32;
+                async move { raw_restore(snap, net, dir, Some((user, user))).await }
+            })
+            .await;
+            results.push(("raw-jailed".into(), c, ms));
         }
         let tspec = {
             let mut s = warren_vm::snapshot::TemplateSpec {

@@ -102,13 +102,22 @@ fn qemus_with(needle: &str) -> Vec<u32> {
     out
 }
 
-/// The VM directory of a sandbox (from its record).
-fn vm_dir(cfg: &HostConfig, record: &serde_json::Value) -> PathBuf {
-    cfg.data_dir
-        .join("vm/vms")
-        .join(format!("{}-vm", cfg.cgroup_parent))
-        .join(record["name"].as_str().unwrap())
+/// The writable disk QEMU `pid` opened (its VM directory is the disk's).
+fn overlay_of(pid: u32) -> PathBuf {
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .into_owned();
+    cmdline
+        .split(['\0', ','])
+        .find_map(|a| {
+            a.strip_prefix("file=")
+                .filter(|p| p.ends_with("disk.qcow2"))
+        })
+        .map(PathBuf::from)
+        .expect("the overlay on QEMU's command line")
 }
+
+/// Size of the filesystem a VM's console lives on.
+const LOG_CAP_BYTES: u64 = 2 << 20;
 
 fn assert_root_only(path: &Path, mode: u32) {
     let m = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -199,7 +208,8 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     assert!(!root.join("proc/self").exists(), "no /proc in the jail");
     assert!(!inside(&cfg.data_dir.join("warren.db")).exists());
     assert!(!inside(&cfg.run_dir.join("host.lock")).exists());
-    let dir = vm_dir(&cfg, &s.record);
+    let disk = overlay_of(pid);
+    let dir = disk.parent().unwrap().to_path_buf();
     let mut visible: Vec<String> = std::fs::read_dir(inside(&dir))
         .unwrap()
         .flatten()
@@ -229,7 +239,6 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     let cmdline = String::from_utf8(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
         .unwrap()
         .replace('\0', " ");
-    let disk = dir.join("disk.qcow2");
     assert!(
         cmdline.contains(&format!("file={},", disk.display())),
         "{cmdline}"
@@ -249,22 +258,6 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
         );
     }
 
-    // The console lives on a 2 MiB tmpfs of its own: a guest flooding it fills that.
-    let (code, _) = run(
-        s.agent,
-        "sudo sh -c 'head -c 3000000 /dev/zero | tr \"\\0\" x > /dev/ttyS0'; echo done",
-    )
-    .await;
-    assert_eq!(code, 0);
-    let console = std::fs::metadata(dir.join("log/console.log"))
-        .unwrap()
-        .len();
-    assert!(
-        console <= warren_vm::snapshot::LOG_CAP_BYTES,
-        "console log {console} bytes"
-    );
-    assert_eq!(run(s.agent, "echo alive").await, (0, "alive\n".into()));
-
     // The guest's console text cannot forge lines of the exit reason (and so of logs).
     run(
         s.agent,
@@ -277,7 +270,11 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     )
     .unwrap();
     let reason = wait_exit(&rt, "jailed").await;
-    assert!(reason.contains("FAKE-LINE"), "{reason}");
+    assert!(
+        reason.contains("FAKE-LINE"),
+        "{}",
+        &reason[..reason.len().min(2000)]
+    );
     assert!(
         !reason.chars().any(|c| c.is_control()),
         "the exit reason is one line: {reason:?}"
@@ -295,6 +292,31 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
         !mounts.contains(&dir.display().to_string()),
         "its log tmpfs is unmounted"
     );
+    // The console lives on a 2 MiB tmpfs of its own: a guest flooding it fills that.
+    let f = rt
+        .create(spec("flood"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let fdir = overlay_of(f.record["pid"].as_u64().unwrap() as u32)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (code, _) = run(
+        f.agent,
+        "sudo sh -c 'head -c 3000000 /dev/zero | tr \"\\0\" x > /dev/ttyS0'; echo done",
+    )
+    .await;
+    assert_eq!(code, 0);
+    let console = std::fs::metadata(fdir.join("log/console.log"))
+        .unwrap()
+        .len();
+    assert!(
+        (1 << 20..=LOG_CAP_BYTES).contains(&console),
+        "the flood filled the console's filesystem and no more: {console} bytes"
+    );
+    assert_eq!(run(f.agent, "echo alive").await, (0, "alive\n".into()));
+
+    rt.kill("flood").await.expect("kill");
     rt.shutdown().await.expect("shutdown");
     let _ = std::fs::remove_dir_all(&cfg.run_dir);
 }
@@ -404,17 +426,7 @@ async fn a_rewritten_overlay_backing_never_reaches_a_checkpoint() {
         std::io::Write::write_all(&mut f, marker.repeat(1 << 14).as_bytes()).unwrap();
     }
     // The overlay QEMU writes (found as QEMU opened it).
-    let pid = s.record["pid"].as_u64().unwrap();
-    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
-        .into_owned();
-    let overlay = cmdline
-        .split(['\0', ','])
-        .find_map(|a| {
-            a.strip_prefix("file=")
-                .filter(|p| p.ends_with("disk.qcow2"))
-        })
-        .map(PathBuf::from)
-        .expect("the overlay on QEMU's command line");
+    let overlay = overlay_of(s.record["pid"].as_u64().unwrap() as u32);
     rewrite_backing(&overlay, &secret_path);
 
     let key = format!("mthreekey{}", std::process::id());

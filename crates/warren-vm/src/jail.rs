@@ -324,7 +324,7 @@ impl Prepared {
     /// # Safety
     /// Must run in a freshly forked, single-threaded child that is about to exec.
     pub unsafe fn enter(&self) -> io::Result<()> {
-        // SAFETY (whole block): every pointer passed is a NUL-terminated string or a struct
+        // SAFETY: every pointer passed is a NUL-terminated string or a struct
         // owned by `self`, alive for the duration of each call.
         unsafe {
             check(libc::unshare(
