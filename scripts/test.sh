@@ -25,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt \
-  -r tests/interpreter/requirements.txt -r benches/requirements.txt
+  -r tests/interpreter/requirements.txt -r tests/security/requirements.txt -r benches/requirements.txt
 
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
@@ -42,6 +42,12 @@ WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
 log "control-plane end-to-end suite with the vm runtime (every sandbox a QEMU microVM fork)"
 WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/e2e -q
+
+log "security suite (threat model findings, SDK and raw HTTP against warren serve, both runtimes)"
+WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/security -q
+WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/security -q
 
 log "control-plane smoke test with the official E2B JS SDK (e2b@2.51.0)"
 # e2b 2.51.0 needs Node >= 20.18.1, which Debian's archive does not ship (bookworm has 18).
