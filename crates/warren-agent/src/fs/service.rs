@@ -44,8 +44,11 @@ pub async fn rpc(
         }
         "RemoveWatcher" => {
             unary(&headers, body, |r: RemoveWatcherRequest| {
-                let result = state.watchers.remove(&r.watcher_id);
-                std::future::ready(result.map(|()| RemoveWatcherResponse {}))
+                let watchers = state.watchers.clone();
+                async move {
+                    watchers.remove(&r.watcher_id).await?;
+                    Ok(RemoveWatcherResponse {})
+                }
             })
             .await
         }

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,42 @@ use crate::users::UserDb;
 
 /// Most events a polling watcher keeps between two drains; older ones are dropped first.
 pub const MAX_BUFFERED_EVENTS: usize = 10_000;
+
+/// Most watchers (streaming and polling together) one agent runs at once. Each holds an
+/// inotify instance, and the kernel counts those per user id across user namespaces
+/// (`fs.inotify.max_user_instances`, often 128): unbounded, one sandbox could use up the
+/// budget that other sandboxes, and the host, share.
+pub const MAX_WATCHERS: usize = 32;
+
+static ACTIVE_WATCHERS: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_WATCHERS`] places, held by a live [`DirWatch`] and freed when it drops.
+struct WatchSlot(());
+
+impl WatchSlot {
+    fn acquire() -> RpcResult<WatchSlot> {
+        ACTIVE_WATCHERS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_WATCHERS).then_some(n + 1)
+            })
+            .map(|_| WatchSlot(()))
+            .map_err(|_| {
+                RpcError::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "too many filesystem watchers: at most {MAX_WATCHERS} can be active at \
+                         once; remove unused watchers (RemoveWatcher) or close WatchDir streams"
+                    ),
+                )
+            })
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        ACTIVE_WATCHERS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Events fsnotify subscribes to for Create, Write, Remove, Rename and Chmod.
 fn base_mask() -> WatchMask {
@@ -210,11 +247,13 @@ pub struct DirWatch {
     /// Events decoded but not handed out yet (one inotify event can yield several).
     pending: VecDeque<FilesystemEvent>,
     users: Option<(UserDb, Instant)>,
+    _slot: WatchSlot,
 }
 
 impl DirWatch {
     /// Validates `opts` and starts watching. Errors use the codes of §3.4.
     pub async fn start(opts: WatchOptions) -> RpcResult<DirWatch> {
+        let slot = WatchSlot::acquire()?;
         let o = opts.clone();
         let (inotify, dirs) = tokio::task::spawn_blocking(move || -> RpcResult<_> {
             validate(&o)?;
@@ -247,6 +286,7 @@ impl DirWatch {
             dirs: dirs.into_iter().collect(),
             pending: VecDeque::new(),
             users: None,
+            _slot: slot,
         })
     }
 
@@ -526,9 +566,15 @@ impl Watchers {
     }
 
     /// Stops and forgets a watcher.
-    pub fn remove(&self, id: &str) -> RpcResult<()> {
+    /// Stops and forgets a polling watcher. Returns once its watch is gone, so its inotify
+    /// instance and its place among [`MAX_WATCHERS`] are free for the next `CreateWatcher`.
+    pub async fn remove(&self, id: &str) -> RpcResult<()> {
         let removed = lock(&self.by_id).remove(id);
-        removed.map(drop).ok_or_else(|| unknown_watcher(id))
+        let mut polling = removed.ok_or_else(|| unknown_watcher(id))?;
+        polling.task.abort();
+        // Resolves (as cancelled) once the task, and the watch it owns, have been dropped.
+        let _ = (&mut polling.task).await;
+        Ok(())
     }
 }
 
@@ -635,7 +681,7 @@ mod tests {
         assert_eq!(file.code, Code::InvalidArgument);
         let watchers = Watchers::default();
         assert_eq!(watchers.drain("x").unwrap_err().code, Code::NotFound);
-        assert_eq!(watchers.remove("x").unwrap_err().code, Code::NotFound);
+        assert_eq!(watchers.remove("x").await.unwrap_err().code, Code::NotFound);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
