@@ -233,3 +233,40 @@ fn disk_usage(path: &Path) -> io::Result<u64> {
     }
     Ok(total)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::Instant;
+
+    /// What restoring into another id range costs next to the copy itself (run as root):
+    /// `cargo test --release -p warren-runtime-ns --lib shift_cost -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "a measurement; needs root"]
+    async fn shift_cost() {
+        let base = std::env::temp_dir().join(format!("warren-shift-{}", std::process::id()));
+        let src = base.join("saved");
+        let (from, to) = (1u32 << 30, (1u32 << 30) + 65536);
+        for d in 0..100 {
+            let dir = src.join("upper").join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..200 {
+                std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+            }
+        }
+        super::shift_ids(&src.join("upper"), 0, from).unwrap();
+        std::fs::write(src.join(super::IDS), format!("{from}\n")).unwrap();
+        let t = Instant::now();
+        super::copy(&src.join("upper"), &base.join("copy"))
+            .await
+            .unwrap();
+        let copy = t.elapsed();
+        let t = Instant::now();
+        super::shift_ids(&base.join("copy"), from, to).unwrap();
+        let shift = t.elapsed();
+        let m = std::fs::metadata(base.join("copy/d5/f5")).unwrap();
+        assert_eq!(m.uid(), to);
+        println!("20000 files, 100 directories: cp -a {copy:?}, id shift {shift:?}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}
