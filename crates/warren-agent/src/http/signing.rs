@@ -51,6 +51,10 @@ pub enum SigningError {
     MissingSignature,
     InvalidSignature,
     Expired,
+    /// The policy caps a signature's lifetime and this one has no expiration.
+    ExpirationRequired,
+    /// The policy caps a signature's lifetime and this one expires later than that.
+    ExpirationTooFar,
 }
 
 impl std::fmt::Display for SigningError {
@@ -60,6 +64,12 @@ impl std::fmt::Display for SigningError {
             SigningError::MissingSignature => "missing signature query parameter",
             SigningError::InvalidSignature => "invalid signature",
             SigningError::Expired => "signature is already expired",
+            SigningError::ExpirationRequired => {
+                "signature has no expiration, and this sandbox requires signed URLs to expire"
+            }
+            SigningError::ExpirationTooFar => {
+                "signature expires later than this sandbox allows for signed URLs"
+            }
         })
     }
 }
@@ -94,16 +104,39 @@ pub fn signature(
     )
 }
 
-/// Decides whether a `/files` request may proceed.
-///
-/// Without a configured token nothing is checked. Otherwise a non-empty `X-Access-Token`
-/// header must match the token; without one, the URL signature must match (constant time) and,
-/// when it carries an expiration, must not have expired by `now` (unix seconds).
+/// Limits the host may put on signed URLs. The default is none, as upstream: a URL signed
+/// without `signature_expiration` stays valid as long as the token, which never changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SigningPolicy {
+    /// When set, a signature must carry an expiration, at most this many seconds after the
+    /// time of the request. The URL carries no issue time, so this bounds how long any URL
+    /// handed out is usable from any moment on rather than its age since signing.
+    pub max_age_secs: Option<u64>,
+}
+
+/// [`authorize_with`] without limits on signatures.
 pub fn authorize(
     token: Option<&str>,
     headers: &HeaderMap,
     req: &SignedRequest<'_>,
     op: Operation,
+    now: i64,
+) -> Result<(), SigningError> {
+    authorize_with(token, headers, req, op, SigningPolicy::default(), now)
+}
+
+/// Decides whether a `/files` request may proceed.
+///
+/// Without a configured token nothing is checked. Otherwise a non-empty `X-Access-Token`
+/// header must match the token; without one, the URL signature must match (constant time) and,
+/// when it carries an expiration, must not have expired by `now` (unix seconds). `policy`
+/// applies to signatures only: the token itself grants everything anyway.
+pub fn authorize_with(
+    token: Option<&str>,
+    headers: &HeaderMap,
+    req: &SignedRequest<'_>,
+    op: Operation,
+    policy: SigningPolicy,
     now: i64,
 ) -> Result<(), SigningError> {
     let Some(token) = token else {
@@ -123,8 +156,17 @@ pub fn authorize(
         return Err(SigningError::InvalidSignature);
     }
     // Checked only after the signature matched, so the expiry itself is authenticated.
-    match req.expiration {
-        Some(exp) if exp < now => Err(SigningError::Expired),
+    match (req.expiration, policy.max_age_secs) {
+        (Some(exp), _) if exp < now => Err(SigningError::Expired),
+        (None, Some(_)) => Err(SigningError::ExpirationRequired),
+        (Some(exp), Some(max)) => {
+            let latest = now.saturating_add(i64::try_from(max).unwrap_or(i64::MAX));
+            if exp > latest {
+                Err(SigningError::ExpirationTooFar)
+            } else {
+                Ok(())
+            }
+        }
         _ => Ok(()),
     }
 }
@@ -280,6 +322,49 @@ mod tests {
         assert_eq!(
             authorize(Some(TOKEN), &h, &tampered, Operation::Read, 1001),
             Err(SigningError::InvalidSignature)
+        );
+    }
+
+    #[test]
+    fn a_maximum_age_requires_a_near_expiration() {
+        let h = HeaderMap::new();
+        let policy = SigningPolicy {
+            max_age_secs: Some(300),
+        };
+        let check = |exp: Option<i64>, now: i64| {
+            let sig = signature("/f", Operation::Read, "", TOKEN, exp);
+            let r = SignedRequest {
+                path: "/f",
+                username: "",
+                signature: Some(&sig),
+                expiration: exp,
+            };
+            authorize_with(Some(TOKEN), &h, &r, Operation::Read, policy, now)
+        };
+        assert_eq!(check(None, 1000), Err(SigningError::ExpirationRequired));
+        assert_eq!(check(Some(1300), 1000), Ok(()));
+        assert_eq!(check(Some(1301), 1000), Err(SigningError::ExpirationTooFar));
+        assert_eq!(check(Some(999), 1000), Err(SigningError::Expired));
+        assert_eq!(check(Some(i64::MAX), i64::MAX - 1), Ok(()));
+        // Without a policy, a URL without expiration is valid (upstream behaviour).
+        let sig = signature("/f", Operation::Read, "", TOKEN, None);
+        let r = SignedRequest {
+            path: "/f",
+            username: "",
+            signature: Some(&sig),
+            expiration: None,
+        };
+        assert_eq!(
+            authorize(Some(TOKEN), &h, &r, Operation::Read, 1000),
+            Ok(())
+        );
+        // The token header is not subject to the policy.
+        let mut with_token = HeaderMap::new();
+        with_token.insert("x-access-token", HeaderValue::from_static(TOKEN));
+        let bare = SignedRequest::default();
+        assert_eq!(
+            authorize_with(Some(TOKEN), &with_token, &bare, Operation::Read, policy, 0),
+            Ok(())
         );
     }
 }
