@@ -71,8 +71,15 @@ async fn start(cfg: &HostConfig, vm: &VmSettings) -> Arc<VmRuntime> {
     rt
 }
 
+/// Where the runtime keeps this config's VM directories (on the data disk, not in `/run`).
+fn vms_dir(cfg: &HostConfig) -> PathBuf {
+    cfg.data_dir
+        .join("vm/vms")
+        .join(format!("{}-vm", cfg.cgroup_parent))
+}
+
 fn vm_dirs(cfg: &HostConfig) -> usize {
-    std::fs::read_dir(cfg.run_dir.join("vm/vms")).map_or(0, |d| d.count())
+    std::fs::read_dir(vms_dir(cfg)).map_or(0, |d| d.count())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -173,12 +180,12 @@ async fn a_crashed_vm_is_reported_failed_and_freed() {
     );
     // Its files go without a kill.
     for _ in 0..100 {
-        if !cfg.run_dir.join("vm/vms").join(&name).exists() {
+        if !vms_dir(&cfg).join(&name).exists() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!cfg.run_dir.join("vm/vms").join(&name).exists());
+    assert!(!vms_dir(&cfg).join(&name).exists());
     rt.kill("crashy").await.expect("kill of a failed sandbox");
     rt.shutdown().await.expect("shutdown");
     let _ = std::fs::remove_dir_all(&cfg.run_dir);

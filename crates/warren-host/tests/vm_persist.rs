@@ -404,7 +404,12 @@ async fn a_vm_left_stopped_by_a_dead_server_runs_again_after_restart() {
     // What a server that died in the middle of a pause or snapshot leaves: the VM stopped
     // (its checkpoint never acknowledged) and a partial checkpoint.
     let name = s.record["name"].as_str().unwrap().to_string();
-    let qmp_path = cfg.run_dir.join("vm/vms").join(&name).join("qmp.sock");
+    let qmp_path = cfg
+        .data_dir
+        .join("vm/vms")
+        .join(format!("{}-vm", cfg.cgroup_parent))
+        .join(&name)
+        .join("qmp.sock");
     drop(rt);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let qmp = warren_vm::qmp::Qmp::connect(&qmp_path, Duration::from_secs(5))
