@@ -95,7 +95,8 @@ fn qemus_with(needle: &str) -> Vec<u32> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.starts_with("/usr/bin/qemu-system") && cmd.contains(needle) {
+        let program = cmd.split('\0').next().unwrap_or_default();
+        if program.contains("qemu-system") && cmd.contains(needle) {
             out.push(pid);
         }
     }
