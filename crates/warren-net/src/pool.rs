@@ -656,7 +656,7 @@ impl Inner {
         }
         if self.flush_conntrack {
             // Best effort: a failure leaves only stale, soon-expiring entries behind.
-            if let Err(e) = slot::flush_conntrack(&addrs).await {
+            if let Err(e) = slot::flush_conntrack(&name, &addrs).await {
                 tracing::warn!(slot = %name, error = %e, "could not flush conntrack entries");
             }
         }

@@ -204,18 +204,21 @@ pub(crate) async fn set_egress(config: &NetConfig, name: &str, allow: bool) -> R
         .map(drop)
 }
 
-/// Forgets the host's conntrack entries that the slot's sandbox originated, so that late
-/// replies to the previous tenant's connections are dropped instead of delivered to the next
-/// one. The slot's own namespace keeps its (tiny) table: entries there only ever translate
-/// between the same two addresses.
-pub(crate) async fn flush_conntrack(addrs: &SlotAddrs) -> Result<()> {
-    Invocation::new(CONNTRACK)
+/// Forgets the conntrack entries of the slot's previous tenant: the host's (those the
+/// sandbox originated), so that late replies to its connections are dropped instead of
+/// delivered to the next one, and the whole table inside the slot, so that connections a
+/// killed VM never closed do not count against the next tenant's `ct count` limit.
+pub(crate) async fn flush_conntrack(name: &str, addrs: &SlotAddrs) -> Result<()> {
+    let host = Invocation::new(CONNTRACK)
         .args(["-D", "-s", &addrs.host_side.to_string()])
         // conntrack-tools 1.4.7 exits 1 when nothing matched.
         .ok_codes(&[1])
-        .run()
-        .await
-        .map(drop)
+        .run();
+    let ns = netns_path(name);
+    let in_slot = Invocation::new(CONNTRACK).args(["-F"]).in_netns(&ns).run();
+    let (host, in_slot) = tokio::join!(host, in_slot);
+    host?;
+    in_slot.map(drop)
 }
 
 /// Removes the slot. With `in_no_egress_set` its element in the host's no-egress set is

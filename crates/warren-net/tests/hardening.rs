@@ -379,8 +379,11 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     let outside_ns = ctx.outside_netns();
     let mut config = ctx.config(1);
     config.max_connections_per_slot = 3;
+    // One slot only, so that the second tenant gets the recycled one.
+    config.max_slots = Some(1);
     let rt = rt();
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    rt.block_on(pool.fill()).expect("fill");
     let slot = rt.block_on(pool.acquire(true)).expect("acquire");
     let ns = slot.netns_path();
     let server = listen(Some(&outside_ns), sa(server_ip, 8080));
@@ -397,7 +400,20 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     assert_ne!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     assert!(accept(&server, Duration::ZERO).is_none());
 
-    drop(open);
+    // The tenant goes away without closing its connections (a killed VM sends no FIN):
+    // the next tenant of the recycled slot still gets the whole limit.
+    let name = slot.name().to_owned();
+    rt.block_on(pool.release(slot)).expect("release");
+    let slot = rt.block_on(pool.acquire(true)).expect("acquire again");
+    assert_eq!(slot.name(), name, "the slot was recycled");
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let c = connect(Some(&ns), target, OPEN).expect("the next tenant's connection");
+        let s = accept(&server, OPEN).expect("accepted");
+        again.push((c, s));
+    }
+
+    drop((open, again));
     rt.block_on(pool.release(slot)).expect("release");
     rt.block_on(pool.shutdown()).expect("shutdown");
 }
