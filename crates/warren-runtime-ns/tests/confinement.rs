@@ -317,8 +317,10 @@ async fn m4_l10_agent_stderr_is_capped_and_the_exit_status_is_recorded() {
         target.starts_with("pipe:"),
         "the agent's stderr is {target}"
     );
-    // Sandbox root writes far more than the cap into the agent's stderr.
-    let (code, out) = r.run("head -c 8000000 /dev/zero | tr '\\0' x > /proc/1/fd/2; echo done");
+    // Sandbox root takes the agent's stderr descriptor itself (pidfd_getfd, no reopening
+    // through /proc) and writes far more than the cap into it.
+    let flood = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = libc.syscall(438, os.pidfd_open(1), 2, 0)\nassert fd >= 0, ctypes.get_errno()\nfor _ in range(128):\n    os.write(fd, b'x' * 65536)\nprint('done')";
+    let (code, out) = r.run(&format!("python3 - <<'EOF'\n{flood}\nEOF"));
     assert_eq!((code, out.as_str()), (0, "done\n"), "{out}");
     let log = r.sbx().dir.join("nsinit.log");
     // The copy is asynchronous: wait until the log stops growing at the cap.
