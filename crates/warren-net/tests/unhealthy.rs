@@ -1,0 +1,58 @@
+//! A pool whose host table is gone and cannot be restored refuses new slots until it is back.
+//! Its own test binary: it changes the process's PATH (to make `nft` unavailable for a
+//! moment), which no other test may see.
+
+mod common;
+
+use warren_net::{Error, NetPool, TableCheck};
+
+fn which(program: &str) -> String {
+    let out = common::sh("sh", &["-c", &format!("command -v {program}")], None)
+        .unwrap_or_else(|e| panic!("{program} not found: {e}"));
+    out.trim().to_owned()
+}
+
+#[test]
+fn no_new_slots_while_the_host_table_cannot_be_restored() {
+    let Some(ctx) = common::setup() else { return };
+    let mut config = ctx.config(1);
+    config.table_check_interval_ms = 0;
+    let prefix = config.prefix.clone();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    rt.block_on(pool.fill()).expect("fill");
+    assert!(pool.is_healthy());
+
+    common::sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    // A PATH without `nft`: the check can neither list nor load the table.
+    let bin = std::env::temp_dir().join(format!("{prefix}-bin"));
+    let _ = std::fs::remove_dir_all(&bin);
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for tool in ["ip", "conntrack"] {
+        std::os::unix::fs::symlink(which(tool), bin.join(tool)).expect("symlink");
+    }
+    let old_path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::set_var("PATH", &bin);
+    let failed = rt.block_on(pool.check_host_table());
+    let healthy = pool.is_healthy();
+    let refused = rt.block_on(pool.acquire(true));
+    std::env::set_var("PATH", old_path);
+    let _ = std::fs::remove_dir_all(&bin);
+
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(!healthy);
+    match refused {
+        Err(Error::HostTableMissing { table }) => assert_eq!(table, format!("inet {prefix}")),
+        other => panic!("acquire while unhealthy: {other:?}"),
+    }
+
+    // Once a check succeeds, the pool serves again.
+    let verdict = rt.block_on(pool.check_host_table()).expect("check");
+    assert_eq!(verdict, TableCheck::RestoredMissing);
+    assert!(pool.is_healthy());
+    let slot = rt
+        .block_on(pool.acquire(true))
+        .expect("acquire when healthy");
+    rt.block_on(pool.release(slot)).expect("release");
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}
