@@ -16,6 +16,12 @@ pub enum KeysCommand {
     Create {
         #[arg(long, default_value = "cli")]
         name: String,
+        /// The key sees only this team's sandboxes and snapshots.
+        #[arg(long, default_value = warren_control::DEFAULT_TEAM)]
+        team: String,
+        /// The key sees and acts on every team's sandboxes (an operator's key).
+        #[arg(long)]
+        admin: bool,
     },
     List,
     Revoke {
@@ -44,7 +50,7 @@ pub fn write_key_file(path: &Path, secret: &str) -> anyhow::Result<()> {
 
 fn show(k: &ApiKey) -> serde_json::Value {
     serde_json::json!({
-        "id": k.id, "name": k.name, "prefix": k.prefix,
+        "id": k.id, "name": k.name, "prefix": k.prefix, "team": k.team, "admin": k.admin,
         "createdAt": k.created_at.to_rfc3339(),
         "revokedAt": k.revoked_at.map(|t| t.to_rfc3339()),
     })
@@ -53,8 +59,8 @@ fn show(k: &ApiKey) -> serde_json::Value {
 pub async fn run(cmd: KeysCommand, data_dir: &Path, json: bool) -> anyhow::Result<()> {
     let store = SqliteStore::open(&data_dir.join("warren.db")).context("opening the store")?;
     match cmd {
-        KeysCommand::Create { name } => {
-            let new = warren_control::new_api_key(&name)?;
+        KeysCommand::Create { name, team, admin } => {
+            let new = warren_control::new_api_key(&name, &team, admin)?;
             let (key, secret) = (new.key, new.secret);
             store.insert_api_key(&key).await?;
             if json {
@@ -74,8 +80,8 @@ pub async fn run(cmd: KeysCommand, data_dir: &Path, json: bool) -> anyhow::Resul
                 );
             } else {
                 println!(
-                    "{:<14} {:<16} {:<12} {:<26} STATUS",
-                    "ID", "NAME", "PREFIX", "CREATED"
+                    "{:<14} {:<16} {:<12} {:<16} {:<26} STATUS",
+                    "ID", "NAME", "PREFIX", "TEAM", "CREATED"
                 );
                 for k in keys {
                     let status = if k.revoked_at.is_some() {
@@ -83,11 +89,17 @@ pub async fn run(cmd: KeysCommand, data_dir: &Path, json: bool) -> anyhow::Resul
                     } else {
                         "active"
                     };
+                    let team = if k.admin {
+                        "(all: admin)".to_string()
+                    } else {
+                        k.team.clone()
+                    };
                     println!(
-                        "{:<14} {:<16} {:<12} {:<26} {status}",
+                        "{:<14} {:<16} {:<12} {:<16} {:<26} {status}",
                         k.id,
                         k.name,
                         k.prefix,
+                        team,
                         k.created_at.format("%Y-%m-%d %H:%M:%S UTC")
                     );
                 }

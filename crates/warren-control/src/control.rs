@@ -102,6 +102,8 @@ pub struct CreateRequest {
     pub allow_internet_access: Option<bool>,
     pub lifecycle: Lifecycle,
     pub network: Network,
+    /// The creating key's team; empty means the default team.
+    pub team: String,
 }
 
 /// A create with everything resolved (from a template, a snapshot or a fork's parent).
@@ -116,6 +118,7 @@ pub(crate) struct Plan {
     pub metadata: BTreeMap<String, String>,
     pub lifecycle: Lifecycle,
     pub network: Network,
+    pub team: String,
     pub timeout: Duration,
     /// Runtime snapshot key to start from.
     pub from_snapshot: Option<String>,
@@ -179,6 +182,14 @@ fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these short critical sections leaves plain maps behind,
     // which are still consistent; keep serving rather than cascading the panic.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn team_of(team: &str) -> String {
+    if team.is_empty() {
+        crate::keys::DEFAULT_TEAM.to_string()
+    } else {
+        team.to_string()
+    }
 }
 
 pub(crate) fn not_found(id: &str) -> ControlError {
@@ -388,6 +399,7 @@ impl Control {
                     metadata: req.metadata,
                     lifecycle: req.lifecycle,
                     network: req.network,
+                    team: team_of(&req.team),
                     timeout,
                     from_snapshot: Some(snap.key),
                 }
@@ -402,6 +414,7 @@ impl Control {
                 metadata: req.metadata,
                 lifecycle: req.lifecycle,
                 network: req.network,
+                team: team_of(&req.team),
                 timeout,
                 from_snapshot: None,
             },
@@ -433,6 +446,7 @@ impl Control {
             lifecycle: plan.lifecycle,
             pause_mode: None,
             network: plan.network,
+            team: plan.team,
         };
 
         // Reserve a slot and hold the sandbox's lock for the whole creation, so a concurrent
@@ -678,9 +692,22 @@ impl Control {
             .ok_or(ControlError::Unauthenticated)
     }
 
-    /// Creates a key; the secret is in the result and nowhere else.
+    /// Creates an operator (admin) key; the secret is in the result and nowhere else.
     pub async fn create_api_key(&self, name: &str) -> Result<NewApiKey, ControlError> {
-        let new = keys::generate(name)?;
+        let new = keys::generate(name, keys::DEFAULT_TEAM, true)?;
+        self.inner.store.insert_api_key(&new.key).await?;
+        Ok(new)
+    }
+
+    /// Creates a key of `team` (`admin`: it sees every team); the secret is in the result
+    /// and nowhere else.
+    pub async fn create_team_key(
+        &self,
+        name: &str,
+        team: &str,
+        admin: bool,
+    ) -> Result<NewApiKey, ControlError> {
+        let new = keys::generate(name, team, admin)?;
         self.inner.store.insert_api_key(&new.key).await?;
         Ok(new)
     }
@@ -700,7 +727,9 @@ impl Control {
         {
             return Ok(k);
         }
-        let key = keys::record_for(name, secret)?;
+        // The operator's own key (`WARREN_API_KEY`): it sees every team.
+        let mut key = keys::record_for(name, secret)?;
+        key.admin = true;
         self.inner.store.insert_api_key(&key).await?;
         Ok(key)
     }

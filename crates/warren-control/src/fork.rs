@@ -89,6 +89,7 @@ impl Control {
                 metadata: sb.metadata.clone(),
                 lifecycle: sb.lifecycle,
                 network: sb.network.clone(),
+                team: sb.team.clone(),
                 timeout,
                 from_snapshot: Some(key.clone()),
             }

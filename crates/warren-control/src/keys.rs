@@ -20,6 +20,37 @@ pub struct ApiKey {
     pub prefix: String,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Sandboxes and snapshots belong to the team of the key that made them.
+    pub team: String,
+    /// Sees and acts on every team's sandboxes (the operator's keys).
+    pub admin: bool,
+}
+
+/// The team of keys that name none (and of everything made before teams existed).
+pub const DEFAULT_TEAM: &str = "default";
+
+/// Which sandboxes and snapshots a caller may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Team(String),
+}
+
+impl Scope {
+    pub fn of(key: &ApiKey) -> Scope {
+        if key.admin {
+            Scope::All
+        } else {
+            Scope::Team(key.team.clone())
+        }
+    }
+
+    pub fn allows(&self, team: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Team(t) => t == team,
+        }
+    }
 }
 
 /// A freshly created key: the only moment the secret exists outside its owner's hands.
@@ -51,6 +82,8 @@ const PREFIX_LEN: usize = 10;
 
 pub(crate) fn record_for(name: &str, secret: &str) -> Result<ApiKey, ControlError> {
     Ok(ApiKey {
+        team: DEFAULT_TEAM.to_string(),
+        admin: false,
         id: random_id("k", 12)?,
         name: name.to_string(),
         hash: hash_api_key(secret),
@@ -60,13 +93,27 @@ pub(crate) fn record_for(name: &str, secret: &str) -> Result<ApiKey, ControlErro
     })
 }
 
-pub fn generate(name: &str) -> Result<NewApiKey, ControlError> {
+/// A new key of `team`; `admin` keys act on every team's sandboxes.
+pub fn generate(name: &str, team: &str, admin: bool) -> Result<NewApiKey, ControlError> {
+    if !valid_team(team) {
+        return Err(ControlError::InvalidArgument(format!(
+            "invalid team {team:?}: use 1-64 lowercase letters, digits, '-' or '_'"
+        )));
+    }
     // `e2b_` keeps keys looking like the ones E2B tooling expects.
     let secret = random_secret("e2b_")?;
-    Ok(NewApiKey {
-        key: record_for(name, &secret)?,
-        secret,
-    })
+    let mut key = record_for(name, &secret)?;
+    key.team = team.to_string();
+    key.admin = admin;
+    Ok(NewApiKey { key, secret })
+}
+
+fn valid_team(team: &str) -> bool {
+    !team.is_empty()
+        && team.len() <= 64
+        && team
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 #[cfg(test)]
@@ -83,7 +130,8 @@ mod tests {
 
     #[test]
     fn generated_key_matches_its_hash() {
-        let k = generate("test").unwrap();
+        let k = generate("test", DEFAULT_TEAM, false).unwrap();
+        assert!(generate("x", "Bad Team", false).is_err());
         assert_eq!(k.key.hash, hash_api_key(&k.secret));
         assert!(k.secret.starts_with(&k.key.prefix));
         assert!(!format!("{k:?}").contains(&k.secret));

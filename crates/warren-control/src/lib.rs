@@ -21,13 +21,15 @@ mod recover;
 mod secrets;
 mod snapshots;
 mod store;
+mod tenant;
 
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use error::{ControlError, StoreError};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
-pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey};
+pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey, Scope, DEFAULT_TEAM};
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use tenant::Tenant;
 pub use warren_runtime::{Capabilities, PauseMode};

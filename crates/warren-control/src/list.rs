@@ -95,6 +95,8 @@ pub struct ListQuery {
     pub order: Order,
     pub started_after: Option<DateTime<Utc>>,
     pub template: Option<String>,
+    /// Only this team's sandboxes (`None`: every team's).
+    pub team: Option<String>,
     pub limit: Option<u32>,
     pub next_token: Option<String>,
 }
@@ -164,6 +166,7 @@ pub fn apply(query: &ListQuery, mut candidates: Vec<Sandbox>) -> Result<Page, Co
             .all(|(k, v)| s.metadata.get(k) == Some(v))
             && query.started_after.is_none_or(|t| s.started_at >= t)
             && query.template.as_ref().is_none_or(|t| &s.template == t)
+            && query.team.as_ref().is_none_or(|t| &s.team == t)
     });
     let key = |s: &Sandbox| (s.started_at.timestamp_micros(), s.id.clone());
     candidates.sort_by_key(key);
@@ -218,6 +221,7 @@ mod tests {
             lifecycle: Default::default(),
             pause_mode: None,
             network: Default::default(),
+            team: "default".into(),
         }
     }
 

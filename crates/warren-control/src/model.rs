@@ -124,6 +124,8 @@ pub struct Sandbox {
     pub pause_mode: Option<PauseMode>,
     /// Who may reach the sandbox's ports through the proxy.
     pub network: Network,
+    /// The team of the API key that created it (a fork's children: the parent's).
+    pub team: String,
 }
 
 /// A sandbox's network settings as the control plane enforces them.

@@ -38,6 +38,8 @@ pub struct Snapshot {
     pub memory: bool,
     pub bytes: u64,
     pub created_at: DateTime<Utc>,
+    /// The team of the sandbox it was taken of.
+    pub team: String,
 }
 
 /// Filters and page of `list_snapshots`.
@@ -46,6 +48,8 @@ pub struct SnapshotQuery {
     pub sandbox_id: Option<String>,
     /// Name or id, optionally tag-qualified (`name:default`).
     pub name: Option<String>,
+    /// Only this team's snapshots (`None`: every team's).
+    pub team: Option<String>,
     pub limit: Option<u32>,
     pub next_token: Option<String>,
 }
@@ -173,6 +177,7 @@ impl Control {
             memory: info.memory,
             bytes: info.bytes,
             created_at: Utc::now(),
+            team: sb.team.clone(),
         };
         drop(sb);
         let older = match &name {
@@ -285,6 +290,7 @@ impl Control {
         let mut items = self.inner.store.snapshots().await?;
         items.retain(|s| {
             q.sandbox_id.as_ref().is_none_or(|id| &s.sandbox_id == id)
+                && q.team.as_ref().is_none_or(|t| &s.team == t)
                 && name.is_none_or(|n| s.id == n || s.names.iter().any(|m| m == n))
         });
         let key = |s: &Snapshot| (s.created_at.timestamp_micros(), s.id.clone());

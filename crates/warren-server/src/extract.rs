@@ -7,6 +7,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
+use warren_control::Tenant;
+
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -68,8 +70,9 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJ
     }
 }
 
-/// A caller holding a valid API key (`X-API-KEY`).
-pub(crate) struct Authed;
+/// A caller holding a valid API key (`X-API-KEY`), and the control plane as that key sees it
+/// (its team's sandboxes and snapshots only, unless it is an admin key).
+pub(crate) struct Authed(pub Tenant);
 
 impl FromRequestParts<AppState> for Authed {
     type Rejection = ApiError;
@@ -80,8 +83,8 @@ impl FromRequestParts<AppState> for Authed {
             .get("x-api-key")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        state.control.authenticate(key).await?;
-        Ok(Authed)
+        let key = state.control.authenticate(key).await?;
+        Ok(Authed(state.control.tenant(&key)))
     }
 }
 

@@ -31,12 +31,11 @@ type ApiResult<T> = Result<T, ApiError>;
     security(("api_key" = []))
 )]
 pub(crate) async fn pause_sandbox(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<PauseSandbox>,
 ) -> ApiResult<StatusCode> {
-    st.control.pause(&id, body.memory).await?;
+    me.pause(&id, body.memory).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -54,15 +53,11 @@ pub(crate) async fn pause_sandbox(
     security(("api_key" = []))
 )]
 pub(crate) async fn create_snapshot(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<NewSnapshot>,
 ) -> ApiResult<impl IntoResponse> {
-    let snap = st
-        .control
-        .create_snapshot(&id, body.name, body.memory)
-        .await?;
+    let snap = me.create_snapshot(&id, body.name, body.memory).await?;
     Ok((StatusCode::CREATED, Json(SnapshotInfo::new(&snap))))
 }
 
@@ -78,13 +73,14 @@ pub(crate) async fn create_snapshot(
     security(("api_key" = []))
 )]
 pub(crate) async fn list_snapshots(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Query(p): Query<SnapshotListParams>,
 ) -> ApiResult<impl IntoResponse> {
     let query = SnapshotQuery {
         sandbox_id: p.sandbox_id.filter(|s| !s.is_empty()),
         name: p.name.filter(|s| !s.is_empty()),
+        // The caller's scope decides this.
+        team: None,
         limit: p
             .limit
             .as_deref()
@@ -95,7 +91,7 @@ pub(crate) async fn list_snapshots(
             .transpose()?,
         next_token: p.next_token.filter(|t| !t.is_empty()),
     };
-    let page = st.control.list_snapshots(&query).await?;
+    let page = me.list_snapshots(&query).await?;
     let mut headers = HeaderMap::new();
     if let Some(token) = page.next_token {
         let value = HeaderValue::from_str(&token)
@@ -114,11 +110,10 @@ pub(crate) async fn list_snapshots(
     security(("api_key" = []))
 )]
 pub(crate) async fn delete_snapshot(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    st.control.delete_snapshot(&id).await?;
+    me.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -137,11 +132,11 @@ pub(crate) async fn delete_snapshot(
 )]
 pub(crate) async fn fork_sandbox(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<ForkSandbox>,
 ) -> ApiResult<impl IntoResponse> {
-    let results = st.control.fork(&id, body.count, body.timeout).await?;
+    let results = me.fork(&id, body.count, body.timeout).await?;
     let cfg = st.control.config();
     let items: Vec<ForkResultItem> = results
         .into_iter()

@@ -42,7 +42,7 @@ pub(crate) async fn not_found() -> ApiError {
 )]
 pub(crate) async fn create_sandbox(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     ApiJson(body): ApiJson<NewSandbox>,
 ) -> ApiResult<impl IntoResponse> {
     let lifecycle = lifecycle_of(&body);
@@ -52,8 +52,7 @@ pub(crate) async fn create_sandbox(
         .transpose()
         .map_err(ApiError::bad_request)?
         .unwrap_or_default();
-    let sandbox = st
-        .control
+    let sandbox = me
         .create(CreateRequest {
             template: body.template_id,
             timeout: body.timeout,
@@ -62,6 +61,8 @@ pub(crate) async fn create_sandbox(
             allow_internet_access: body.allow_internet_access,
             lifecycle,
             network,
+            // The caller's team is set by its scope.
+            team: String::new(),
         })
         .await?;
     let cfg = st.control.config();
@@ -92,11 +93,11 @@ pub(crate) async fn create_sandbox(
 )]
 pub(crate) async fn connect_sandbox(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<ConnectSandbox>,
 ) -> ApiResult<impl IntoResponse> {
-    let (sandbox, resumed) = st.control.connect(&id, body.timeout).await?;
+    let (sandbox, resumed) = me.connect(&id, body.timeout).await?;
     let cfg = st.control.config();
     let status = if resumed {
         StatusCode::CREATED
@@ -125,10 +126,11 @@ pub(crate) async fn connect_sandbox(
 )]
 pub(crate) async fn list_sandboxes(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Query(p): Query<ListParams>,
 ) -> ApiResult<impl IntoResponse> {
     let query = ListQuery {
+        team: None,
         states: p
             .state
             .as_deref()
@@ -169,7 +171,7 @@ pub(crate) async fn list_sandboxes(
             .transpose()?,
         next_token: p.next_token.filter(|t| !t.is_empty()),
     };
-    let page = st.control.list(&query).await?;
+    let page = me.list(&query).await?;
     let version = &st.control.config().envd_version;
     let items: Vec<ListedSandbox> = page
         .items
@@ -193,10 +195,10 @@ pub(crate) async fn list_sandboxes(
 )]
 pub(crate) async fn get_sandbox(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
-    let sandbox = st.control.get(&id).await?;
+    let sandbox = me.get(&id).await?;
     let cfg = st.control.config();
     let (name, caps) = st.control.runtime_info();
     Ok(Json(SandboxDetail::new(
@@ -214,11 +216,10 @@ pub(crate) async fn get_sandbox(
     security(("api_key" = []))
 )]
 pub(crate) async fn kill_sandbox(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    st.control.kill(&id).await?;
+    me.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -231,12 +232,11 @@ pub(crate) async fn kill_sandbox(
     security(("api_key" = []))
 )]
 pub(crate) async fn set_timeout(
-    State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SetTimeout>,
 ) -> ApiResult<StatusCode> {
-    st.control.set_timeout(&id, body.timeout).await?;
+    me.set_timeout(&id, body.timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -249,10 +249,10 @@ pub(crate) async fn set_timeout(
 )]
 pub(crate) async fn sandbox_metrics(
     State(st): State<AppState>,
-    _: Authed,
+    Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
-    let sandbox = st.control.get(&id).await?;
+    let sandbox = me.get(&id).await?;
     // A paused sandbox's agent is frozen or gone: it has no current usage to report.
     let Some(rt) = sandbox
         .runtime

@@ -249,7 +249,7 @@ pub(crate) fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
 
 const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
      allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
-     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network";
+     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network, team";
 
 /// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
 struct SandboxRow {
@@ -271,6 +271,7 @@ struct SandboxRow {
     lifecycle: String,
     pause_mode: Option<String>,
     network: String,
+    team: String,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
@@ -293,6 +294,7 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         lifecycle: r.get(15)?,
         pause_mode: r.get(16)?,
         network: r.get(17)?,
+        team: r.get(18)?,
     })
 }
 
@@ -325,6 +327,7 @@ impl SandboxRow {
             lifecycle,
             pause_mode,
             network,
+            team: self.team,
             metadata,
             runtime,
             started_at: from_micros(self.started_at_us)?,
@@ -367,12 +370,12 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
         })
         .transpose()?;
     let sql = if insert {
-        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)")
+        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19)")
     } else {
         "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
          disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
          envd_access_token=?12, traffic_access_token=?13, runtime=?14, env_vars=?15, \
-         lifecycle=?16, pause_mode=?17, network=?18 WHERE id=?1"
+         lifecycle=?16, pause_mode=?17, network=?18, team=?19 WHERE id=?1"
             .to_string()
     };
     let n = conn
@@ -397,6 +400,7 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
                 lifecycle,
                 pause_mode,
                 network,
+                s.team,
             ],
         )
         .map_err(backend)?;
@@ -406,7 +410,18 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn read_key(r: &Row<'_>) -> rusqlite::Result<(String, String, String, String, i64, Option<i64>)> {
+type KeyRow = (
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Option<i64>,
+    String,
+    bool,
+);
+
+fn read_key(r: &Row<'_>) -> rusqlite::Result<KeyRow> {
     Ok((
         r.get(0)?,
         r.get(1)?,
@@ -414,11 +429,13 @@ fn read_key(r: &Row<'_>) -> rusqlite::Result<(String, String, String, String, i6
         r.get(3)?,
         r.get(4)?,
         r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
     ))
 }
 
 fn decode_key(
-    (id, name, hash, prefix, created, revoked): (String, String, String, String, i64, Option<i64>),
+    (id, name, hash, prefix, created, revoked, team, admin): KeyRow,
 ) -> Result<ApiKey, StoreError> {
     Ok(ApiKey {
         id,
@@ -427,10 +444,12 @@ fn decode_key(
         prefix,
         created_at: from_micros(created)?,
         revoked_at: revoked.map(from_micros).transpose()?,
+        team,
+        admin,
     })
 }
 
-const KEY_COLUMNS: &str = "id, name, hash, prefix, created_at_us, revoked_at_us";
+const KEY_COLUMNS: &str = "id, name, hash, prefix, created_at_us, revoked_at_us, team, admin";
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -529,14 +548,18 @@ impl Store for SqliteStore {
         self.with(move |c| {
             c.conn
                 .execute(
-                    &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6)"),
+                    &format!(
+                        "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)"
+                    ),
                     params![
                         k.id,
                         k.name,
                         k.hash,
                         k.prefix,
                         micros(k.created_at),
-                        k.revoked_at.map(micros)
+                        k.revoked_at.map(micros),
+                        k.team,
+                        k.admin
                     ],
                 )
                 .map_err(backend)?;

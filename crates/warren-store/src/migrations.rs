@@ -59,4 +59,14 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         // Who may reach a sandbox's ports (`allowPublicTraffic`); egress policy joins it later.
         "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';",
     ),
+    (
+        4,
+        // Teams: sandboxes and snapshots belong to the team of the key that made them; a key
+        // sees only its team's unless it is an admin key. Keys from before teams keep the
+        // power they had (admin), and everything they made is the default team's.
+        "ALTER TABLE sandboxes ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+        ALTER TABLE snapshots ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+        ALTER TABLE api_keys ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
+        ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 1;",
+    ),
 ];

@@ -176,9 +176,10 @@ mod tests {
     #[test]
     fn round_trip_and_binding() {
         let s = Sealer::ephemeral().unwrap();
-        let sealed = s.seal("env_vars", r#"{"K":"v"}"#).unwrap();
-        assert!(sealed.starts_with(PREFIX) && !sealed.contains("K"));
-        assert_eq!(s.open("env_vars", &sealed).unwrap(), r#"{"K":"v"}"#);
+        let plain = r#"{"KEY":"a-secret-value"}"#;
+        let sealed = s.seal("env_vars", plain).unwrap();
+        assert!(sealed.starts_with(PREFIX) && !sealed.contains("a-secret-value"));
+        assert_eq!(s.open("env_vars", &sealed).unwrap(), plain);
         // Bound to its column, and to its key.
         assert!(s.open("envd_access_token", &sealed).is_err());
         assert!(Sealer::ephemeral()
@@ -186,7 +187,7 @@ mod tests {
             .open("env_vars", &sealed)
             .is_err());
         // Two seals of one value differ (random nonces).
-        assert_ne!(sealed, s.seal("env_vars", r#"{"K":"v"}"#).unwrap());
+        assert_ne!(sealed, s.seal("env_vars", plain).unwrap());
         // Legacy plaintext passes through.
         assert_eq!(s.open("env_vars", "{}").unwrap(), "{}");
     }

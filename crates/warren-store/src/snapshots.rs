@@ -8,7 +8,7 @@ use crate::seal::Sealer;
 use crate::{backend, from_micros, micros, Db};
 
 const COLUMNS: &str = "id, name, runtime_key, sandbox_id, template, cpu_count, memory_mb, \
-     disk_mb, allow_internet_access, env_vars, metadata, memory, bytes, created_at_us";
+     disk_mb, allow_internet_access, env_vars, metadata, memory, bytes, created_at_us, team";
 
 struct SnapshotRow {
     id: String,
@@ -25,6 +25,7 @@ struct SnapshotRow {
     memory: bool,
     bytes: i64,
     created_at_us: i64,
+    team: String,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
@@ -43,6 +44,7 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
         memory: r.get(11)?,
         bytes: r.get(12)?,
         created_at_us: r.get(13)?,
+        team: r.get(14)?,
     })
 }
 
@@ -65,6 +67,7 @@ impl SnapshotRow {
             disk_mb: self.disk_mb,
             allow_internet_access: self.allow_internet_access,
             memory: self.memory,
+            team: self.team,
         })
     }
 }
@@ -85,7 +88,7 @@ pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Resul
     }
     tx.execute(
         &format!(
-            "INSERT INTO snapshots ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"
+            "INSERT INTO snapshots ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"
         ),
         params![
             s.id,
@@ -102,6 +105,7 @@ pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Resul
             s.memory,
             bytes,
             micros(s.created_at),
+            s.team,
         ],
     )
     .map_err(backend)?;

@@ -31,6 +31,7 @@ fn sandbox(id: &str) -> Sandbox {
         network: Network {
             allow_public_traffic: false,
         },
+        team: "team-a".into(),
     }
 }
 
@@ -50,6 +51,7 @@ fn snapshot(id: &str, name: Option<&str>, secs: i64) -> Snapshot {
         memory: false,
         bytes: 123_456_789_012,
         created_at: Utc.timestamp_micros(secs * 1_000_000).unwrap(),
+        team: "team-a".into(),
     }
 }
 
@@ -191,11 +193,14 @@ async fn api_keys_store_hashes_only() {
         prefix: "secret-val".into(),
         created_at: Utc::now(),
         revoked_at: None,
+        team: "team-a".into(),
+        admin: false,
     };
     store.insert_api_key(&key).await.unwrap();
     assert!(store.insert_api_key(&key).await.is_err());
     let found = store.api_key_by_hash(&key.hash).await.unwrap().unwrap();
     assert_eq!(found.id, "k1");
+    assert_eq!((found.team.as_str(), found.admin), ("team-a", false));
     assert!(store.revoke_api_key("k1").await.unwrap());
     assert!(!store.revoke_api_key("k1").await.unwrap());
     assert!(store.api_key_by_hash(&key.hash).await.unwrap().is_none());

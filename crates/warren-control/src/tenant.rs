@@ -1,0 +1,146 @@
+//! The control plane as one API key sees it (threat model M9).
+//!
+//! Sandboxes and snapshots belong to the team of the key that made them. A key sees and acts
+//! on its own team's only; another team's sandbox or snapshot is "not found", exactly like one
+//! that does not exist, so ids of other tenants cannot even be confirmed. Admin keys (the
+//! operator's: `WARREN_API_KEY`, the first key, `warren keys create --admin`) see every team.
+//! Ownership never changes after creation, so checking it before delegating cannot race.
+
+use crate::control::{not_found, Control, CreateRequest};
+use crate::error::ControlError;
+use crate::fork::ForkResult;
+use crate::keys::{ApiKey, Scope};
+use crate::list::{ListQuery, Page};
+use crate::model::Sandbox;
+use crate::snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
+
+/// [`Control`] restricted to what one key may see.
+#[derive(Clone)]
+pub struct Tenant {
+    control: Control,
+    team: String,
+    scope: Scope,
+}
+
+fn snapshot_not_found(r: &str) -> ControlError {
+    ControlError::NotFound(format!("snapshot {r} not found"))
+}
+
+impl Control {
+    /// The control plane as `key` sees it.
+    pub fn tenant(&self, key: &ApiKey) -> Tenant {
+        Tenant {
+            control: self.clone(),
+            team: key.team.clone(),
+            scope: Scope::of(key),
+        }
+    }
+}
+
+impl Tenant {
+    /// The sandbox `id` if this key may see it.
+    async fn own(&self, id: &str) -> Result<Sandbox, ControlError> {
+        let sb = self.control.get(id).await?;
+        if self.scope.allows(&sb.team) {
+            Ok(sb)
+        } else {
+            Err(not_found(id))
+        }
+    }
+
+    pub async fn create(&self, mut req: CreateRequest) -> Result<Sandbox, ControlError> {
+        // A snapshot works as a template, but only for its own team.
+        if let Some(snap) = self.control.find_snapshot(&req.template).await? {
+            if !self.scope.allows(&snap.team) {
+                return Err(ControlError::NotFound(format!(
+                    "template '{}' not found",
+                    req.template.trim()
+                )));
+            }
+        }
+        req.team = self.team.clone();
+        self.control.create(req).await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Sandbox, ControlError> {
+        self.own(id).await
+    }
+
+    pub async fn connect(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+    ) -> Result<(Sandbox, bool), ControlError> {
+        self.own(id).await?;
+        self.control.connect(id, timeout).await
+    }
+
+    pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
+        self.own(id).await?;
+        self.control.set_timeout(id, timeout).await
+    }
+
+    pub async fn kill(&self, id: &str) -> Result<(), ControlError> {
+        self.own(id).await?;
+        self.control.kill(id).await
+    }
+
+    pub async fn list(&self, query: &ListQuery) -> Result<Page, ControlError> {
+        let mut query = query.clone();
+        if let Scope::Team(t) = &self.scope {
+            query.team = Some(t.clone());
+        }
+        self.control.list(&query).await
+    }
+
+    pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
+        self.own(id).await?;
+        self.control.pause(id, memory).await
+    }
+
+    pub async fn create_snapshot(
+        &self,
+        sandbox_id: &str,
+        name: Option<String>,
+        memory: Option<bool>,
+    ) -> Result<Snapshot, ControlError> {
+        self.own(sandbox_id).await?;
+        if let Some(n) = &name {
+            // Names are unique across teams: reusing another team's name would replace its
+            // snapshot, so it is refused (without saying whose it is).
+            if let Some(other) = self.control.find_snapshot(n).await? {
+                if !self.scope.allows(&other.team) {
+                    return Err(ControlError::FailedPrecondition(format!(
+                        "snapshot name {n:?} is taken; choose another"
+                    )));
+                }
+            }
+        }
+        self.control.create_snapshot(sandbox_id, name, memory).await
+    }
+
+    pub async fn list_snapshots(&self, q: &SnapshotQuery) -> Result<SnapshotPage, ControlError> {
+        let mut q = q.clone();
+        if let Scope::Team(t) = &self.scope {
+            q.team = Some(t.clone());
+        }
+        self.control.list_snapshots(&q).await
+    }
+
+    pub async fn delete_snapshot(&self, r: &str) -> Result<(), ControlError> {
+        match self.control.find_snapshot(r).await? {
+            Some(s) if self.scope.allows(&s.team) => self.control.delete_snapshot(r).await,
+            _ => Err(snapshot_not_found(r)),
+        }
+    }
+
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: Option<i64>,
+        timeout: Option<i64>,
+    ) -> Result<Vec<ForkResult>, ControlError> {
+        self.own(id).await?;
+        self.control.fork(id, count, timeout).await
+    }
+}

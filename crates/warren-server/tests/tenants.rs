@@ -1,0 +1,157 @@
+//! API keys are scoped to their team (threat model M9): another team's sandboxes and
+//! snapshots are "not found" to a key, whatever it does with their ids.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{AgentRuntime, TestServer, API_KEY};
+use serde_json::{json, Value};
+use warren_control::Config;
+
+async fn call(
+    s: &TestServer,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = s
+        .client()
+        .request(method, s.url(path))
+        .header("X-API-KEY", key);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start_on(
+        dir,
+        Arc::new(AgentRuntime::persistence()),
+        Config::default(),
+    )
+    .await;
+    let a = s
+        .control
+        .create_team_key("a", "team-a", false)
+        .await
+        .unwrap()
+        .secret;
+    let b = s
+        .control
+        .create_team_key("b", "team-b", false)
+        .await
+        .unwrap()
+        .secret;
+
+    let (st, created) = call(
+        &s,
+        &a,
+        Method::POST,
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    assert_eq!(st, 201);
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let (st, snap) = call(
+        &s,
+        &a,
+        Method::POST,
+        &format!("/sandboxes/{id}/snapshots"),
+        Some(json!({"name": "a-snap"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{snap}");
+    let snap_id = snap["snapshotID"].as_str().unwrap().to_string();
+
+    // Team b: every way in is "not found", and its lists are empty.
+    for (method, path, body) in [
+        (Method::GET, format!("/sandboxes/{id}"), None),
+        (Method::DELETE, format!("/sandboxes/{id}"), None),
+        (
+            Method::POST,
+            format!("/v2/sandboxes/{id}/connect"),
+            Some(json!({"timeout": 60})),
+        ),
+        (
+            Method::POST,
+            format!("/sandboxes/{id}/timeout"),
+            Some(json!({"timeout": 60})),
+        ),
+        (
+            Method::POST,
+            format!("/sandboxes/{id}/pause"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("/sandboxes/{id}/snapshots"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("/sandboxes/{id}/fork"),
+            Some(json!({})),
+        ),
+        (Method::GET, format!("/sandboxes/{id}/metrics"), None),
+        (Method::DELETE, format!("/templates/{snap_id}"), None),
+        (
+            Method::POST,
+            "/v2/sandboxes".to_string(),
+            Some(json!({"templateID": snap_id})),
+        ),
+    ] {
+        let (st, v) = call(&s, &b, method.clone(), &path, body).await;
+        assert_eq!(st, 404, "{method} {path}: {v}");
+        assert!(!v
+            .to_string()
+            .contains(created["envdAccessToken"].as_str().unwrap()));
+    }
+    let (_, list) = call(&s, &b, Method::GET, "/v2/sandboxes", None).await;
+    assert_eq!(list, json!([]));
+    let (_, snaps) = call(&s, &b, Method::GET, "/snapshots", None).await;
+    assert_eq!(snaps, json!([]));
+    // A name another team holds is not taken over.
+    let (_, bid) = call(
+        &s,
+        &b,
+        Method::POST,
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    let bid = bid["sandboxID"].as_str().unwrap().to_string();
+    let (st, _) = call(
+        &s,
+        &b,
+        Method::POST,
+        &format!("/sandboxes/{bid}/snapshots"),
+        Some(json!({"name": "a-snap"})),
+    )
+    .await;
+    assert_eq!(st, 409);
+
+    // Team a still has everything, and the operator's admin key sees both teams.
+    let (st, _) = call(&s, &a, Method::GET, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(st, 200);
+    let (_, all) = call(&s, API_KEY, Method::GET, "/v2/sandboxes", None).await;
+    assert_eq!(all.as_array().unwrap().len(), 2);
+    let (st, _) = call(
+        &s,
+        API_KEY,
+        Method::DELETE,
+        &format!("/sandboxes/{bid}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 204);
+}
