@@ -158,6 +158,14 @@ impl NsRuntime {
                     lock_path.display()
                 ))
             })?;
+        // Sandboxes cannot reach io_uring (seccomp), but the host setting is the second lock.
+        match std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled") {
+            Ok(v) if v.trim() != "2" => tracing::warn!(
+                value = v.trim(),
+                "kernel.io_uring_disabled is not 2; set it to 2 on hosts that run sandboxes"
+            ),
+            _ => {}
+        }
         // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
