@@ -60,6 +60,14 @@ if ! command -v cargo >/dev/null 2>&1; then
   fi
 fi
 
+# Fuzzing (scripts/test.sh runs every target briefly; fuzz/ and docs/testing.md): cargo-fuzz
+# from crates.io. The targets need nightly compiler flags, which RUSTC_BOOTSTRAP=1 lets the
+# stable toolchain accept.
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install cargo-fuzz
+fi
+
 # Sandboxes run commands as `user` by default; the agent's tests on the host need the account.
 if ! id user >/dev/null 2>&1; then
   log "creating the sandbox account 'user'"

@@ -20,6 +20,18 @@ log "Rust tests"
 # just installed.
 WARREN_VM_TESTS=require cargo test --release --locked --workspace
 
+log "fuzz targets, ${WARREN_FUZZ_SECONDS:-10} s each (longer runs and findings: docs/testing.md)"
+# Each target starts from its committed seeds plus whatever earlier runs left in fuzz/corpus;
+# -O is the optimised build without debug assertions, the one the longer runs use.
+(
+  cd fuzz
+  for target in $(cargo fuzz list); do
+    mkdir -p "corpus/$target"
+    RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$target" "corpus/$target" "seeds/$target" -- \
+      -max_total_time="${WARREN_FUZZ_SECONDS:-10}"
+  done
+)
+
 log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -1,0 +1,25 @@
+//! The REST API's request bodies, decoded as the server's JSON extractor does
+//! (`serde_json::from_slice`), and the conversions the handlers apply to them.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use warren_server::types::{
+    ConnectSandbox, ForkSandbox, NetworkConfig, NewSandbox, NewSnapshot, PauseSandbox, SetTimeout,
+};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(body) = serde_json::from_slice::<NewSandbox>(data) {
+        let _ = warren_server::types::lifecycle_of(&body);
+        if let Some(network) = body.network {
+            let _ = network.into_network();
+        }
+    }
+    if let Ok(network) = serde_json::from_slice::<NetworkConfig>(data) {
+        let _ = network.into_network();
+    }
+    let _ = serde_json::from_slice::<PauseSandbox>(data);
+    let _ = serde_json::from_slice::<NewSnapshot>(data);
+    let _ = serde_json::from_slice::<ForkSandbox>(data);
+    let _ = serde_json::from_slice::<ConnectSandbox>(data);
+    let _ = serde_json::from_slice::<SetTimeout>(data);
+});
