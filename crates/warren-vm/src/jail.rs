@@ -108,6 +108,21 @@ pub struct Prepared {
     limits: Limits,
 }
 
+/// Descriptors the child uses are kept at or above this number, so that the `dup2` onto the
+/// fixed numbers QEMU inherits (100-102) can never overwrite one of them.
+pub const FD_FLOOR: i32 = 200;
+
+/// `fd` moved to a number at or above [`FD_FLOOR`] (close-on-exec).
+pub fn above_floor(fd: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new descriptor or -1.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FD_FLOOR) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
 fn cpath(p: &Path) -> Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|e| Error::Invalid(format!("path: {e}")))
 }
@@ -187,7 +202,7 @@ fn detached(source: &Path, attrs: u64, userns: Option<&OwnedFd>) -> io::Result<O
         return Err(io::Error::last_os_error());
     }
     // SAFETY: open_tree just returned this descriptor and nothing else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let tree = above_floor(unsafe { OwnedFd::from_raw_fd(fd as i32) })?;
     let attr = MountAttr {
         attr_set: attrs
             | if userns.is_some() {

@@ -176,17 +176,27 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         .open(log)
         .map_err(Error::io("open", log))?;
     let err = out.try_clone().map_err(Error::io("open", log))?;
+    // Every descriptor the child reads sits above the numbers it dup2s onto (see
+    // `jail::FD_FLOOR`): with many VMs the manager's descriptors pass 100.
+    let high = |fd: std::os::fd::OwnedFd, what: &Path| {
+        crate::jail::above_floor(fd).map_err(Error::io("move the descriptor of", what))
+    };
     let console = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .open(&cfg.console_log)
         .map_err(Error::io("open", &cfg.console_log))?;
+    let console = high(console.into(), &cfg.console_log)?;
     let _ = std::fs::remove_file(&cfg.qmp_socket);
     let qmp = std::os::unix::net::UnixListener::bind(&cfg.qmp_socket)
         .map_err(Error::io("bind", &cfg.qmp_socket))?;
+    let qmp = high(qmp.into(), &cfg.qmp_socket)?;
     let ns = match netns {
-        Some(p) => Some(std::fs::File::open(p).map_err(Error::io("open", p))?),
+        Some(p) => Some(high(
+            std::fs::File::open(p).map_err(Error::io("open", p))?.into(),
+            p,
+        )?),
         None => None,
     };
     let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());

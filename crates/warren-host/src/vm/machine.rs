@@ -78,6 +78,19 @@ pub fn limits(memory_mb: u32, cpus: u32) -> Limits {
     }
 }
 
+/// `e` and its sources (`start qemu-system-x86_64: Permission denied`): the runtime's errors
+/// become strings, which would drop the chain.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 fn failed(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Failed(e.to_string())
 }
@@ -102,7 +115,7 @@ pub async fn spawn(
         Ok(p) => p,
         Err(e) => {
             let _ = cgroup.remove();
-            return Err(failed(e));
+            return Err(failed(with_causes(&e)));
         }
     };
     if let Some(pid) = pending.child.id() {
