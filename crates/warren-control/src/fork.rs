@@ -25,6 +25,16 @@ const PARALLEL_CHILDREN: usize = 8;
 pub type ForkResult = Result<Sandbox, ControlError>;
 
 impl Control {
+    /// Checks a fork request's count and timeout without doing anything.
+    pub(crate) fn check_fork_args(
+        &self,
+        count: Option<i64>,
+        timeout: Option<i64>,
+    ) -> Result<(), ControlError> {
+        fork_count(count)?;
+        self.timeout(timeout).map(drop)
+    }
+
     /// Forks a running sandbox into `count` (default 1) children living `timeout` seconds.
     /// The whole request fails only when the parent cannot be checkpointed.
     pub async fn fork(
@@ -33,15 +43,7 @@ impl Control {
         count: Option<i64>,
         timeout: Option<i64>,
     ) -> Result<Vec<ForkResult>, ControlError> {
-        let count = match count {
-            None => 1,
-            Some(n) if (1..=i64::from(MAX_FORK_COUNT)).contains(&n) => n as usize,
-            Some(n) => {
-                return Err(ControlError::InvalidArgument(format!(
-                    "count must be between 1 and {MAX_FORK_COUNT}, not {n}"
-                )))
-            }
-        };
+        let count = fork_count(count)?;
         let timeout = self.timeout(timeout)?;
         let id = id.to_string();
         self.detached(move |c| async move { c.fork_now(&id, count, timeout).await })
@@ -122,5 +124,16 @@ impl Control {
         let ok = out.iter().filter(|r| r.is_ok()).count();
         tracing::info!(sandbox_id = %id, count, ok, "sandbox forked");
         Ok(out)
+    }
+}
+
+/// The number of children a fork request asks for (default 1).
+fn fork_count(count: Option<i64>) -> Result<usize, ControlError> {
+    match count {
+        None => Ok(1),
+        Some(n) if (1..=i64::from(MAX_FORK_COUNT)).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ControlError::InvalidArgument(format!(
+            "count must be between 1 and {MAX_FORK_COUNT}, not {n}"
+        ))),
     }
 }

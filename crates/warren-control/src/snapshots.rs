@@ -244,7 +244,7 @@ impl Control {
 
     /// Whether a snapshot keeps memory: what was asked if the runtime has it, else the best it
     /// has when nothing was asked. Refuses a mode the runtime does not have.
-    fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<bool, ControlError> {
+    pub(crate) fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<bool, ControlError> {
         let caps = self.inner.runtime.capabilities();
         let name = self.inner.runtime.name();
         if !caps.snapshot {

@@ -5,6 +5,8 @@
 //! that does not exist, so ids of other tenants cannot even be confirmed. Admin keys (the
 //! operator's: `WARREN_API_KEY`, the first key, `warren keys create --admin`) see every team.
 //! Ownership never changes after creation, so checking it before delegating cannot race.
+//! Arguments are validated before ownership, as the unscoped operations do, so malformed input
+//! gets its 400 whoever's id it names.
 
 use crate::control::{not_found, Control, CreateRequest};
 use crate::error::ControlError;
@@ -71,11 +73,13 @@ impl Tenant {
         id: &str,
         timeout: Option<i64>,
     ) -> Result<(Sandbox, bool), ControlError> {
+        self.control.timeout(timeout)?;
         self.own(id).await?;
         self.control.connect(id, timeout).await
     }
 
     pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
+        self.control.timeout(Some(timeout))?;
         self.own(id).await?;
         self.control.set_timeout(id, timeout).await
     }
@@ -94,6 +98,7 @@ impl Tenant {
     }
 
     pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
+        self.control.pause_mode(memory)?;
         self.own(id).await?;
         self.control.pause(id, memory).await
     }
@@ -104,6 +109,7 @@ impl Tenant {
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
+        self.control.check_snapshot_mode(memory)?;
         self.own(sandbox_id).await?;
         if let Some(n) = &name {
             // Names are unique across teams: reusing another team's name would replace its
@@ -140,6 +146,7 @@ impl Tenant {
         count: Option<i64>,
         timeout: Option<i64>,
     ) -> Result<Vec<ForkResult>, ControlError> {
+        self.control.check_fork_args(count, timeout)?;
         self.own(id).await?;
         self.control.fork(id, count, timeout).await
     }

@@ -94,6 +94,23 @@ impl Proxy {
         Proxy { client, domain }
     }
 
+    /// Where a request with these headers and URI goes: `Ok(None)` to the API, else the
+    /// sandbox id and port; `Err` when it names a host this server refuses or carries unusable
+    /// routing headers. The proxy's routing as one call, for its fuzz target.
+    pub fn route_target(
+        &self,
+        headers: &HeaderMap,
+        uri: &Uri,
+    ) -> Result<Option<(String, u16)>, ApiError> {
+        if !self.known_host(headers, uri) {
+            return Err(ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "unknown host",
+            ));
+        }
+        Ok(self.target(headers, uri)?.map(|t| (t.id, t.port)))
+    }
+
     /// `Err` = the routing headers are present but unusable (the caller gets 400).
     fn target(&self, headers: &HeaderMap, uri: &Uri) -> Result<Option<Target>, ApiError> {
         if let Some(id) = headers.get(SANDBOX_ID) {
