@@ -128,7 +128,8 @@ pub(crate) struct Plan {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub agent: SocketAddr,
-    pub access: Access,
+    /// Shared: the proxy clones a route per request.
+    pub access: Arc<Access>,
     /// Cancelled when the sandbox stops: the proxy aborts its open streams.
     pub cancel: CancellationToken,
 }
@@ -164,7 +165,7 @@ pub(crate) struct Inner {
     /// Paused (or pausing) sandboxes that traffic wakes (`autoResume`): the proxy looks here
     /// first, so requests for other unrouted sandboxes fail fast instead of waiting for a
     /// sandbox's lock.
-    pub(crate) wakeable: StdMutex<HashMap<String, Access>>,
+    pub(crate) wakeable: StdMutex<HashMap<String, Arc<Access>>>,
     pub(crate) expiries: StdMutex<HashMap<String, DateTime<Utc>>>,
     /// Failed end-of-life pauses per sandbox.
     eol_failures: StdMutex<HashMap<String, u32>>,
@@ -289,17 +290,17 @@ impl Control {
     }
 
     /// A paused sandbox's access rules when traffic may wake it.
-    pub(crate) fn wake_access(&self, id: &str) -> Option<Access> {
+    pub(crate) fn wake_access(&self, id: &str) -> Option<Arc<Access>> {
         lock(&self.inner.wakeable).get(id).cloned()
     }
 
-    fn access_of(&self, sandbox: &Sandbox) -> Access {
-        Access {
+    fn access_of(&self, sandbox: &Sandbox) -> Arc<Access> {
+        Arc::new(Access {
             envd_access_token: sandbox.envd_access_token.clone(),
             traffic_access_token: sandbox.traffic_access_token.clone(),
             allow_public_traffic: sandbox.network.allow_public_traffic,
             service_ports: self.inner.config.service_ports.clone().into(),
-        }
+        })
     }
 
     /// The runtime's name and what it can keep, for API callers.

@@ -303,9 +303,9 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     // A paused sandbox whose lifecycle says `autoResume` wakes here, on its first request
     // (only on one that would be let through once it runs).
-    let query = req.uri().query().unwrap_or_default().to_string();
+    let query = req.uri().query().unwrap_or_default();
     let headers = req.headers();
-    let may_wake = |a: &warren_control::Access| ingress::may_wake(a, target.port, headers, &query);
+    let may_wake = |a: &warren_control::Access| ingress::may_wake(a, target.port, headers, query);
     let route = match st.control.route_or_resume(&target.id, may_wake).await {
         Ok(Some(route)) => route,
         Ok(None) => return not_found(&target.id),
@@ -327,7 +327,7 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
         }
     };
     if let Err(denied) = ingress::authorize(&route.access, target.port, req.headers())
-        .and_then(|()| ingress::check_site(&route.access, target.port, req.headers(), &query))
+        .and_then(|()| ingress::check_site(&route.access, target.port, req.headers(), query))
     {
         return sandbox_error(StatusCode::FORBIDDEN, &target.id, &denied.message());
     }
