@@ -23,20 +23,9 @@ _e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_e2e)
 API_KEY = _e2e.API_KEY
 
-# The session-wide server fixture of the e2e suite, reused as is.
+# The e2e suite's session-wide server and its raw REST helper, reused as they are.
 server = _e2e.server
-
-
-def runtime() -> str:
-    return os.environ.get("WARREN_E2E_RUNTIME", "auto")
-
-
-@pytest.fixture
-def api(server):
-    s = requests.Session()
-    s.headers["X-API-KEY"] = API_KEY
-    s.base = server.url  # type: ignore[attr-defined]
-    return s
+api = _e2e.api
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ in for it; tests/interpreter checks the real interpreter the same way."""
 from __future__ import annotations
 
 import pytest
-import requests
 from e2b import Sandbox
 
 from conftest import proxy_get, serve_in_sandbox
