@@ -61,6 +61,10 @@ pub struct Config {
     pub max_snapshots_per_sandbox: usize,
     pub max_snapshot_bytes: u64,
     pub max_paused: usize,
+    /// Pauses and snapshots are refused while the runtime's save area has less free space or
+    /// fewer free inodes than this (sandboxes can fill a disk with tiny files too).
+    pub min_free_bytes: u64,
+    pub min_free_inodes: u64,
     /// Killed and failed sandboxes are forgotten this long after their end time.
     pub ended_retention: Duration,
 }
@@ -86,6 +90,8 @@ impl Default for Config {
             max_snapshots_per_sandbox: 100,
             max_snapshot_bytes: 500 * 1024 * 1024 * 1024,
             max_paused: 1000,
+            min_free_bytes: 1024 * 1024 * 1024,
+            min_free_inodes: 50_000,
             ended_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -256,6 +262,23 @@ impl Control {
             lock(&self.inner.routes).insert(sandbox.id.clone(), route);
         }
         self.schedule_end(&sandbox.id, sandbox.end_at);
+    }
+
+    /// Refuses to save more state (a pause, a snapshot, a fork's checkpoint) when the disk it
+    /// goes to is nearly full of bytes or of inodes.
+    pub(crate) fn check_headroom(&self) -> Result<(), ControlError> {
+        let Some(h) = self.inner.runtime.headroom() else {
+            return Ok(());
+        };
+        let cfg = &self.inner.config;
+        if h.free_bytes < cfg.min_free_bytes || h.free_inodes < cfg.min_free_inodes {
+            return Err(ControlError::QuotaExceeded(format!(
+                "the disk that keeps paused sandboxes and snapshots is nearly full ({} bytes, \
+                 {} inodes free); delete snapshots or kill paused sandboxes first",
+                h.free_bytes, h.free_inodes
+            )));
+        }
+        Ok(())
     }
 
     /// Counts one more failed end-of-life pause of `id`; returns the count.

@@ -63,6 +63,7 @@ impl Control {
                 self.inner.runtime.name()
             )));
         }
+        self.check_headroom()?;
         let key = random_id("fork", 20)?;
         let plan = {
             let sb = self.locked(id).await?;

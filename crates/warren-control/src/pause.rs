@@ -104,6 +104,7 @@ impl Control {
                 )))
             }
         }
+        self.check_headroom()?;
         let max = self.inner.config.max_paused;
         let paused = self
             .inner

@@ -208,6 +208,7 @@ impl Control {
         sandbox_id: &str,
         name: Option<&str>,
     ) -> Result<(), ControlError> {
+        self.check_headroom()?;
         let cfg = &self.inner.config;
         let all = self.inner.store.snapshots().await?;
         let counted = all

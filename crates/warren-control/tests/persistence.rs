@@ -535,3 +535,41 @@ async fn snapshots_and_pauses_have_quotas() {
     );
     assert_eq!(c.get(&b.id).await.unwrap().state, SandboxState::Running);
 }
+
+/// Threat model M5: a nearly full disk (bytes or inodes) refuses new saved state with 507.
+#[tokio::test]
+async fn a_nearly_full_disk_refuses_pauses_snapshots_and_forks() {
+    let (c, _, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    for (bytes, inodes) in [
+        (10 * 1024 * 1024, 10_000_000),
+        (100 * 1024 * 1024 * 1024, 10),
+    ] {
+        *rt.headroom.lock().unwrap() = Some(warren_runtime::Headroom {
+            free_bytes: bytes,
+            free_inodes: inodes,
+        });
+        let snap = c.create_snapshot(&sb.id, None, None).await;
+        assert!(
+            matches!(snap, Err(ControlError::QuotaExceeded(_))),
+            "{snap:?}"
+        );
+        let fork = c.fork(&sb.id, None, None).await;
+        assert!(
+            matches!(fork, Err(ControlError::QuotaExceeded(_))),
+            "{fork:?}"
+        );
+        let pause = c.pause(&sb.id, None).await;
+        assert!(
+            matches!(pause, Err(ControlError::QuotaExceeded(_))),
+            "{pause:?}"
+        );
+        assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    }
+    *rt.headroom.lock().unwrap() = Some(warren_runtime::Headroom {
+        free_bytes: 100 * 1024 * 1024 * 1024,
+        free_inodes: 10_000_000,
+    });
+    c.create_snapshot(&sb.id, None, None).await.unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+}

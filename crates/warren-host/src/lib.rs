@@ -358,10 +358,28 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
+/// Free bytes and inodes of the filesystem holding `dir` (both runtimes save there).
+pub(crate) fn headroom(dir: &std::path::Path) -> Option<warren_runtime::Headroom> {
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(s) => Some(warren_runtime::Headroom {
+            free_bytes: s.blocks_available().saturating_mul(s.fragment_size()),
+            free_inodes: s.files_available(),
+        }),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "statvfs of the data dir failed");
+            None
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl SandboxRuntime for NsRuntime {
     fn name(&self) -> &'static str {
         "ns"
+    }
+
+    fn headroom(&self) -> Option<warren_runtime::Headroom> {
+        headroom(&self.cfg.data_dir)
     }
 
     fn capabilities(&self) -> Capabilities {

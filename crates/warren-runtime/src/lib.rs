@@ -47,6 +47,13 @@ pub struct RuntimeSandbox {
     pub record: serde_json::Value,
 }
 
+/// Free space where the runtime keeps saved state (pauses, snapshots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Headroom {
+    pub free_bytes: u64,
+    pub free_inodes: u64,
+}
+
 /// How a sandbox ended, when the runtime knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exit {
@@ -120,6 +127,11 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// Short name of the back end (`ns`, `vm`).
     fn name(&self) -> &'static str;
     fn capabilities(&self) -> Capabilities;
+    /// Free space of the filesystem saved state goes to, when the back end can tell; the
+    /// control plane refuses new pauses and snapshots when it runs low.
+    fn headroom(&self) -> Option<Headroom> {
+        None
+    }
     /// Creates a sandbox and returns once its agent answers and is initialised.
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError>;
     /// Kills a sandbox and frees everything it held. Killing an unknown id is `NotFound`.

@@ -36,6 +36,8 @@ pub struct FakeRuntime {
     pub fail_creates: Mutex<usize>,
     /// Every pause fails (a sandbox that broke its own save).
     pub fail_pause: Mutex<bool>,
+    /// What `headroom` reports (`None`: the runtime cannot tell).
+    pub headroom: Mutex<Option<warren_runtime::Headroom>>,
 }
 
 #[async_trait]
@@ -45,6 +47,9 @@ impl SandboxRuntime for FakeRuntime {
     }
     fn capabilities(&self) -> Capabilities {
         *self.caps.lock().unwrap()
+    }
+    fn headroom(&self) -> Option<warren_runtime::Headroom> {
+        *self.headroom.lock().unwrap()
     }
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         self.specs.lock().unwrap().push(spec.clone());

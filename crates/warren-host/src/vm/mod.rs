@@ -671,6 +671,10 @@ impl SandboxRuntime for VmRuntime {
         "vm"
     }
 
+    fn headroom(&self) -> Option<warren_runtime::Headroom> {
+        crate::headroom(&self.cfg.data_dir)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             pause_memory: true,
