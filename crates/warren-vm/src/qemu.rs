@@ -244,11 +244,15 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
                 if tun < 0 || libc::ioctl(tun, TUNSETIFF, &mut req) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // dup2 clears close-on-exec: QEMU inherits the tap as `fd=TAP_FD`.
-                if libc::dup2(tun, TAP_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                // dup2 clears close-on-exec: QEMU inherits the tap as `fd=TAP_FD`. `open`
+                // takes the lowest free number, which can be TAP_FD itself: then it is
+                // already in place (and inheritable), and closing it would lose it.
+                if tun != TAP_FD {
+                    if libc::dup2(tun, TAP_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(tun);
                 }
-                libc::close(tun);
             }
             if libc::dup2(qmp_fd, QMP_FD) < 0 || libc::dup2(console_fd, CONSOLE_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
