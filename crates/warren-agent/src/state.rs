@@ -18,6 +18,10 @@ pub struct Settings {
     pub default_workdir: Option<PathBuf>,
     /// Sandbox-wide environment variables given to every process.
     pub env_vars: BTreeMap<String, String>,
+    /// When set, a signed file URL must carry an expiration at most this many seconds from
+    /// the time of the request (see `http::signing::SigningPolicy`). `None`: no limit, as
+    /// upstream.
+    pub signed_url_max_age_secs: Option<u64>,
 }
 
 /// Everything the handlers share. Cheap to clone.

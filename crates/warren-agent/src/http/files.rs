@@ -151,10 +151,11 @@ fn authenticate(
     })
 }
 
-/// Limits on signed URLs. The settings have no field for them yet (the control plane would
-/// pass one through `/init`), so signed URLs keep upstream's behaviour: no limit.
-fn signing_policy(_settings: &crate::state::Settings) -> signing::SigningPolicy {
-    signing::SigningPolicy::default()
+/// Limits on signed URLs, as the control plane set them through `/init` (none by default).
+fn signing_policy(settings: &crate::state::Settings) -> signing::SigningPolicy {
+    signing::SigningPolicy {
+        max_age_secs: settings.signed_url_max_age_secs,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

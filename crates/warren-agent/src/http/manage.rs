@@ -34,6 +34,10 @@ pub struct InitRequest {
     /// Random bytes (hex) from the host, mixed into the kernel's random pool, which is then
     /// reseeded: sandboxes restored from one snapshot must not share their random state.
     pub random_seed: Option<String>,
+    /// Longest lifetime, in seconds from the time of a request, of a signed file URL; a URL
+    /// without `signature_expiration` is then refused. `0` removes the limit; absent (or
+    /// `null`) leaves the current setting. Kept as raw JSON so a bad value gets its own 400.
+    pub signed_url_max_age_secs: Option<serde_json::Value>,
 }
 
 /// `POST /init`: per-sandbox settings from the control plane. 204 with `X-Envd-Version`.
@@ -56,6 +60,12 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
             );
         }
     }
+    // Validated before anything is applied, so a refused body changes nothing.
+    let max_age = match req.signed_url_max_age_secs.as_ref().map(signed_url_max_age) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(msg)) => return http_error(StatusCode::BAD_REQUEST, msg),
+    };
     if let Some(seed) = req.random_seed.as_deref() {
         match decode_hex(seed) {
             Some(bytes) => {
@@ -94,6 +104,9 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         if let Some(dir) = req.default_workdir {
             s.default_workdir = (!dir.is_empty()).then(|| PathBuf::from(dir));
         }
+        if let Some(max_age) = max_age {
+            s.signed_url_max_age_secs = max_age;
+        }
     }
     tracing::info!("initialised by the control plane");
     let mut resp = StatusCode::NO_CONTENT.into_response();
@@ -102,6 +115,18 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         HeaderValue::from_static(crate::ENVD_VERSION),
     );
     resp
+}
+
+/// `signedUrlMaxAgeSecs` as the limit to store: a whole, non-negative number of seconds,
+/// where `0` means no limit.
+fn signed_url_max_age(v: &serde_json::Value) -> Result<Option<u64>, String> {
+    match v.as_u64() {
+        Some(0) => Ok(None),
+        Some(secs) => Ok(Some(secs)),
+        None => Err(format!(
+            "signedUrlMaxAgeSecs must be a whole number of seconds, 0 for no limit (got {v})"
+        )),
+    }
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
@@ -117,4 +142,27 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
 /// `GET /envs`: the sandbox-wide environment variables.
 pub async fn envs(State(state): State<AppState>) -> Json<BTreeMap<String, String>> {
     Json(state.settings().env_vars)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn signed_url_max_age_values() {
+        assert_eq!(signed_url_max_age(&json!(300)), Ok(Some(300)));
+        assert_eq!(signed_url_max_age(&json!(0)), Ok(None));
+        assert_eq!(signed_url_max_age(&json!(u64::MAX)), Ok(Some(u64::MAX)));
+        for bad in [
+            json!(-1),
+            json!(1.5),
+            json!("300"),
+            json!(true),
+            json!([300]),
+        ] {
+            let err = signed_url_max_age(&bad).expect_err("refused");
+            assert!(err.contains("signedUrlMaxAgeSecs"), "{err}");
+        }
+    }
 }
