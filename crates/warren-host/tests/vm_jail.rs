@@ -140,6 +140,18 @@ async fn wait_exit(rt: &VmRuntime, id: &str) -> String {
     panic!("{id} did not end");
 }
 
+/// The pid a process has in its innermost pid namespace (`NSpid:`'s last field), when that
+/// is not the host's namespace.
+fn nspid(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    let pids: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    (pids.len() > 1).then(|| *pids.last().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     let Some((cfg, vm)) = config("j", 0, &data_dir()) else {
@@ -156,10 +168,15 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
         tokio::spawn(async move { rt.prepare_template("base").await })
     };
     let mut boot_uids = Vec::new();
+    let mut boot_inner_pids = Vec::new();
     let needle = cfg.run_dir.join("vm/snapshots").display().to_string();
     while !prepare.is_finished() {
         for pid in qemus_with(&needle) {
-            boot_uids.extend(ids(&status(pid), "Uid:"));
+            let st = status(pid);
+            boot_uids.extend(ids(&st, "Uid:"));
+            if let Some(inner) = nspid(&st) {
+                boot_inner_pids.push(inner);
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -168,6 +185,10 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     assert!(
         boot_uids.iter().all(|&u| u != 0),
         "the template boot's QEMU runs unprivileged: {boot_uids:?}"
+    );
+    assert!(
+        !boot_inner_pids.is_empty() && boot_inner_pids.iter().all(|&p| p == 1),
+        "the template boot's QEMU is the init of a pid namespace of its own: {boot_inner_pids:?}"
     );
 
     let s = rt
@@ -193,8 +214,10 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
         "QEMU inherits no environment: {}",
         String::from_utf8_lossy(&environ)
     );
-    // Its own mount, IPC and UTS namespaces; its root is an empty tree, not the host's.
-    for ns in ["mnt", "ipc", "uts"] {
+    // Its own mount, IPC, UTS and pid namespaces (it is the init of the last: it sees no
+    // other process); its root is an empty tree, not the host's.
+    assert_eq!(nspid(&st), Some(1), "{st}");
+    for ns in ["mnt", "ipc", "uts", "pid"] {
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
         let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
         assert_ne!(theirs, ours, "{ns} namespace");

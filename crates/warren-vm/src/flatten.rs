@@ -147,7 +147,17 @@ pub async fn flatten(spec: &CaptureSpec, out: &Path) -> Result<()> {
             });
         }
     }
-    let result = cmd.output().await;
+    let result = match spec.run_as {
+        Some(_) => {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            match crate::jail::spawn_in_own_pid_ns(&mut cmd) {
+                Ok(child) => child.wait_with_output().await,
+                Err(e) => Err(e),
+            }
+        }
+        None => cmd.output().await,
+    };
     drop(keep);
     let _ = std::fs::remove_dir_all(spec.work.join("flatten-root"));
     let output = result.map_err(Error::io("run qemu-img convert for", out))?;

@@ -1,7 +1,8 @@
 //! The jail every tenant-facing QEMU (and every `qemu-img` that reads a guest-written image)
 //! runs in, in the spirit of Firecracker's jailer.
 //!
-//! Between fork and exec the child (still root) enters a mount, IPC and UTS namespace of its
+//! The child starts as the init of a pid namespace of its own ([`spawn_in_own_pid_ns`]).
+//! Between fork and exec it (still root) enters a mount, IPC and UTS namespace of its
 //! own, mounts an empty tmpfs on [`Jail::root`] and moves detached bind mounts into it at the
 //! same paths as on the host: the program and the system libraries and firmware it loads
 //! (read-only), a few harmless devices, and the files [`Jail::read`] and [`Jail::write`] name.
@@ -322,6 +323,33 @@ impl Jail {
             limits: self.limits,
         })
     }
+}
+
+/// Spawns `cmd` as the init (pid 1) of a new pid namespace: the jailed process sees no other
+/// process, and whatever it could start (nothing, under `-sandbox spawn=deny`) would die with
+/// it. The parent sees it under its host pid as with any child, so pid files, reattach and
+/// signals are unchanged; as a namespace's init it gets from the host only SIGKILL, SIGSTOP and
+/// the signals it handles (QEMU handles SIGTERM).
+///
+/// `unshare(CLONE_NEWPID)` changes the namespace of the calling thread's *next children*, and
+/// only once per thread, so the spawn runs on a short-lived thread of its own; the caller's
+/// threads, and every other child of the manager, stay in the host's namespace.
+pub fn spawn_in_own_pid_ns(cmd: &mut tokio::process::Command) -> io::Result<tokio::process::Child> {
+    // tokio registers the child with the runtime's reaper: the thread needs its handle.
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| io::Error::other(format!("no async runtime to own the child: {e}")))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _enter = runtime.enter();
+            // SAFETY: unshare takes no pointers; it changes only this thread's namespace for
+            // the children it forks next.
+            check(unsafe { libc::unshare(libc::CLONE_NEWPID) })
+                .map_err(|e| io::Error::new(e.kind(), format!("new pid namespace: {e}")))?;
+            cmd.spawn()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the spawning thread panicked")))
+    })
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {

@@ -244,15 +244,9 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
                 if tun < 0 || libc::ioctl(tun, TUNSETIFF, &mut req) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // dup2 clears close-on-exec: QEMU inherits the tap as `fd=TAP_FD`. `open`
-                // takes the lowest free number, which can be TAP_FD itself: then it is
-                // already in place (and inheritable), and closing it would lose it.
-                if tun != TAP_FD {
-                    if libc::dup2(tun, TAP_FD) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    libc::close(tun);
-                }
+                // QEMU inherits the tap as `fd=TAP_FD`. `open` takes the lowest free
+                // number, which can be TAP_FD itself.
+                move_fd(tun, TAP_FD)?;
             }
             if libc::dup2(qmp_fd, QMP_FD) < 0 || libc::dup2(console_fd, CONSOLE_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -280,9 +274,35 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(Error::io("start", &cfg.qemu))?;
+    let child = match &cfg.jail {
+        Some(_) => crate::jail::spawn_in_own_pid_ns(&mut cmd),
+        None => cmd.spawn(),
+    }
+    .map_err(Error::io("start", &cfg.qemu))?;
     drop((ns, qmp, console));
     Ok(child)
+}
+
+/// Moves descriptor `fd` to number `target`, inheritable across exec, closing `fd`. When `fd`
+/// already is `target` (open took that number) it stays: a dup2 onto itself does nothing, and
+/// closing it afterwards would lose it. Async-signal-safe, for use between fork and exec.
+fn move_fd(fd: libc::c_int, target: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: plain descriptor calls with no pointers; `fd` is ours to close.
+    unsafe {
+        if fd == target {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            return Ok(());
+        }
+        // dup2 clears close-on-exec on the copy.
+        if libc::dup2(fd, target) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::close(fd);
+    }
+    Ok(())
 }
 
 /// `program` as a path: a bare name is looked up in `PATH`.
@@ -381,6 +401,41 @@ pub fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn flags(fd: libc::c_int) -> libc::c_int {
+        // SAFETY: F_GETFD takes no pointer.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) }
+    }
+
+    #[test]
+    fn a_descriptor_already_at_its_number_stays_open_and_inheritable() {
+        use std::os::fd::IntoRawFd;
+        // What a tun device opened as TAP_FD itself looks like: close-on-exec, at the target.
+        let fd = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        assert_ne!(flags(fd) & libc::FD_CLOEXEC, 0);
+        move_fd(fd, fd).unwrap();
+        assert!(flags(fd) >= 0, "the descriptor was closed");
+        assert_eq!(flags(fd) & libc::FD_CLOEXEC, 0, "exec would close it");
+        // SAFETY: fd is this test's.
+        unsafe { libc::close(fd) };
+    }
+
+    #[test]
+    fn a_descriptor_elsewhere_is_moved_and_the_original_closed() {
+        use std::os::fd::IntoRawFd;
+        let fd = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        // A number nothing else in this process uses.
+        // SAFETY: F_DUPFD takes no pointer; the probe is closed at once.
+        let target = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 900) };
+        assert!(target >= 900);
+        // SAFETY: target is this test's.
+        unsafe { libc::close(target) };
+        move_fd(fd, target).unwrap();
+        assert!(flags(fd) < 0, "the original is closed");
+        assert_eq!(flags(target) & libc::FD_CLOEXEC, 0);
+        // SAFETY: target is this test's.
+        unsafe { libc::close(target) };
+    }
 
     #[test]
     fn escape_keeps_guest_text_on_one_line() {
