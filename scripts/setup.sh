@@ -74,5 +74,20 @@ if ! id user >/dev/null 2>&1; then
   useradd --create-home --shell /bin/bash user
 fi
 
+# Host settings behind the sandboxes' own confinement (docs/security.md, "Host prerequisites"):
+# no autoload of rare protocol modules, and io_uring off for every process where the kernel
+# has the switch. Warren warns at start when they are missing.
+if ! cmp -s scripts/modprobe-warren.conf /etc/modprobe.d/warren.conf; then
+  log "blocking protocol-module autoload (/etc/modprobe.d/warren.conf)"
+  mkdir -p /etc/modprobe.d
+  install -m 0644 scripts/modprobe-warren.conf /etc/modprobe.d/warren.conf
+fi
+if [ -e /proc/sys/kernel/io_uring_disabled ] && [ "$(cat /proc/sys/kernel/io_uring_disabled)" != 2 ]; then
+  log "turning io_uring off (kernel.io_uring_disabled=2, /etc/sysctl.d/60-warren.conf)"
+  mkdir -p /etc/sysctl.d
+  echo 'kernel.io_uring_disabled = 2' >/etc/sysctl.d/60-warren.conf
+  echo 2 >/proc/sys/kernel/io_uring_disabled || echo "could not set kernel.io_uring_disabled now; it applies at next boot" >&2
+fi
+
 log "building Warren (release)"
 cargo build --release --locked --workspace

@@ -7,6 +7,7 @@
 //! a crashed predecessor left behind.
 
 mod agent;
+pub mod hardening;
 mod persist;
 mod templates;
 mod vm;
@@ -53,6 +54,9 @@ pub struct HostConfig {
     pub net: NetConfig,
     /// How long a new sandbox's agent may take to answer.
     pub ready_timeout: Duration,
+    /// Longest lifetime of a signed file URL (seconds from each request); URLs without an
+    /// expiration are then refused. `None`: no limit, as upstream E2B.
+    pub signed_url_max_age: Option<std::num::NonZeroU64>,
 }
 
 impl HostConfig {
@@ -74,6 +78,7 @@ impl HostConfig {
             cgroup_parent: "warren".into(),
             net: NetConfig::default(),
             ready_timeout: Duration::from_secs(30),
+            signed_url_max_age: None,
         }
     }
 
@@ -158,14 +163,7 @@ impl NsRuntime {
                     lock_path.display()
                 ))
             })?;
-        // Sandboxes cannot reach io_uring (seccomp), but the host setting is the second lock.
-        match std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled") {
-            Ok(v) if v.trim() != "2" => tracing::warn!(
-                value = v.trim(),
-                "kernel.io_uring_disabled is not 2; set it to 2 on hosts that run sandboxes"
-            ),
-            _ => {}
-        }
+        hardening::warn_if_missing();
         // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
@@ -325,6 +323,7 @@ impl NsRuntime {
             &env,
             spec.access_token.as_deref(),
             spec.access_token.as_deref(),
+            self.cfg.signed_url_max_age,
             self.cfg.ready_timeout,
         )
         .await
