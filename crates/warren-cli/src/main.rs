@@ -75,6 +75,10 @@ enum Command {
         /// Domain for `{port}-{id}.{domain}` routing.
         #[arg(long)]
         domain: Option<String>,
+        /// Longest lifetime, in seconds, of a signed file URL (`download_url`/`upload_url`):
+        /// URLs without an expiration, or expiring later, are refused. Default: no limit.
+        #[arg(long, value_name = "SECONDS")]
+        signed_url_max_age: Option<std::num::NonZeroU64>,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -133,12 +137,14 @@ fn main() -> std::process::ExitCode {
                 runtime,
                 max_sandboxes,
                 domain,
+                signed_url_max_age,
             } => serve::run(serve::ServeArgs {
                 listen,
                 data_dir,
                 runtime,
                 max_sandboxes,
                 domain,
+                signed_url_max_age,
             })
             .await
             .map(|()| 0),

@@ -18,13 +18,19 @@ pub struct ServeArgs {
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
     pub domain: Option<String>,
+    /// Cap on signed file URLs' lifetime, handed to every sandbox's agent (`None`: no cap).
+    pub signed_url_max_age: Option<std::num::NonZeroU64>,
 }
 
 /// The runtime, and for `vm` the runtime itself: its template snapshot is prepared after
 /// `reattach` (which must see the previous run's slots and VMs first).
 type Runtimes = (Arc<dyn SandboxRuntime>, Option<Arc<warren_host::VmRuntime>>);
 
-async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes> {
+async fn runtime(
+    kind: RuntimeKind,
+    data_dir: &Path,
+    signed_url_max_age: Option<std::num::NonZeroU64>,
+) -> anyhow::Result<Runtimes> {
     let kind = match kind {
         RuntimeKind::Auto => {
             let d = warren_host::detect_accelerator();
@@ -43,7 +49,8 @@ async fn runtime(kind: RuntimeKind, data_dir: &Path) -> anyhow::Result<Runtimes>
         }
         k => k,
     };
-    let cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
+    let mut cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
+    cfg.signed_url_max_age = signed_url_max_age;
     match kind {
         RuntimeKind::Vm => {
             let settings = warren_host::VmSettings::new(&cfg);
@@ -76,7 +83,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let (runtime, vm) = runtime(args.runtime, &args.data_dir).await?;
+    let (runtime, vm) = runtime(args.runtime, &args.data_dir, args.signed_url_max_age).await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -18,17 +19,22 @@ struct Init<'a> {
     /// Fresh random bytes (hex) for the guest kernel's random pool: sandboxes restored from
     /// one snapshot would otherwise start with the same random state.
     random_seed: String,
+    /// The server's cap on signed file URLs' lifetime; always sent (0: none), so an agent
+    /// restored from another sandbox's memory takes this server's policy, not the one it had.
+    signed_url_max_age_secs: u64,
 }
 
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init`, which sets
 /// `access_token`. `current_token` authenticates the request to an agent that already has
-/// one (restored from another sandbox's memory, or resumed).
+/// one (restored from another sandbox's memory, or resumed). `signed_url_max_age` is the
+/// host's [`crate::HostConfig::signed_url_max_age`].
 pub async fn wait_and_init(
     client: &reqwest::Client,
     agent: SocketAddr,
     env_vars: &BTreeMap<String, String>,
     access_token: Option<&str>,
     current_token: Option<&str>,
+    signed_url_max_age: Option<NonZeroU64>,
     timeout: Duration,
 ) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
@@ -55,6 +61,7 @@ pub async fn wait_and_init(
         default_user: "user",
         timestamp: chrono::Utc::now().to_rfc3339(),
         random_seed: random_seed()?,
+        signed_url_max_age_secs: signed_url_max_age.map_or(0, NonZeroU64::get),
     };
     let mut req = client.post(format!("http://{agent}/init")).json(&body);
     if let Some(token) = current_token {

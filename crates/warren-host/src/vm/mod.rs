@@ -625,6 +625,7 @@ impl VmRuntime {
                 &env,
                 spec.access_token.as_deref(),
                 current_token,
+                self.cfg.signed_url_max_age,
                 self.cfg.ready_timeout,
             )
             .await?;
