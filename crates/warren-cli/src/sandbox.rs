@@ -45,7 +45,9 @@ pub enum SandboxCommand {
     Info {
         id: String,
     },
-    /// Runs a command (through `/bin/bash -l -c`) and exits with its status.
+    /// Runs a command in a login shell (`/bin/bash -l -c`) and exits with its status. One
+    /// argument is a shell command line (`'ls | wc -l'`); several are one argv, run exactly as
+    /// given (`-- sh -c 'uname -a'`).
     Exec {
         id: String,
         #[arg(long)]
@@ -228,7 +230,7 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             }
         }
         SandboxCommand::Exec { id, user, command } => {
-            return exec(&client, &id, user, &command.join(" ")).await
+            return exec(&client, &id, user, &shell_line(&command)?).await
         }
         SandboxCommand::Shell { id, user } => return shell::run(&client, &id, user).await,
         SandboxCommand::Kill { id } => {
@@ -307,6 +309,16 @@ pub async fn start_process(
     Ok(resp)
 }
 
+/// The line `bash -c` runs for `exec`'s arguments: a single argument as the shell command line
+/// it is, several quoted word by word so the shell hands the program exactly that argv.
+fn shell_line(command: &[String]) -> anyhow::Result<String> {
+    match command {
+        [line] => Ok(line.clone()),
+        words => shlex::try_join(words.iter().map(String::as_str))
+            .context("an argument holds a NUL byte, which no argv can carry"),
+    }
+}
+
 /// Streams a command's output through the proxy (Connect server stream, JSON envelopes).
 async fn exec(
     client: &Client,
@@ -345,4 +357,24 @@ async fn exec(
         }
     }
     bail!("the sandbox closed the stream early")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_line;
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn one_argument_is_a_command_line() {
+        assert_eq!(shell_line(&words(&["ls | wc -l"])).unwrap(), "ls | wc -l");
+    }
+
+    #[test]
+    fn several_arguments_are_quoted_word_by_word() {
+        let line = shell_line(&words(&["sh", "-c", "uname -a", "it's"])).unwrap();
+        assert_eq!(line, r#"sh -c 'uname -a' "it's""#);
+    }
 }
