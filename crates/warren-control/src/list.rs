@@ -135,10 +135,21 @@ pub fn parse_metadata_query(raw: &str) -> Result<BTreeMap<String, String>, Contr
 
 /// Cursor = position of the last item returned: (start time in µs, id), a total order.
 fn encode_cursor(s: &Sandbox) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}:{}", s.started_at.timestamp_micros(), s.id))
+    encode_position(s.started_at.timestamp_micros(), &s.id)
+}
+
+/// The opaque `nextToken` of a position (time in µs, id); snapshot listings use it too, so
+/// both kinds of token look alike on the wire.
+pub(crate) fn encode_position(micros: i64, id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{micros}:{id}"))
 }
 
 fn decode_cursor(token: &str) -> Result<(i64, String), ControlError> {
+    decode_position(token)
+}
+
+/// The position a `nextToken` holds; a token that is not one is a 400.
+pub(crate) fn decode_position(token: &str) -> Result<(i64, String), ControlError> {
     let bad = || ControlError::InvalidArgument("invalid nextToken".into());
     let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
     let raw = String::from_utf8(raw).map_err(|_| bad())?;

@@ -7,12 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use chrono::{DateTime, Utc};
 
 use crate::control::Control;
 use crate::error::ControlError;
+use crate::list::{decode_position, encode_position};
 use crate::model::SandboxState;
 use crate::secrets::random_id;
 
@@ -67,24 +66,17 @@ fn strip_tag(s: &str) -> &str {
     s.rsplit_once(':').map_or(s, |(n, _)| n)
 }
 
+/// A store count as a `usize` quota figure (saturating: a count past `usize` is over any quota).
+fn count(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
-}
-
-fn encode_cursor(s: &Snapshot) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}:{}", s.created_at.timestamp_micros(), s.id))
-}
-
-fn decode_cursor(token: &str) -> Result<(i64, String), ControlError> {
-    let bad = || ControlError::InvalidArgument("invalid nextToken".into());
-    let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
-    let raw = String::from_utf8(raw).map_err(|_| bad())?;
-    let (ts, id) = raw.split_once(':').ok_or_else(bad)?;
-    Ok((ts.parse().map_err(|_| bad())?, id.to_string()))
 }
 
 impl Control {
@@ -210,16 +202,11 @@ impl Control {
     ) -> Result<(), ControlError> {
         self.check_headroom()?;
         let cfg = &self.inner.config;
-        let all = self.inner.store.snapshots().await?;
-        let counted = all
-            .iter()
-            .filter(|s| name.is_none_or(|n| !s.names.iter().any(|m| m == n)));
-        let (mut total, mut mine, mut bytes) = (0usize, 0usize, 0u64);
-        for s in counted {
-            total += 1;
-            mine += usize::from(s.sandbox_id == sandbox_id);
-            bytes = bytes.saturating_add(s.bytes);
-        }
+        let store = &self.inner.store;
+        // Counted by the store (aggregates), not by loading every record.
+        let (total, bytes) = store.snapshot_usage(None, name).await?;
+        let (mine, _) = store.snapshot_usage(Some(sandbox_id), name).await?;
+        let (total, mine) = (count(total), count(mine));
         let refuse = |what: String| Err(ControlError::QuotaExceeded(what));
         if total >= cfg.max_snapshots {
             return refuse(format!(
@@ -286,23 +273,26 @@ impl Control {
                 )))
             }
         } as usize;
-        let cursor = q.next_token.as_deref().map(decode_cursor).transpose()?;
+        let cursor = q.next_token.as_deref().map(decode_position).transpose()?;
         let name = q.name.as_deref().map(|n| strip_tag(n.trim()));
-        let mut items = self.inner.store.snapshots().await?;
-        items.retain(|s| {
-            q.sandbox_id.as_ref().is_none_or(|id| &s.sandbox_id == id)
-                && q.team.as_ref().is_none_or(|t| &s.team == t)
-                && name.is_none_or(|n| s.id == n || s.names.iter().any(|m| m == n))
-        });
-        let key = |s: &Snapshot| (s.created_at.timestamp_micros(), s.id.clone());
-        items.sort_by_key(|s| std::cmp::Reverse(key(s)));
-        if let Some(c) = cursor {
-            items.retain(|s| key(s) < c);
-        }
+        // One more than the page, to know whether another page follows.
+        let mut items = self
+            .inner
+            .store
+            .snapshot_page(
+                q.team.as_deref(),
+                q.sandbox_id.as_deref(),
+                name,
+                cursor.as_ref().map(|(t, id)| (*t, id.as_str())),
+                limit + 1,
+            )
+            .await?;
         let more = items.len() > limit;
         items.truncate(limit);
         let next_token = if more {
-            items.last().map(encode_cursor)
+            items
+                .last()
+                .map(|s| encode_position(s.created_at.timestamp_micros(), &s.id))
         } else {
             None
         };

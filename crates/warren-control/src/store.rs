@@ -28,8 +28,31 @@ pub trait Store: Send + Sync + 'static {
     async fn get_snapshot(&self, id: &str) -> Result<Option<Snapshot>, StoreError>;
     /// The snapshot recorded under `name`.
     async fn snapshot_by_name(&self, name: &str) -> Result<Option<Snapshot>, StoreError>;
-    /// Every snapshot, in no particular order.
+    /// Every snapshot, in no particular order. Recovery's sweep of unrecorded runtime copies
+    /// needs them all; listings and quotas use [`Store::snapshot_page`] and
+    /// [`Store::snapshot_usage`], which do not load every row.
     async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError>;
+    /// One page of snapshots, newest first: ordered by creation time, then id, both
+    /// descending (a total order, so pages never overlap or skip). Only those strictly after
+    /// `after` (creation time in µs, id) in that order; only `team`'s when given (`None` is an
+    /// admin's view of every team); only `sandbox_id`'s when given; only the one whose id or
+    /// name is `name` when given. At most `limit` of them.
+    async fn snapshot_page(
+        &self,
+        team: Option<&str>,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> Result<Vec<Snapshot>, StoreError>;
+    /// How many snapshots there are and how many bytes they hold, as `(count, bytes)`: every
+    /// snapshot on the server, or only `sandbox_id`'s when given. The one named
+    /// `except_name` is left out (a new snapshot of that name replaces it).
+    async fn snapshot_usage(
+        &self,
+        sandbox_id: Option<&str>,
+        except_name: Option<&str>,
+    ) -> Result<(u64, u64), StoreError>;
     /// Forgets a snapshot; `false` if there was none with this id.
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError>;
 

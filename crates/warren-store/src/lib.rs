@@ -538,6 +538,42 @@ impl Store for SqliteStore {
         self.with(snapshots::all).await
     }
 
+    async fn snapshot_page(
+        &self,
+        team: Option<&str>,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> Result<Vec<Snapshot>, StoreError> {
+        let team = team.map(str::to_string);
+        let sandbox_id = sandbox_id.map(str::to_string);
+        let name = name.map(str::to_string);
+        let after = after.map(|(t, id)| (t, id.to_string()));
+        self.with(move |c| {
+            snapshots::page(
+                c,
+                team.as_deref(),
+                sandbox_id.as_deref(),
+                name.as_deref(),
+                after.as_ref().map(|(t, id)| (*t, id.as_str())),
+                limit,
+            )
+        })
+        .await
+    }
+
+    async fn snapshot_usage(
+        &self,
+        sandbox_id: Option<&str>,
+        except_name: Option<&str>,
+    ) -> Result<(u64, u64), StoreError> {
+        let sandbox_id = sandbox_id.map(str::to_string);
+        let except_name = except_name.map(str::to_string);
+        self.with(move |c| snapshots::usage(c, sandbox_id.as_deref(), except_name.as_deref()))
+            .await
+    }
+
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with(move |c| snapshots::delete(c, &id)).await

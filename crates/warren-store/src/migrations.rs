@@ -69,4 +69,17 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         ALTER TABLE api_keys ADD COLUMN team TEXT NOT NULL DEFAULT 'default';
         ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 1;",
     ),
+    (
+        5,
+        // Snapshot listings are paged in SQL, newest first by (created_at_us, id): one index
+        // per way a listing is narrowed (none for an admin, by team, by source sandbox), so a
+        // page reads only its own rows. The sandbox index also holds `bytes` and `name`, so
+        // the quota sums (COUNT/SUM, leaving out a replaced name) never read table rows,
+        // whose env vars and metadata may be large.
+        "DROP INDEX snapshots_sandbox;
+        CREATE INDEX snapshots_created ON snapshots(created_at_us, id);
+        CREATE INDEX snapshots_team_created ON snapshots(team, created_at_us, id);
+        CREATE INDEX snapshots_sandbox_created
+            ON snapshots(sandbox_id, created_at_us, id, bytes, name);",
+    ),
 ];

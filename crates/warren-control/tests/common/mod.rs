@@ -181,6 +181,8 @@ pub struct MemStore {
     pub sandboxes: Mutex<HashMap<String, Sandbox>>,
     pub keys: Mutex<Vec<ApiKey>>,
     pub snapshots: Mutex<HashMap<String, Snapshot>>,
+    /// `snapshots()` (every record at once) fails: proves a path pages or sums instead.
+    pub refuse_full_scans: Mutex<bool>,
 }
 
 #[async_trait]
@@ -233,7 +235,49 @@ impl Store for MemStore {
             .cloned())
     }
     async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
+        if *self.refuse_full_scans.lock().unwrap() {
+            return Err(StoreError::Backend("every snapshot was loaded".into()));
+        }
         Ok(self.snapshots.lock().unwrap().values().cloned().collect())
+    }
+    async fn snapshot_page(
+        &self,
+        team: Option<&str>,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+        after: Option<(i64, &str)>,
+        limit: usize,
+    ) -> Result<Vec<Snapshot>, StoreError> {
+        let key = |s: &Snapshot| (s.created_at.timestamp_micros(), s.id.clone());
+        let after = after.map(|(t, id)| (t, id.to_string()));
+        let mut page: Vec<Snapshot> = self
+            .snapshots
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| {
+                team.is_none_or(|t| s.team == t)
+                    && sandbox_id.is_none_or(|id| s.sandbox_id == id)
+                    && name.is_none_or(|n| s.id == n || s.names.iter().any(|m| m == n))
+                    && after.as_ref().is_none_or(|a| key(s) < *a)
+            })
+            .cloned()
+            .collect();
+        page.sort_by_key(|s| std::cmp::Reverse(key(s)));
+        page.truncate(limit);
+        Ok(page)
+    }
+    async fn snapshot_usage(
+        &self,
+        sandbox_id: Option<&str>,
+        except_name: Option<&str>,
+    ) -> Result<(u64, u64), StoreError> {
+        let snaps = self.snapshots.lock().unwrap();
+        let counted = snaps.values().filter(|s| {
+            sandbox_id.is_none_or(|id| s.sandbox_id == id)
+                && except_name.is_none_or(|n| !s.names.iter().any(|m| m == n))
+        });
+        Ok(counted.fold((0, 0), |(n, b), s| (n + 1, b + s.bytes)))
     }
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self.snapshots.lock().unwrap().remove(id).is_some())
