@@ -68,6 +68,12 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
   cargo install cargo-fuzz
 fi
 
+# Dependency policy (deny.toml: licences, sources, duplicate crates), checked by scripts/test.sh.
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  log "installing cargo-deny"
+  cargo install --locked cargo-deny
+fi
+
 # Sandboxes run commands as `user` by default; the agent's tests on the host need the account.
 if ! id user >/dev/null 2>&1; then
   log "creating the sandbox account 'user'"

@@ -15,6 +15,12 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
+log "cargo clippy -D warnings (the lints Cargo.toml declares, on every target)"
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
+
+log "cargo deny (deny.toml: licences, sources, bans; advisories need the network: docs/testing.md)"
+cargo deny --offline check licenses bans sources
+
 log "Rust tests"
 # The VM tests (warren-vm, warren-host tests/vm.rs, vm_persist.rs) must not skip here: QEMU was
 # just installed.
