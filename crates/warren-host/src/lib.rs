@@ -30,7 +30,7 @@ use warren_runtime_ns::config::Confinement;
 use warren_runtime_ns::idrange::IdRanges;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
-pub use templates::{recipe, TEMPLATES};
+pub use templates::{recipe, Templates, TEMPLATES};
 pub use vm::{VmRuntime, VmSettings};
 pub use warren_vm::accel::{detect as detect_accelerator, Accel, Detection};
 

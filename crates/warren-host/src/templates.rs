@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use warren_image::Recipe;
 use warren_runtime::RuntimeError;
@@ -92,20 +91,34 @@ impl Templates {
         std::fs::create_dir_all(&mnt)
             .map_err(|e| RuntimeError::Failed(format!("create {}: {e}", mnt.display())))?;
         // Mounts outlive the server (sandboxes keep using them); a restarted server reuses it.
+        // Managers of this host (a restarted server, tests side by side) share the mount
+        // point: the look and the mount happen under a lock of its own, so two never both see
+        // it unmounted and race to mount it.
+        let lock_path = templates_dir.join(format!("{}.lock", recipe.cache_key()));
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| RuntimeError::Failed(format!("open {}: {e}", lock_path.display())))?;
+        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| RuntimeError::Failed(format!("lock {}: {e}", lock_path.display())))?;
         if !is_mounted(&mnt) {
-            let out = Command::new("mount")
-                .args(["-t", "erofs", "-o", "ro"])
-                .arg(&image.image)
-                .arg(&mnt)
-                .output()
-                .map_err(|e| RuntimeError::Failed(format!("run mount: {e}")))?;
-            if !out.status.success() {
-                return Err(RuntimeError::Failed(format!(
-                    "mount {}: {}",
+            nix::mount::mount(
+                Some(&image.image),
+                &mnt,
+                Some("erofs"),
+                // Read-only only: sudo in the sandboxes needs its setuid bit.
+                nix::mount::MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .map_err(|e| {
+                RuntimeError::Failed(format!(
+                    "mount {} on {}: {e}",
                     image.image.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
+                    mnt.display()
+                ))
+            })?;
         }
         self.mounted
             .lock()
