@@ -87,7 +87,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),
-        template_names: warren_host::TEMPLATES
+        template_names: warren_template::TEMPLATES
             .iter()
             .map(|t| t.to_string())
             .collect(),

@@ -29,11 +29,11 @@ pub async fn run(cmd: TemplateCommand, args: ClientArgs) -> anyhow::Result<u8> {
 
 fn list(args: &ClientArgs) -> anyhow::Result<u8> {
     let mut rows = Vec::new();
-    for name in warren_host::TEMPLATES {
-        let Some(recipe) = warren_host::recipe(name) else {
+    for name in warren_template::TEMPLATES {
+        let Some(recipe) = warren_template::recipe(name) else {
             continue;
         };
-        let image = warren_image::cached_image(&recipe, &args.data_dir)
+        let image = warren_template::cached_image(&recipe, &args.data_dir)
             .with_context(|| format!("reading the cache of template {name}"))?;
         rows.push(match image {
             Some(img) => json!({
@@ -77,15 +77,19 @@ fn list(args: &ClientArgs) -> anyhow::Result<u8> {
 }
 
 async fn build(args: &ClientArgs, name: &str) -> anyhow::Result<u8> {
-    let Some(recipe) = warren_host::recipe(name) else {
+    let Some(recipe) = warren_template::recipe(name) else {
         bail!(
             "unknown template {name:?} (known: {})",
-            warren_host::TEMPLATES.join(", ")
+            warren_template::TEMPLATES.join(", ")
         );
     };
     let data_dir = args.data_dir.clone();
     let image = tokio::task::spawn_blocking(move || {
-        warren_image::ensure_image(&recipe, &data_dir, &mut warren_image::StderrProgress::new())
+        warren_template::ensure_image(
+            &recipe,
+            &data_dir,
+            &mut warren_template::StderrProgress::new(),
+        )
     })
     .await?
     .with_context(|| format!("building template {name}"))?;

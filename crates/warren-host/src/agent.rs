@@ -103,7 +103,7 @@ pub async fn run_start_command(
     client: &reqwest::Client,
     agent: SocketAddr,
     access_token: Option<&str>,
-    cmd: &crate::templates::StartCommand,
+    cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
     let fail = |what: String| RuntimeError::Failed(format!("template start command: {what}"));
     let (resp, _) = start(client, agent, access_token, None, &cmd.argv, &cmd.cwd)
@@ -221,7 +221,7 @@ async fn start(
 pub async fn wait_ready(
     client: &reqwest::Client,
     agent: SocketAddr,
-    cmd: &crate::templates::StartCommand,
+    cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
     let url = format!("http://{}:{}{}", agent.ip(), cmd.ready_port, cmd.ready_path);
     let deadline = Instant::now() + cmd.ready_timeout;

@@ -1,6 +1,6 @@
 //! The host manager: sandboxes on this machine with the namespace runtime.
 //!
-//! [`NsRuntime`] ties together the template images (`warren-image`, mounted once per host),
+//! [`NsRuntime`] ties together the template images (`warren-template`, mounted once per host),
 //! pooled network slots (`warren-net`) and namespace sandboxes (`warren-runtime-ns`), and
 //! implements [`SandboxRuntime`] for the control plane. It makes itself a child subreaper so
 //! that no sandbox process is ever left unreaped, and on its first `reattach` removes whatever
@@ -30,7 +30,7 @@ use warren_runtime_ns::config::Confinement;
 use warren_runtime_ns::idrange::IdRanges;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
-pub use templates::{recipe, Templates, TEMPLATES};
+pub use templates::Templates;
 pub use vm::{VmRuntime, VmSettings};
 pub use warren_vm::accel::{detect as detect_accelerator, Accel, Detection};
 
@@ -336,7 +336,7 @@ impl NsRuntime {
             }));
         }
         // Templates with a service (the code interpreter) start it now; create waits for it.
-        if let Some(cmd) = templates::start_command(&spec.template) {
+        if let Some(cmd) = warren_template::start_command(&spec.template) {
             if let Err(e) =
                 agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), &cmd)
                     .await

@@ -32,11 +32,11 @@ fn managers_starting_at_once_mount_a_template_once() {
                     // Each its own registry, as each manager process has.
                     let templates = warren_host::Templates::default();
                     // The image is built (or found) before the race: only the mount races.
-                    let recipe = warren_host::recipe("base").unwrap();
-                    warren_image::ensure_image(
+                    let recipe = warren_template::recipe("base").unwrap();
+                    warren_template::ensure_image(
                         &recipe,
                         &data,
-                        &mut warren_image::StderrProgress::new(),
+                        &mut warren_template::StderrProgress::new(),
                     )
                     .unwrap_or_else(|e| panic!("{e}"));
                     barrier.wait();

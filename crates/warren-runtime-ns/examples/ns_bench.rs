@@ -65,11 +65,11 @@ fn summary(name: &str, mut ms: Vec<f64>) -> f64 {
 }
 
 fn image_root() -> PathBuf {
-    let recipe = warren_image::Recipe::base();
-    let image = warren_image::ensure_image(
+    let recipe = warren_template::Recipe::base();
+    let image = warren_template::ensure_image(
         &recipe,
         Path::new("/var/lib/warren"),
-        &mut warren_image::StderrProgress::new(),
+        &mut warren_template::StderrProgress::new(),
     )
     .expect("base image");
     let mnt = PathBuf::from(format!("/run/warren-test-image-{}", recipe.cache_key()));

@@ -1,6 +1,6 @@
 //! Real namespace sandboxes from the real base image, asserted from inside through the agent.
 //!
-//! Needs root, the base image (built on first use by `warren-image`: mmdebstrap, erofs-utils,
+//! Needs root, the base image (built on first use by `warren-template`: mmdebstrap, erofs-utils,
 //! network access to Debian's archive) and the agent binary (`cargo build -p warren-agent`).
 
 mod common;

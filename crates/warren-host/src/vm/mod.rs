@@ -631,7 +631,7 @@ impl VmRuntime {
             .await?;
             // Templates with a service (the code interpreter) start it as `ns` does; a VM
             // restored with memory (a resume, a snapshot's child) has it running already.
-            let Some(cmd) = crate::templates::start_command(&spec.template) else {
+            let Some(cmd) = warren_template::start_command(&spec.template) else {
                 return Ok(());
             };
             if checkpoint.is_some_and(|c| c.has_memory()) {

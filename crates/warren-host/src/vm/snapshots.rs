@@ -36,11 +36,14 @@ pub fn inputs(
     accel: Accel,
     dns: &[std::net::Ipv4Addr],
 ) -> Result<Inputs, RuntimeError> {
-    let recipe = crate::templates::recipe(template)
+    let recipe = warren_template::recipe(template)
         .ok_or_else(|| RuntimeError::UnknownTemplate(template.to_string()))?;
-    let image =
-        warren_image::ensure_image(&recipe, data_dir, &mut warren_image::StderrProgress::new())
-            .map_err(|e| RuntimeError::Failed(format!("template {template}: {e}")))?;
+    let image = warren_template::ensure_image(
+        &recipe,
+        data_dir,
+        &mut warren_template::StderrProgress::new(),
+    )
+    .map_err(|e| RuntimeError::Failed(format!("template {template}: {e}")))?;
     let kernel = warren_vm::kernel::ensure(data_dir).map_err(failed("guest kernel"))?;
     let initrd = warren_vm::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
         .map_err(failed("initramfs"))?;

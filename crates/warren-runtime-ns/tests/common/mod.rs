@@ -48,11 +48,11 @@ pub fn agent_bin() -> PathBuf {
 pub fn image_root() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let recipe = warren_image::Recipe::base();
-        let image = warren_image::ensure_image(
+        let recipe = warren_template::Recipe::base();
+        let image = warren_template::ensure_image(
             &recipe,
             Path::new(DATA_DIR),
-            &mut warren_image::StderrProgress::new(),
+            &mut warren_template::StderrProgress::new(),
         )
         .expect("build or find the base image");
         // One shared read-only mount, reused by later test runs (like a server's template mount).

@@ -40,10 +40,10 @@ pub fn prerequisites() -> Option<(PathBuf, PathBuf, PathBuf)> {
 /// The base template image, built on first use like the other runtime tests do.
 fn image() -> Option<PathBuf> {
     let data = data_dir();
-    match warren_image::ensure_image(
-        &warren_image::Recipe::base(),
+    match warren_template::ensure_image(
+        &warren_template::Recipe::base(),
         &data,
-        &mut warren_image::StderrProgress::new(),
+        &mut warren_template::StderrProgress::new(),
     ) {
         Ok(i) => Some(i.image),
         Err(e) => panic!("base template image in {}: {e}", data.display()),

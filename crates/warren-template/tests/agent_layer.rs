@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::Scratch;
-use warren_image::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
+use warren_template::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
 
 #[test]
 fn layer_holds_the_agent_at_its_guest_path() {

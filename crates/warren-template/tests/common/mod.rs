@@ -47,7 +47,7 @@ impl Scratch {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
         let dir = Path::new("/var/tmp").join(format!(
-            "warren-image-test-{name}-{}-{nanos}",
+            "warren-template-test-{name}-{}-{nanos}",
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("create scratch directory under /var/tmp");

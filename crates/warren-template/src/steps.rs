@@ -164,8 +164,10 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("warren-image-steps-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "warren-template-steps-{name}-{}",
+            std::process::id()
+        ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("etc")).expect("create scratch tree");
         dir

@@ -1,7 +1,7 @@
 //! Builds (or reuses) the `base` template image and prints where it is.
 //!
 //! ```text
-//! cargo run -p warren-image --example build_image -- [--verbose] [DATA_DIR]
+//! cargo run -p warren-template --example build_image -- [--verbose] [DATA_DIR]
 //! ```
 //!
 //! DATA_DIR defaults to /var/lib/warren. Needs root, mmdebstrap and erofs-utils.
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use warren_image::{ensure_image, Recipe, StderrProgress};
+use warren_template::{ensure_image, Recipe, StderrProgress};
 
 fn main() -> ExitCode {
     let mut verbose = false;

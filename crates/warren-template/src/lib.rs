@@ -14,11 +14,11 @@
 //!
 //! ```no_run
 //! use std::path::Path;
-//! use warren_image::{ensure_image, Recipe, StderrProgress};
+//! use warren_template::{ensure_image, Recipe, StderrProgress};
 //!
 //! let image = ensure_image(&Recipe::base(), Path::new("/var/lib/warren"), &mut StderrProgress::new())?;
 //! println!("rootfs at {}", image.image.display());
-//! # Ok::<(), warren_image::ImageError>(())
+//! # Ok::<(), warren_template::ImageError>(())
 //! ```
 //!
 //! This crate does no HTTP and needs no async runtime: builds are long, blocking, and run on
@@ -29,6 +29,7 @@
 
 pub mod agent_layer;
 mod build;
+mod catalog;
 mod command;
 mod erofs;
 mod error;
@@ -41,6 +42,7 @@ mod steps;
 
 pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
+pub use catalog::{recipe, start_command, StartCommand, TEMPLATES};
 pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};
 pub use error::{ImageError, Result};
 pub use interp::{

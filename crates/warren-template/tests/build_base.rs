@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::{require_tools, Scratch};
-use warren_image::{
+use warren_template::{
     cached_image, ensure_image, verify_image, BuildPhase, BuildProgress, Recipe,
     AGENT_PATH_IN_GUEST, IMAGE_FILE, MANIFEST_FILE,
 };

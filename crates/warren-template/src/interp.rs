@@ -51,43 +51,43 @@ const PACKAGES: &[&str] = &[
 const SERVER_FILES: &[(&str, &str)] = &[
     (
         "__init__.py",
-        include_str!("../interp/warren_interp/__init__.py"),
+        include_str!("../services/code-interpreter/warren_interp/__init__.py"),
     ),
     (
         "server.py",
-        include_str!("../interp/warren_interp/server.py"),
+        include_str!("../services/code-interpreter/warren_interp/server.py"),
     ),
     (
         "contexts.py",
-        include_str!("../interp/warren_interp/contexts.py"),
+        include_str!("../services/code-interpreter/warren_interp/contexts.py"),
     ),
     (
         "output.py",
-        include_str!("../interp/warren_interp/output.py"),
+        include_str!("../services/code-interpreter/warren_interp/output.py"),
     ),
     (
         "charts.py",
-        include_str!("../interp/warren_interp/charts.py"),
+        include_str!("../services/code-interpreter/warren_interp/charts.py"),
     ),
     (
         "kernel_setup.py",
-        include_str!("../interp/warren_interp/kernel_setup.py"),
+        include_str!("../services/code-interpreter/warren_interp/kernel_setup.py"),
     ),
     (
         "bash_kernel.py",
-        include_str!("../interp/warren_interp/bash_kernel.py"),
+        include_str!("../services/code-interpreter/warren_interp/bash_kernel.py"),
     ),
     (
         "js_kernel.py",
-        include_str!("../interp/warren_interp/js_kernel.py"),
+        include_str!("../services/code-interpreter/warren_interp/js_kernel.py"),
     ),
     (
         "js_runner.js",
-        include_str!("../interp/warren_interp/js_runner.js"),
+        include_str!("../services/code-interpreter/warren_interp/js_runner.js"),
     ),
     (
         "supervise.py",
-        include_str!("../interp/warren_interp/supervise.py"),
+        include_str!("../services/code-interpreter/warren_interp/supervise.py"),
     ),
 ];
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{require_tools, Scratch};
 use nix::fcntl::{Flock, FlockArg};
-use warren_image::{
+use warren_template::{
     ensure_image, BuildPhase, BuildProgress, ImageError, Manifest, Recipe, FORMAT_VERSION,
     IMAGE_FILE, MANIFEST_FILE,
 };

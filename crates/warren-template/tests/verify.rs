@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{require_tools, Scratch};
-use warren_image::{
+use warren_template::{
     cached_image, ensure_image, verify_image, BuildPhase, BuildProgress, ImageError, Manifest,
     Recipe, FORMAT_VERSION, IMAGE_FILE, MANIFEST_FILE,
 };
