@@ -22,7 +22,7 @@ log "cargo deny (deny.toml: licences, sources, bans; advisories need the network
 cargo deny --offline check licenses bans sources
 
 log "Rust tests"
-# The VM tests (warren-vm, warren-host tests/vm.rs, vm_persist.rs) must not skip here: QEMU was
+# The VM tests (warren-runtime-vm: pipeline.rs, vm.rs, vm_jail.rs, vm_persist.rs) must not skip here: QEMU was
 # just installed.
 WARREN_VM_TESTS=require cargo test --release --locked --workspace
 
@@ -43,13 +43,17 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt \
-  -r tests/interpreter/requirements.txt -r tests/security/requirements.txt -r benches/requirements.txt
+  -r tests/interpreter/requirements.txt -r tests/security/requirements.txt -r benches/requirements.txt \
+  -r crates/warren-template/services/code-interpreter/requirements-test.txt
+
+log "code-interpreter service unit tests (crates/warren-template/services/code-interpreter)"
+.venv/bin/python -m pytest crates/warren-template/services/code-interpreter/tests -q
 
 log "agent conformance suite (e2b SDK)"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python -m pytest tests/agent -q
 
 log "agent conformance suite against agents inside microVMs (TCG on hosts without usable KVM)"
-cargo run --release --locked -q -p warren-host --example vm_agents -- \
+cargo run --release --locked -q -p warren-runtime-vm --example vm_agents -- \
   .venv/bin/python -m pytest tests/agent -q
 
 log "control-plane end-to-end suite (e2b SDK against warren serve with the namespace runtime)"
@@ -94,7 +98,7 @@ fi
 log "benchmark smoke run"
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke
-cargo run --release --locked -q -p warren-host --example vm_bench -- --smoke
+cargo run --release --locked -q -p warren-runtime-vm --example vm_bench -- --smoke
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \

@@ -31,8 +31,10 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: str):
+    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = ()):
         self.data_dir = data_dir
+        # More `warren serve` flags, for suites that test one (after the defaults below).
+        self.extra_args = tuple(extra_args)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -43,7 +45,8 @@ class Server:
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG="info")
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "auto"), "--max-sandboxes", "40"],
+             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "auto"), "--max-sandboxes", "40",
+             *self.extra_args],
             env=env, stdout=self.log, stderr=self.log,
         )
         # The first start builds the base template image before listening (minutes).
@@ -57,7 +60,7 @@ class Server:
             except requests.RequestException:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("warren serve did not become healthy")
+        raise RuntimeError(f"warren serve {' '.join(self.extra_args)} did not become healthy")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -4,10 +4,6 @@ later than that, is refused (401); without the flag URLs behave as upstream E2B'
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-
 import pytest
 import requests
 from e2b import Sandbox
@@ -18,48 +14,24 @@ MAX_AGE = 300
 PATH = "/tmp/l2-signed.txt"
 
 
-class CappedServer(conftest._e2e.Server):
+def capped(shared, max_age: int):
     """The shared server's data dir and port (the SDK's E2B_API_URL stays valid), started with
     `--signed-url-max-age`. Only one server may run per host, so the shared one is stopped for
     the time being."""
-
-    def __init__(self, shared, max_age: int):
-        super().__init__(shared.data_dir)
-        self.port = shared.port
-        self.url = shared.url
-        self.max_age = max_age
-
-    def start(self) -> None:
-        binary = os.environ.get("WARREN_BIN", os.path.join(conftest.ROOT, "target", "release", "warren"))
-        env = dict(os.environ, WARREN_API_KEY=conftest.API_KEY, WARREN_LOG="info")
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "auto"), "--max-sandboxes", "40",
-             "--signed-url-max-age", str(self.max_age)],
-            env=env, stdout=self.log, stderr=self.log,
-        )
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"warren serve exited with {self.proc.returncode}; see {self.data_dir}/serve.log")
-            try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("warren serve --signed-url-max-age did not become healthy")
+    srv = conftest._e2e.Server(shared.data_dir, ("--signed-url-max-age", str(max_age)))
+    srv.port, srv.url = shared.port, shared.url
+    return srv
 
 
 @pytest.fixture(scope="module")
 def capped_server(server):
     server.stop()
-    capped = CappedServer(server, MAX_AGE)
+    capped_srv = capped(server, MAX_AGE)
     try:
-        capped.start()
-        yield capped
+        capped_srv.start()
+        yield capped_srv
     finally:
-        capped.stop()
+        capped_srv.stop()
         # The rest of the session expects the shared server back, as it was.
         server.start()
 

@@ -24,7 +24,10 @@ pub struct ServeArgs {
 
 /// The runtime, and for `vm` the runtime itself: its template snapshot is prepared after
 /// `reattach` (which must see the previous run's slots and VMs first).
-type Runtimes = (Arc<dyn SandboxRuntime>, Option<Arc<warren_host::VmRuntime>>);
+type Runtimes = (
+    Arc<dyn SandboxRuntime>,
+    Option<Arc<warren_runtime_vm::VmRuntime>>,
+);
 
 async fn runtime(
     kind: RuntimeKind,
@@ -33,8 +36,8 @@ async fn runtime(
 ) -> anyhow::Result<Runtimes> {
     let kind = match kind {
         RuntimeKind::Auto => {
-            let d = warren_host::detect_accelerator();
-            let pick = if d.accel == warren_host::Accel::Kvm {
+            let d = warren_runtime_vm::detect_accelerator();
+            let pick = if d.accel == warren_runtime_vm::Accel::Kvm {
                 RuntimeKind::Vm
             } else {
                 RuntimeKind::Ns
@@ -53,14 +56,14 @@ async fn runtime(
     cfg.signed_url_max_age = signed_url_max_age;
     match kind {
         RuntimeKind::Vm => {
-            let settings = warren_host::VmSettings::new(&cfg);
-            let rt = warren_host::VmRuntime::start(cfg, settings)
+            let settings = warren_runtime_vm::VmSettings::new(&cfg);
+            let rt = warren_runtime_vm::VmRuntime::start(cfg, settings)
                 .await
                 .context("starting the vm runtime (it needs root and QEMU)")?;
             Ok((rt.clone(), Some(rt)))
         }
         RuntimeKind::Auto | RuntimeKind::Ns => {
-            let rt = warren_host::NsRuntime::start(cfg)
+            let rt = warren_runtime_ns::NsRuntime::start(cfg)
                 .await
                 .context("starting the namespace runtime (it needs root)")?;
             // The base template is what every SDK asks for by default: have it ready (built

@@ -93,6 +93,9 @@ fn random_seed() -> Result<String, RuntimeError> {
 /// Largest first message of a Start stream we accept (the start event is a few dozen bytes).
 const MAX_START_REPLY: usize = 64 * 1024;
 
+/// Largest output event read from a command run to its end (the agent sends far smaller).
+const MAX_EVENT: usize = 4 << 20;
+
 /// Starts the template's service through the agent's `process.Process/Start` (Connect
 /// protocol, JSON), then waits until its readiness check answers.
 ///
@@ -106,7 +109,7 @@ pub async fn run_start_command(
     cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
     let fail = |what: String| RuntimeError::Failed(format!("template start command: {what}"));
-    let (resp, _) = start(client, agent, access_token, None, &cmd.argv, &cmd.cwd)
+    let (resp, _) = start(client, agent, access_token, None, &cmd.argv, Some(&cmd.cwd))
         .await
         .map_err(fail)?;
     drop(resp);
@@ -122,20 +125,68 @@ pub async fn run_as_root(
     script: &str,
 ) -> Result<i64, String> {
     let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
-    let (mut resp, mut buf) = start(client, agent, access_token, Some("root"), &argv, "/").await?;
+    let ran = run(
+        client,
+        agent,
+        access_token,
+        Some("root"),
+        &argv,
+        Some("/"),
+        0,
+    )
+    .await?;
+    Ok(ran.exit_code)
+}
+
+/// What a command run to its end through the agent left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ran {
+    pub exit_code: i64,
+    /// Its stdout and stderr as they came, cut at the `keep` bytes asked for.
+    pub output: Vec<u8>,
+}
+
+/// Runs `argv` through the agent as `user` (the agent's default when `None`) in `cwd` (the
+/// user's home when `None`), waits for its end and keeps up to `keep` bytes of its output.
+pub async fn run(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    access_token: Option<&str>,
+    user: Option<&str>,
+    argv: &[String],
+    cwd: Option<&str>,
+    keep: usize,
+) -> Result<Ran, String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (mut resp, mut buf) = start(client, agent, access_token, user, argv, cwd).await?;
+    let mut output = Vec::new();
     loop {
         while buf.len() >= 5 {
             let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if n > MAX_START_REPLY {
-                return Err(format!("reply of {n} bytes is too large"));
+            if n > MAX_EVENT {
+                return Err(format!("event of {n} bytes is too large"));
             }
             if buf.len() < 5 + n {
                 break;
             }
             let message: serde_json::Value =
                 serde_json::from_slice(&buf[5..5 + n]).map_err(|e| format!("bad reply: {e}"))?;
-            if let Some(end) = message.pointer("/event/end") {
-                return Ok(end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0));
+            let event = &message["event"];
+            if let Some(end) = event.get("end") {
+                return Ok(Ran {
+                    exit_code: end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0),
+                    output,
+                });
+            }
+            for stream in ["stdout", "stderr"] {
+                if let Some(data) = event["data"][stream].as_str() {
+                    let bytes = b64
+                        .decode(data)
+                        .map_err(|e| format!("bad {stream} data: {e}"))?;
+                    let room = keep.saturating_sub(output.len());
+                    output.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
             }
             buf.drain(..5 + n);
         }
@@ -155,15 +206,18 @@ async fn start(
     access_token: Option<&str>,
     user: Option<&str>,
     argv: &[String],
-    cwd: &str,
+    cwd: Option<&str>,
 ) -> Result<(reqwest::Response, Vec<u8>), String> {
     let Some((program, args)) = argv.split_first() else {
         return Err("empty command".into());
     };
-    let request = serde_json::json!({
-        "process": { "cmd": program, "args": args, "envs": {}, "cwd": cwd },
+    let mut request = serde_json::json!({
+        "process": { "cmd": program, "args": args, "envs": {} },
         "stdin": false,
     });
+    if let Some(cwd) = cwd {
+        request["process"]["cwd"] = cwd.into();
+    }
     let payload = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
     let len = u32::try_from(payload.len()).map_err(|_| "request too large".to_string())?;
     // One Connect envelope: flags byte (0 = data), big-endian length, the JSON message.

@@ -38,6 +38,7 @@ pub mod netns;
 mod pool;
 mod rules;
 mod slot;
+mod vmslot;
 mod watchdog;
 
 pub use addr::{

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use warren_runtime_ns::cgroup::Limits;
+use warren_host::cgroup::Limits;
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
 struct Args {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use crate::cgroup::{self, Limits, SandboxCgroup};
 use crate::config::{Confinement, InitConfig, Report, CONFIG_ENV, ID_COUNT, STATUS_FD, SYNC_FD};
+use warren_host::cgroup::{self, Limits, SandboxCgroup};
 
 /// Host-wide settings of the runtime.
 #[derive(Debug, Clone)]

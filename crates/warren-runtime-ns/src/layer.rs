@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Name of the layer inside a saved directory.
 const UPPER: &str = "upper";
@@ -30,12 +30,12 @@ pub async fn save(upper: &Path, dest: &Path, id_base: u32) -> io::Result<u64> {
         .parent()
         .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
     fs::create_dir_all(parent)?;
-    let staging = sibling(dest, "partial");
-    remove_dir_if_exists(&staging)?;
+    let staging = warren_host::durable::sibling(dest, "partial");
+    warren_host::durable::remove_tree(&staging)?;
     fs::create_dir(&staging)?;
     copy(upper, &staging.join(UPPER)).await?;
     fs::write(staging.join(IDS), format!("{id_base}\n"))?;
-    install(&staging, dest).await
+    warren_host::durable::install(&staging, dest).await
 }
 
 /// The host id range the layer saved in `saved` is owned by.
@@ -48,35 +48,6 @@ pub fn saved_id_base(saved: &Path) -> io::Result<u32> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(LEGACY_ID_BASE),
         Err(e) => Err(e),
     }
-}
-
-/// Makes the directory `staging` durable (every file and directory fsynced) and renames it to
-/// `dest`, atomically replacing an earlier `dest`; the parent is synced too. Returns the bytes
-/// `dest` takes. Also used for the vm runtime's checkpoints.
-pub async fn install(staging: &Path, dest: &Path) -> io::Result<u64> {
-    let parent = dest
-        .parent()
-        .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
-    sync_fs(staging).await?;
-    if dest.exists() {
-        // Swap in one step, then delete the old copy (now at the staging path).
-        nix::fcntl::renameat2(
-            nix::fcntl::AT_FDCWD,
-            staging,
-            nix::fcntl::AT_FDCWD,
-            dest,
-            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-        )
-        .map_err(io::Error::from)?;
-        remove_dir_if_exists(staging)?;
-    } else {
-        fs::rename(staging, dest)?;
-    }
-    fs::File::open(parent)?.sync_all()?;
-    let dest = dest.to_path_buf();
-    tokio::task::spawn_blocking(move || disk_usage(&dest))
-        .await
-        .map_err(io::Error::other)?
 }
 
 /// Fills `upper` (which must not exist yet) from a directory written by [`save`], for a
@@ -141,22 +112,8 @@ pub fn exists(saved: &Path) -> bool {
 
 /// Deletes a saved directory. Idempotent.
 pub fn remove(saved: &Path) -> io::Result<()> {
-    remove_dir_if_exists(saved)?;
-    remove_dir_if_exists(&sibling(saved, "partial"))
-}
-
-/// `<path>.<suffix>` next to `path` (staging and trash names).
-pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{suffix}"));
-    path.with_file_name(name)
-}
-
-fn remove_dir_if_exists(path: &Path) -> io::Result<()> {
-    match fs::remove_dir_all(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    warren_host::durable::remove_tree(saved)?;
+    warren_host::durable::remove_tree(&warren_host::durable::sibling(saved, "partial"))
 }
 
 async fn copy(from: &Path, to: &Path) -> io::Result<()> {
@@ -185,53 +142,6 @@ async fn copy(from: &Path, to: &Path) -> io::Result<()> {
             stderr.trim()
         ),
     ))
-}
-
-/// Flushes every file and directory under `path` to disk. Per-file `fsync` rather than one
-/// `syncfs`: the latter would also wait for every other dirty page on the host's disk, which
-/// on a busy host costs far more than the layer itself.
-async fn sync_fs(path: &Path) -> io::Result<()> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || sync_tree(&path))
-        .await
-        .map_err(io::Error::other)?
-}
-
-fn sync_tree(root: &Path) -> io::Result<()> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                stack.push(entry.path());
-            } else if kind.is_file() {
-                fs::File::open(entry.path())?.sync_all()?;
-            }
-            // Symlinks and device nodes (whiteouts) are directory entries: syncing the
-            // directory below persists them.
-        }
-        fs::File::open(&dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
-/// Bytes of file data under `path` (allocated blocks, so sparse files count what they use).
-fn disk_usage(path: &Path) -> io::Result<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
-            total += meta.blocks() * 512;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            }
-        }
-    }
-    Ok(total)
 }
 
 #[cfg(test)]

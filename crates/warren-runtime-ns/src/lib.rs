@@ -5,16 +5,19 @@
 //! namespaces; its root is the template image (read-only, id-mapped) under a bounded writable
 //! layer; cgroups bound its CPU, memory and pids; a seccomp allow-list and a reduced capability
 //! bounding set confine it; each sandbox has a host id range of its own (`idrange`).
-//! `launch` is the manager's side, `nsinit` runs in the helper binary `warren-nsinit`.
+//! [`NsRuntime`] implements the runtime trait on top; `launch` is the manager's side of one
+//! sandbox, `nsinit` runs in the helper binary `warren-nsinit`.
 
 pub mod caps;
-pub mod cgroup;
 pub mod config;
 pub mod idrange;
 pub mod launch;
 pub mod layer;
 pub mod nsinit;
 mod rootfs;
+mod runtime;
 pub mod seccomp;
 mod stage;
 mod sys;
+
+pub use runtime::{ns_config, NsRuntime};

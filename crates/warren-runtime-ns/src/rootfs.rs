@@ -19,8 +19,8 @@ use std::path::Path;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
 
-use crate::cgroup;
 use crate::config::InitConfig;
+use warren_host::cgroup;
 
 fn mnt(
     src: Option<&str>,

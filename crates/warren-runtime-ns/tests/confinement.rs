@@ -11,8 +11,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use warren_host::cgroup::Limits;
 use warren_runtime_ns::caps::KEPT;
-use warren_runtime_ns::cgroup::Limits;
 use warren_runtime_ns::config::ID_COUNT;
 use warren_runtime_ns::launch;
 

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use warren_runtime_ns::cgroup::Limits;
+use warren_host::cgroup::Limits;
 use warren_runtime_ns::launch;
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,6 @@
 //! `warren-vminit`: PID 1 of a Warren microVM until the guest agent takes over.
 //!
-//! The kernel runs it from the initramfs that `warren-vm` builds. It loads the kernel modules
+//! The kernel runs it from the initramfs that `warren-runtime-vm` builds. It loads the kernel modules
 //! listed in `/modules/order` (virtio transport, disks, network, erofs, overlayfs: the Debian
 //! cloud kernel has them as modules), mounts the template image (`/dev/vda`, erofs, read-only)
 //! under an overlay whose upper layer lives on the sandbox's writable disk (`/dev/vdb`, ext4),

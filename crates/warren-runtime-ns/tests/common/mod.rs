@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use warren_runtime_ns::cgroup::Limits;
+use warren_host::cgroup::Limits;
 use warren_runtime_ns::config::{Confinement, ID_COUNT};
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
@@ -328,4 +328,25 @@ pub fn limits() -> Limits {
         memory_bytes: Some(512 * MIB),
         pids: Some(256),
     }
+}
+
+/// Runs `cmd` in a login shell through the sandbox's agent (as the host reaches it, with the
+/// tests' access token `tok`) and returns its exit code and output.
+pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
+    let argv = ["/bin/bash", "-l", "-c", cmd].map(String::from);
+    let ran = warren_host::agent::run(
+        &reqwest::Client::new(),
+        agent,
+        Some("tok"),
+        None,
+        &argv,
+        None,
+        1 << 20,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    (
+        ran.exit_code,
+        String::from_utf8_lossy(&ran.output).into_owned(),
+    )
 }

@@ -1,0 +1,159 @@
+//! Durable directories: saves that survive a crash whole or not at all, shared by both
+//! runtimes (a namespace sandbox's saved layer, a VM's checkpoint).
+//!
+//! A save is written to a staging sibling, every file and directory in it fsynced, then renamed
+//! into place (atomically exchanging an earlier save) and the parent directory synced. Names of
+//! saves are checked keys, so a listing never mistakes a staging or trash directory for one.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use warren_runtime::RuntimeError;
+
+/// An I/O failure while doing `what`; a full disk is the host's capacity, not an error.
+pub fn failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+    move |e| {
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            RuntimeError::Exhausted(format!("{what}: the host's disk is full"))
+        } else {
+            RuntimeError::Failed(format!("{what}: {e}"))
+        }
+    }
+}
+
+/// Snapshot keys become directory names.
+pub fn valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Names of the finished saves in `dir` (no `.partial` or `.trash` ones).
+pub fn complete_entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| valid_key(n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Deletes a directory of saved state without making the caller wait: renamed out of the way
+/// at once (a new save may be written there right away), deleted in the background. A crash
+/// before the deletion leaves a `.trash` directory that the next start's sweep removes.
+pub fn discard_dir(dir: &std::path::Path) {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let trash = sibling(dir, &format!("{stamp}.trash"));
+    match std::fs::rename(dir, &trash) {
+        Ok(()) => {
+            tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(trash);
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not remove saved state"),
+    }
+}
+
+/// Runs blocking file work off the async workers.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+/// Makes the directory `staging` durable (every file and directory fsynced) and renames it to
+/// `dest`, atomically replacing an earlier `dest`; the parent is synced too. Returns the bytes
+/// `dest` takes. The work runs on a blocking thread, never on an async worker.
+pub async fn install(staging: &Path, dest: &Path) -> io::Result<u64> {
+    let (staging, dest) = (staging.to_path_buf(), dest.to_path_buf());
+    blocking(move || install_now(&staging, &dest)).await
+}
+
+fn install_now(staging: &Path, dest: &Path) -> io::Result<u64> {
+    let parent = dest
+        .parent()
+        .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
+    sync_tree(staging)?;
+    if dest.exists() {
+        // Swap in one step, then delete the old copy (now at the staging path).
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            staging,
+            nix::fcntl::AT_FDCWD,
+            dest,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .map_err(io::Error::from)?;
+        remove_tree(staging)?;
+    } else {
+        fs::rename(staging, dest)?;
+    }
+    fs::File::open(parent)?.sync_all()?;
+    disk_usage(dest)
+}
+
+/// `<path>.<suffix>` next to `path` (staging and trash names).
+pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{suffix}"));
+    path.with_file_name(name)
+}
+
+/// Removes the tree at `path`; one that is not there is no error.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Flushes every file and directory under `path` to disk. Per-file `fsync` rather than one
+/// `syncfs`: the latter would also wait for every other dirty page on the host's disk, which
+/// on a busy host costs far more than the layer itself.
+fn sync_tree(root: &Path) -> io::Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                fs::File::open(entry.path())?.sync_all()?;
+            }
+            // Symlinks and device nodes (whiteouts) are directory entries: syncing the
+            // directory below persists them.
+        }
+        fs::File::open(&dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Bytes of file data under `path` (allocated blocks, so sparse files count what they use).
+fn disk_usage(path: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            total += meta.blocks() * 512;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(total)
+}

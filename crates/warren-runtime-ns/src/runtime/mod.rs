@@ -1,0 +1,670 @@
+//! [`NsRuntime`]: sandboxes as namespace containers on this host, behind the runtime trait.
+//!
+//! It ties together the template images (mounted once per host, `warren_host::Templates`),
+//! pooled network slots (`warren-net`) and the launcher of this crate, and implements
+//! [`SandboxRuntime`] for the control plane. It makes itself a child subreaper so that no
+//! sandbox process is ever left unreaped, and on its first `reattach` removes whatever a
+//! crashed predecessor left behind.
+
+mod persist;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, OnceCell};
+use warren_host::cgroup::Limits;
+use warren_host::{agent, hardening, headroom, valid_id, HostConfig, HostLock, Templates};
+use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
+};
+
+use crate::config::Confinement;
+use crate::idrange::IdRanges;
+use crate::launch::{self, LaunchSpec, NsConfig, Sandbox};
+
+/// The launcher's settings for this host's configuration.
+pub fn ns_config(cfg: &HostConfig) -> NsConfig {
+    NsConfig {
+        state_dir: cfg.run_dir.join("sandboxes"),
+        nsinit_bin: cfg.nsinit_bin.clone(),
+        agent_bin: cfg.agent_bin.clone(),
+        cgroup_parent: cfg.cgroup_parent.clone(),
+        // Only benchmarks of the cost of confinement set this (see docs/runtime-ns.md).
+        confinement: Confinement::from_env(),
+    }
+}
+
+/// What the control plane persists for each sandbox so a restarted server can take it back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    /// 0 while paused with only the filesystem kept (no processes).
+    pid1: u32,
+    slot: u32,
+    allow_internet_access: bool,
+    /// Set while paused: what the pause kept.
+    #[serde(default)]
+    paused: Option<PauseMode>,
+}
+
+struct Live {
+    sandbox: Sandbox,
+    slot: Slot,
+    allow_internet_access: bool,
+}
+
+/// Sandboxes as namespace containers on this host.
+pub struct NsRuntime {
+    cfg: HostConfig,
+    ns: NsConfig,
+    net: OnceCell<NetPool>,
+    templates: Arc<Templates>,
+    live: Mutex<HashMap<String, Live>>,
+    /// Sandboxes paused with only their filesystem kept: no processes, no slot, just the
+    /// saved layer under `<data_dir>/paused/<id>`.
+    paused_fs: Mutex<HashSet<String>>,
+    client: reqwest::Client,
+    /// Host id ranges of live, paused and saved sandboxes (`<data_dir>/ns-id-ranges`).
+    ids: IdRanges,
+    /// Held for the runtime's lifetime: one manager per host state, so a second server can
+    /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
+    _lock: HostLock,
+}
+
+impl NsRuntime {
+    /// Prepares the runtime; the network pool and crash cleanup start with the first
+    /// `reattach` (or the first `create`).
+    pub async fn start(cfg: HostConfig) -> Result<Arc<Self>, RuntimeError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(RuntimeError::Failed(
+                "the namespace runtime needs root".into(),
+            ));
+        }
+        for bin in [&cfg.agent_bin, &cfg.nsinit_bin] {
+            if !bin.exists() {
+                return Err(RuntimeError::Failed(format!(
+                    "{} is missing",
+                    bin.display()
+                )));
+            }
+        }
+        let lock = HostLock::acquire(&cfg.run_dir)?;
+        hardening::warn_if_missing();
+        // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| RuntimeError::Failed(format!("http client: {e}")))?;
+        let ids = IdRanges::open(&cfg.data_dir.join("ns-id-ranges"), cfg.id_base)
+            .map_err(|e| RuntimeError::Failed(format!("open the id range assignments: {e}")))?;
+        let rt = Arc::new(Self {
+            ids,
+            ns: ns_config(&cfg),
+            cfg,
+            net: OnceCell::new(),
+            templates: Arc::new(Templates::default()),
+            live: Mutex::new(HashMap::new()),
+            paused_fs: Mutex::new(HashSet::new()),
+            client,
+            _lock: lock,
+        });
+        tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
+        Ok(rt)
+    }
+
+    /// Makes sure template `name` is built and mounted (the first build takes minutes and
+    /// prints its progress), so the first create does not pay for it.
+    pub async fn prepare_template(&self, name: &str) -> Result<PathBuf, RuntimeError> {
+        let (data, dir, name) = (
+            self.cfg.data_dir.clone(),
+            self.cfg.templates_dir.clone(),
+            name.to_string(),
+        );
+        let templates = self.templates.clone();
+        tokio::task::spawn_blocking(move || templates.root(&name, &data, &dir))
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?
+    }
+
+    /// Kills every sandbox and removes everything this runtime created on the host (network
+    /// slots and rules, cgroups, state). For decommissioning a host and for tests; a server
+    /// that merely restarts must not call it.
+    pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
+        let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
+        for id in ids {
+            self.kill(&id).await?;
+        }
+        let this = Arc::try_unwrap(self)
+            .map_err(|_| RuntimeError::Failed("runtime still in use".into()))?;
+        if let Some(pool) = this.net.into_inner() {
+            pool.shutdown()
+                .await
+                .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))?;
+        }
+        launch::remove_empty_parents(&this.ns).map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
+        Ok(())
+    }
+
+    /// The network pool, started (with crash cleanup) on first use when `reattach` did not
+    /// start it.
+    async fn pool(&self) -> Result<&NetPool, RuntimeError> {
+        self.net
+            .get_or_try_init(|| async {
+                let removed = launch::cleanup_stale(&self.ns, &[]);
+                if !removed.is_empty() {
+                    tracing::warn!(?removed, "removed sandboxes left by a previous run");
+                }
+                NetPool::start(self.cfg.net.clone())
+                    .await
+                    .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))
+            })
+            .await
+    }
+
+    /// Takes back one sandbox of an earlier run whose slot was adopted.
+    fn adopt(
+        &self,
+        r: &RuntimeSandbox,
+        record: &Record,
+        slot: Slot,
+    ) -> Result<(Live, RuntimeSandbox), (Slot, RuntimeError)> {
+        match Sandbox::reattach(&self.ns, &r.id, record.pid1) {
+            Some(sandbox) => {
+                // Frozen but recorded as running: the previous server died in the middle of
+                // a pause it never acknowledged. The sandbox runs on.
+                if record.paused.is_none() && sandbox.cgroup.is_frozen() {
+                    if let Err(e) = sandbox.cgroup.thaw() {
+                        tracing::warn!(sandbox = %r.id, error = %e, "could not thaw");
+                    }
+                    let _ = self.forget_saved(&r.id);
+                }
+                let out = RuntimeSandbox {
+                    id: r.id.clone(),
+                    agent: SocketAddr::V4(slot.agent_endpoint()),
+                    record: r.record.clone(),
+                };
+                Ok((
+                    Live {
+                        sandbox,
+                        slot,
+                        allow_internet_access: record.allow_internet_access,
+                    },
+                    out,
+                ))
+            }
+            None => Err((
+                slot,
+                RuntimeError::Failed(
+                    "the sandbox's processes ended while the server was down".into(),
+                ),
+            )),
+        }
+    }
+
+    async fn start_sandbox(
+        &self,
+        spec: &CreateSpec,
+        slot: &Slot,
+        image_root: PathBuf,
+        seed: Option<PathBuf>,
+        id_base: u32,
+    ) -> Result<Sandbox, RuntimeError> {
+        let launch_spec = LaunchSpec {
+            id: spec.id.clone(),
+            image_root,
+            netns: slot.netns_path(),
+            resolv_conf: slot.resolv_conf().to_string(),
+            limits: Limits {
+                cpu_millis: Some(spec.cpu_count.max(1) * 1000),
+                memory_bytes: Some(u64::from(spec.memory_mb.max(64)) << 20),
+                pids: Some(4096),
+            },
+            writable_bytes: u64::from(spec.disk_mb.max(64)) << 20,
+            agent_args: vec![
+                "--listen".into(),
+                "0.0.0.0:49983".into(),
+                "--default-user".into(),
+                "user".into(),
+            ],
+            seed,
+            id_base,
+            access_token: spec.access_token.clone(),
+            nested_namespaces: false,
+        };
+        let sandbox = launch::launch(&self.ns, &launch_spec)
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
+        env.insert("E2B_SANDBOX".into(), "true".into());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let agent = SocketAddr::V4(slot.agent_endpoint());
+        // The agent has required the token since it started (nsinit handed it over).
+        if let Err(e) = agent::wait_and_init(
+            &self.client,
+            agent,
+            &env,
+            spec.access_token.as_deref(),
+            spec.access_token.as_deref(),
+            self.cfg.signed_url_max_age,
+            self.cfg.ready_timeout,
+        )
+        .await
+        {
+            let why = sandbox.exit_status();
+            let _ = sandbox.destroy().await;
+            return Err(RuntimeError::Failed(match why {
+                Some(w) => format!("{e} (sandbox {w})"),
+                None => e.to_string(),
+            }));
+        }
+        // Templates with a service (the code interpreter) start it now; create waits for it.
+        if let Some(cmd) = warren_template::start_command(&spec.template) {
+            if let Err(e) =
+                agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), &cmd)
+                    .await
+            {
+                let _ = sandbox.destroy().await;
+                return Err(e);
+            }
+        }
+        Ok(sandbox)
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for NsRuntime {
+    fn name(&self) -> &'static str {
+        "ns"
+    }
+
+    fn headroom(&self) -> Option<warren_runtime::Headroom> {
+        headroom(&self.cfg.data_dir)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Memory pause freezes the sandbox's processes in place; snapshots and forks carry
+        // files only (memory checkpoints would need a working CRIU, which these hosts lack).
+        Capabilities {
+            pause_memory: true,
+            pause_filesystem: true,
+            snapshot: true,
+            snapshot_memory: false,
+            snapshot_filesystem: true,
+        }
+    }
+
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        let seed = match &spec.from_snapshot {
+            Some(key) => Some(self.snapshot_seed(key)?),
+            None => None,
+        };
+        self.create_from(spec, seed).await
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.paused_fs.lock().await.remove(id) {
+            let forgotten = self.forget_saved(id);
+            self.release_ids(id);
+            return forgotten;
+        }
+        let live = self
+            .live
+            .lock()
+            .await
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let result = live
+            .sandbox
+            .destroy()
+            .await
+            .map_err(|e| RuntimeError::Failed(e.to_string()));
+        if let Some(pool) = self.net.get() {
+            if let Err(e) = pool.release(live.slot).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
+            }
+        }
+        let result = result.and(self.forget_saved(id));
+        self.release_ids(id);
+        result
+    }
+
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        if self.paused_fs.lock().await.contains(id) {
+            return Ok(None);
+        }
+        let live = self.live.lock().await;
+        let l = live
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        if l.sandbox.is_running() {
+            return Ok(None);
+        }
+        let mut reason = l
+            .sandbox
+            .exit_status()
+            .unwrap_or_else(|| "sandbox process ended".into());
+        if l.sandbox.cgroup.oom_kills() > 0 {
+            reason.push_str(" (out of memory)");
+        }
+        Ok(Some(Exit { reason }))
+    }
+
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        self.reattach_all(records).await
+    }
+
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        self.pause_now(id, mode).await
+    }
+
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        self.resume_now(spec).await
+    }
+
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        if memory {
+            return Err(RuntimeError::Unsupported(
+                "the ns runtime's snapshots keep files only".into(),
+            ));
+        }
+        self.snapshot_now(id, key).await
+    }
+
+    async fn snapshot_keys(&self) -> Vec<String> {
+        self.snapshot_keys_now()
+    }
+
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        self.delete_snapshot_now(key)
+    }
+}
+
+impl NsRuntime {
+    /// Creates a sandbox whose writable layer starts as a copy of `seed` (or empty).
+    async fn create_from(
+        &self,
+        spec: CreateSpec,
+        seed: Option<PathBuf>,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        if self.live.lock().await.contains_key(&spec.id)
+            || self.paused_fs.lock().await.contains(&spec.id)
+        {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
+        let image_root = {
+            let (data, run, name) = (
+                self.cfg.data_dir.clone(),
+                self.cfg.templates_dir.clone(),
+                spec.template.clone(),
+            );
+            let templates = self.templates.clone();
+            // Building an image the first time is slow and blocking; keep it off the runtime.
+            tokio::task::spawn_blocking(move || templates.root(&name, &data, &run))
+                .await
+                .map_err(|e| RuntimeError::Failed(e.to_string()))??
+        };
+        let pool = self.pool().await?;
+        // A sandbox resumed from its files keeps its range; anything else gets a new one.
+        let fresh_ids = self.ids.get(&ids_holder(&spec.id)).is_none();
+        let id_base = self.assign_ids(&spec.id)?;
+        let forget_ids = |this: &Self| {
+            if fresh_ids {
+                this.release_ids(&spec.id);
+            }
+        };
+        let slot = match pool.acquire(spec.allow_internet_access).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                forget_ids(self);
+                return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
+            }
+        };
+        let sandbox = match self
+            .start_sandbox(&spec, &slot, image_root, seed, id_base)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = pool.release(slot).await;
+                forget_ids(self);
+                return Err(e);
+            }
+        };
+        let record = Record {
+            pid1: sandbox.pid1,
+            slot: slot.index(),
+            allow_internet_access: spec.allow_internet_access,
+            paused: None,
+        };
+        let out = RuntimeSandbox {
+            id: spec.id.clone(),
+            agent: SocketAddr::V4(slot.agent_endpoint()),
+            record: serde_json::to_value(&record)
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+        };
+        self.live.lock().await.insert(
+            spec.id,
+            Live {
+                sandbox,
+                slot,
+                allow_internet_access: spec.allow_internet_access,
+            },
+        );
+        Ok(out)
+    }
+
+    /// Takes back the sandboxes of an earlier run (see [`SandboxRuntime::reattach`]).
+    async fn reattach_all(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
+            .into_iter()
+            .map(|r| {
+                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
+                (r, rec)
+            })
+            .collect();
+        // Sandboxes paused with only their files have nothing running to take back.
+        let (fs_paused, parsed): (Vec<_>, Vec<_>) = parsed.into_iter().partition(|(_, rec)| {
+            rec.as_ref()
+                .is_some_and(|r| r.paused == Some(PauseMode::Filesystem))
+        });
+        let mut out = Vec::new();
+        for (r, _) in fs_paused {
+            let result = if crate::layer::exists(&self.paused_dir(&r.id)) {
+                self.paused_fs.lock().await.insert(r.id.clone());
+                Ok(r.clone())
+            } else {
+                Err(RuntimeError::Failed(
+                    "the saved filesystem of the paused sandbox is missing".into(),
+                ))
+            };
+            out.push((r.id, result));
+        }
+        let adopt: Vec<AdoptSlot> = parsed
+            .iter()
+            .filter_map(|(_, rec)| {
+                rec.as_ref().map(|r| AdoptSlot {
+                    index: r.slot,
+                    allow_internet_access: r.allow_internet_access,
+                })
+            })
+            .collect();
+        // Sandboxes whose processes still run keep their cgroups; everything else goes.
+        let keep: Vec<String> = parsed
+            .iter()
+            .filter(|(r, rec)| {
+                rec.as_ref()
+                    .is_some_and(|rec| Sandbox::reattach(&self.ns, &r.id, rec.pid1).is_some())
+            })
+            .map(|(r, _)| r.id.clone())
+            .collect();
+        let removed = launch::cleanup_stale(&self.ns, &keep);
+        if !removed.is_empty() {
+            tracing::warn!(?removed, "removed sandboxes left by a previous run");
+        }
+        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
+            Ok((pool, slots)) => {
+                let _ = self.net.set(pool);
+                slots.into_iter()
+            }
+            Err(e) => {
+                let why = format!("network pool did not start: {e}");
+                tracing::error!("{why}");
+                return parsed
+                    .into_iter()
+                    .map(|(r, _)| (r.id, Err(RuntimeError::Failed(why.clone()))))
+                    .collect();
+            }
+        };
+        let mut live = self.live.lock().await;
+        for (r, rec) in parsed {
+            let Some(rec) = rec else {
+                out.push((
+                    r.id,
+                    Err(RuntimeError::Failed("unreadable runtime record".into())),
+                ));
+                continue;
+            };
+            let result = match slots.next() {
+                Some(Ok(slot)) => match self.adopt(&r, &rec, slot) {
+                    Ok((l, sbx)) => {
+                        live.insert(r.id.clone(), l);
+                        Ok(sbx)
+                    }
+                    Err((slot, e)) => {
+                        if let Some(pool) = self.net.get() {
+                            let _ = pool.release(slot).await;
+                        }
+                        let _ = launch::remove_sandbox(&self.ns, &r.id);
+                        Err(e)
+                    }
+                },
+                Some(Err(e)) => {
+                    let _ = launch::remove_sandbox(&self.ns, &r.id);
+                    Err(RuntimeError::Failed(format!(
+                        "the sandbox's network could not be kept: {e}"
+                    )))
+                }
+                None => Err(RuntimeError::Failed("no slot result".into())),
+            };
+            // A sandbox paused with its memory whose processes are gone (the host rebooted)
+            // still has its files: it stays paused and resumes from them.
+            let result = match result {
+                Err(_)
+                    if rec.paused == Some(PauseMode::Memory)
+                        && crate::layer::exists(&self.paused_dir(&r.id)) =>
+                {
+                    tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
+                    self.paused_fs.lock().await.insert(r.id.clone());
+                    let rec = Record {
+                        pid1: 0,
+                        paused: Some(PauseMode::Filesystem),
+                        ..rec
+                    };
+                    serde_json::to_value(&rec)
+                        .map(|record| RuntimeSandbox {
+                            record,
+                            ..r.clone()
+                        })
+                        .map_err(|e| RuntimeError::Failed(e.to_string()))
+                }
+                other => other,
+            };
+            out.push((r.id, result));
+        }
+        drop(live);
+        self.remove_unclaimed_saves(&out).await;
+        self.release_unclaimed_ids().await;
+        out
+    }
+
+    /// The host id range of sandbox `id`: its own if it has one (a sandbox paused with its
+    /// files), else a new one that no live, paused or saved sandbox uses.
+    fn assign_ids(&self, id: &str) -> Result<u32, RuntimeError> {
+        let saved = persist::saved_id_bases(&self.cfg.data_dir);
+        self.ids.assign(&ids_holder(id), &saved).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::StorageFull {
+                RuntimeError::Exhausted(e.to_string())
+            } else {
+                RuntimeError::Failed(format!("assign a host id range: {e}"))
+            }
+        })
+    }
+
+    fn release_ids(&self, id: &str) {
+        if let Err(e) = self.ids.release(&ids_holder(id)) {
+            tracing::warn!(sandbox = %id, error = %e, "could not release the host id range");
+        }
+    }
+
+    /// After a restart: frees the ranges of sandboxes that are neither live nor paused.
+    async fn release_unclaimed_ids(&self) {
+        let live = self.live.lock().await;
+        let paused = self.paused_fs.lock().await;
+        for holder in self.ids.holders().into_keys() {
+            let Some(id) = holder.strip_prefix("sandbox-") else {
+                continue;
+            };
+            if !live.contains_key(id) && !paused.contains(id) {
+                let _ = self.ids.release(&holder);
+            }
+        }
+    }
+}
+
+/// Name of a sandbox's id range assignment.
+fn ids_holder(id: &str) -> String {
+    format!("sandbox-{id}")
+}
+
+/// Reaps sandbox PID 1s that became our children (their `warren-nsinit` parent died), so none
+/// lingers as a zombie. Only known pids are waited for: tokio reaps its own children.
+async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut sigchld) = signal(SignalKind::child()) else {
+        return;
+    };
+    while sigchld.recv().await.is_some() {
+        let Some(rt) = rt.upgrade() else { return };
+        let pids: Vec<u32> = rt
+            .live
+            .lock()
+            .await
+            .values()
+            .map(|l| l.sandbox.pid1)
+            .collect();
+        for pid in pids {
+            let _ = nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(pid as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+        }
+    }
+}

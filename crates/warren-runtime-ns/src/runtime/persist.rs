@@ -1,0 +1,277 @@
+//! Pause, resume and snapshots of namespace sandboxes.
+//!
+//! - **Memory pause** freezes every process of the sandbox (cgroup freezer) and keeps its
+//!   network slot: resume thaws them and they continue where they were. The sandbox's files are
+//!   also saved to disk while it is frozen, so if its memory is lost while paused (the host
+//!   reboots) it still resumes, from its files.
+//! - **Filesystem pause** saves the writable layer to disk, then kills the sandbox and frees its
+//!   slot; resume starts a new sandbox on the saved layer.
+//! - **Snapshots** save the writable layer of a briefly frozen sandbox, which then runs on; new
+//!   sandboxes start on a copy. They carry files, not processes.
+//!
+//! Saved layers live on the data disk: `<data_dir>/paused/<id>` and
+//! `<data_dir>/snapshots/<key>`. Every save is durable before the call returns, which is what
+//! lets the control plane acknowledge a pause.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use warren_host::cgroup::SandboxCgroup;
+use warren_host::durable::{blocking, complete_entries, discard_dir, failed, valid_key};
+use warren_runtime::{
+    CreateSpec, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox, SnapshotInfo,
+};
+
+use super::{NsRuntime, Record};
+use crate::layer;
+
+/// Host id ranges that saved layers under `data_dir` (pauses and snapshots) are owned by: a
+/// new sandbox must not get one of them, or it could reach those files on the host.
+pub(super) fn saved_id_bases(data_dir: &std::path::Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    for sub in ["paused", "snapshots"] {
+        let dir = data_dir.join(sub);
+        for name in complete_entries(&dir) {
+            if let Ok(base) = layer::saved_id_base(&dir.join(name)) {
+                out.push(base);
+            }
+        }
+    }
+    out
+}
+
+/// What an operation needs of a live sandbox, taken without holding the runtime's lock over
+/// slow copies (the control plane serialises operations on one sandbox).
+struct Handle {
+    cgroup: SandboxCgroup,
+    id_base: u32,
+    upper: PathBuf,
+    agent: SocketAddr,
+    record: Record,
+}
+
+impl NsRuntime {
+    pub(crate) fn paused_dir(&self, id: &str) -> PathBuf {
+        self.cfg.data_dir.join("paused").join(id)
+    }
+
+    fn snapshot_dir(&self, key: &str) -> PathBuf {
+        self.cfg.data_dir.join("snapshots").join(key)
+    }
+
+    /// The saved layer a create from snapshot `key` starts on.
+    pub(crate) fn snapshot_seed(&self, key: &str) -> Result<PathBuf, RuntimeError> {
+        let dir = self.snapshot_dir(key);
+        if valid_key(key) && layer::exists(&dir) {
+            Ok(dir)
+        } else {
+            Err(RuntimeError::UnknownTemplate(format!("snapshot {key}")))
+        }
+    }
+
+    /// Deletes the saved files of a paused sandbox, if any.
+    pub(crate) fn forget_saved(&self, id: &str) -> Result<(), RuntimeError> {
+        layer::remove(&self.paused_dir(id)).map_err(failed("remove the saved filesystem"))
+    }
+
+    /// Deletes the saved files of a resumed sandbox without making the resume wait: they are
+    /// renamed out of the way at once (a new pause may save there right away) and deleted in
+    /// the background. A crash before the deletion leaves a `.trash` directory that the next
+    /// start's sweep removes.
+    fn discard_saved(&self, id: &str) {
+        discard_dir(&self.paused_dir(id));
+    }
+
+    /// After a restart: removes saved layers of sandboxes that are not paused (a pause the
+    /// previous server never acknowledged, or a sandbox that is gone).
+    pub(crate) async fn remove_unclaimed_saves(
+        &self,
+        reattached: &[(String, Result<RuntimeSandbox, RuntimeError>)],
+    ) {
+        let Ok(dir) = std::fs::read_dir(self.cfg.data_dir.join("paused")) else {
+            return;
+        };
+        let paused_fs = self.paused_fs.lock().await;
+        let live = self.live.lock().await;
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let id = name.strip_suffix(".partial").unwrap_or(&name);
+            let claimed = !name.ends_with(".partial")
+                && !name.ends_with(".trash")
+                && (paused_fs.contains(id)
+                    || (live.get(id).is_some_and(|l| l.sandbox.cgroup.is_frozen())
+                        && reattached.iter().any(|(i, r)| i == id && r.is_ok())));
+            if !claimed {
+                tracing::info!(sandbox = %id, "removing a saved filesystem no paused sandbox owns");
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
+    async fn handle(&self, id: &str) -> Result<Handle, RuntimeError> {
+        let live = self.live.lock().await;
+        let Some(l) = live.get(id) else {
+            return Err(if self.paused_fs.lock().await.contains(id) {
+                RuntimeError::InvalidArgument(format!("sandbox {id} is paused"))
+            } else {
+                RuntimeError::NotFound(id.to_string())
+            });
+        };
+        Ok(Handle {
+            cgroup: l.sandbox.cgroup.clone(),
+            id_base: l.sandbox.id_base,
+            upper: l.sandbox.upper_dir(),
+            agent: SocketAddr::V4(l.slot.agent_endpoint()),
+            record: Record {
+                pid1: l.sandbox.pid1,
+                slot: l.slot.index(),
+                allow_internet_access: l.allow_internet_access,
+                paused: None,
+            },
+        })
+    }
+
+    /// Saves the layer of a sandbox into `dest` while its processes are frozen. Leaves it
+    /// frozen if `stay_frozen`, else as it was.
+    async fn save_frozen(
+        &self,
+        h: &Handle,
+        dest: PathBuf,
+        stay_frozen: bool,
+    ) -> Result<u64, RuntimeError> {
+        let was_frozen = h.cgroup.is_frozen();
+        let cg = h.cgroup.clone();
+        blocking(move || cg.freeze())
+            .await
+            .map_err(failed("freeze the sandbox"))?;
+        let saved = layer::save(&h.upper, &dest, h.id_base).await;
+        if saved.is_err() || (!stay_frozen && !was_frozen) {
+            let cg = h.cgroup.clone();
+            blocking(move || cg.thaw())
+                .await
+                .map_err(failed("thaw the sandbox"))?;
+        }
+        saved.map_err(failed("save the sandbox's filesystem"))
+    }
+
+    pub(crate) async fn pause_now(
+        &self,
+        id: &str,
+        mode: PauseMode,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let h = self.handle(id).await?;
+        if h.cgroup.is_frozen() {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {id} is paused"
+            )));
+        }
+        self.save_frozen(&h, self.paused_dir(id), true).await?;
+        let record = Record {
+            paused: Some(mode),
+            ..h.record
+        };
+        if mode == PauseMode::Filesystem {
+            let live = self.live.lock().await.remove(id);
+            if let Some(live) = live {
+                let destroyed = live.sandbox.destroy().await;
+                if let Some(pool) = self.net.get() {
+                    if let Err(e) = pool.release(live.slot).await {
+                        tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
+                    }
+                }
+                // Its files are safe on disk; a failure to clean up is the host's problem,
+                // not the sandbox's.
+                if let Err(e) = destroyed {
+                    tracing::warn!(sandbox = %id, error = %e, "cleanup after a filesystem pause");
+                }
+            }
+            self.paused_fs.lock().await.insert(id.to_string());
+        }
+        let record = Record {
+            pid1: if mode == PauseMode::Filesystem {
+                0
+            } else {
+                record.pid1
+            },
+            ..record
+        };
+        Ok(RuntimeSandbox {
+            id: id.to_string(),
+            agent: h.agent,
+            record: serde_json::to_value(&record)
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+        })
+    }
+
+    pub(crate) async fn resume_now(
+        &self,
+        spec: CreateSpec,
+    ) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        let id = spec.id.clone();
+        if self.paused_fs.lock().await.contains(&id) {
+            let seed = self.paused_dir(&id);
+            // Take it out of the paused set for the create, and put it back if that fails:
+            // the saved files stay until the new sandbox runs.
+            self.paused_fs.lock().await.remove(&id);
+            let spec = CreateSpec {
+                from_snapshot: None,
+                ..spec
+            };
+            return match self.create_from(spec, Some(seed)).await {
+                Ok(sandbox) => {
+                    self.discard_saved(&id);
+                    Ok((sandbox, ResumeKind::Filesystem))
+                }
+                Err(e) => {
+                    self.paused_fs.lock().await.insert(id);
+                    Err(e)
+                }
+            };
+        }
+        let h = self.handle(&id).await?;
+        let cg = h.cgroup.clone();
+        blocking(move || cg.thaw())
+            .await
+            .map_err(failed("thaw the sandbox"))?;
+        self.discard_saved(&id);
+        Ok((
+            RuntimeSandbox {
+                id,
+                agent: h.agent,
+                record: serde_json::to_value(&h.record)
+                    .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            },
+            ResumeKind::Memory,
+        ))
+    }
+
+    pub(crate) async fn snapshot_now(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        if !valid_key(key) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid snapshot key {key:?}"
+            )));
+        }
+        let h = self.handle(id).await?;
+        let bytes = self.save_frozen(&h, self.snapshot_dir(key), false).await?;
+        Ok(SnapshotInfo {
+            memory: false,
+            bytes,
+        })
+    }
+
+    pub(crate) fn snapshot_keys_now(&self) -> Vec<String> {
+        complete_entries(&self.cfg.data_dir.join("snapshots"))
+    }
+
+    pub(crate) fn delete_snapshot_now(&self, key: &str) -> Result<(), RuntimeError> {
+        let dir = self.snapshot_dir(key);
+        if !valid_key(key) || !layer::exists(&dir) {
+            return Err(RuntimeError::NotFound(format!("snapshot {key}")));
+        }
+        layer::remove(&dir).map_err(failed("delete the snapshot"))
+    }
+}

@@ -1,0 +1,142 @@
+//! Host id ranges of namespace sandboxes through the host manager: every sandbox has its own
+//! range (none overlapping `/etc/subuid`/`/etc/subgid`), a sandbox created from another's
+//! snapshot gets a new one (and still sees its files owned as they were), ranges of saved
+//! layers are not handed out again, and assignments survive a manager restart. Needs root,
+//! nftables and the base image.
+
+mod common;
+
+use common::run;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use warren_host::HostConfig;
+use warren_runtime::{CreateSpec, RuntimeSandbox, SandboxRuntime};
+use warren_runtime_ns::NsRuntime;
+
+fn config() -> HostConfig {
+    assert!(nix::unistd::geteuid().is_root(), "these tests need root");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let id = std::process::id();
+    let data = PathBuf::from(format!("/var/tmp/warren-ids-test-{id}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let images = data.join("images");
+    if !images.exists() {
+        std::os::unix::fs::symlink("/var/lib/warren/images", &images).unwrap();
+    }
+    let mut cfg = HostConfig::new(data);
+    cfg.run_dir = PathBuf::from(format!("/run/warren-ids-test-{id}"));
+    cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
+    cfg.agent_bin = bin.join("warren-agent");
+    cfg.nsinit_bin = bin.join("warren-nsinit");
+    assert!(
+        cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
+        "build warren-agent and warren-nsinit first"
+    );
+    cfg.cgroup_parent = format!("warren-ids-test-{id}");
+    cfg.net.prefix = format!("wi{}", id % 10_000);
+    cfg.net.host_cidr = format!("10.22.{}.0/24", id % 250).parse().unwrap();
+    cfg.net.run_dir = cfg.run_dir.join("net");
+    cfg.net.pool_size = 4;
+    cfg
+}
+
+fn spec(id: &str, from_snapshot: Option<&str>) -> CreateSpec {
+    CreateSpec {
+        id: id.into(),
+        template: "base".into(),
+        cpu_count: 1,
+        memory_mb: 256,
+        disk_mb: 128,
+        allow_internet_access: false,
+        env_vars: BTreeMap::new(),
+        access_token: Some("tok".into()),
+        from_snapshot: from_snapshot.map(String::from),
+    }
+}
+
+/// First host uid of a sandbox's range, as the kernel has it for its PID 1.
+fn range_of(s: &RuntimeSandbox) -> u32 {
+    let pid1 = s.record["pid1"].as_u64().unwrap();
+    let map = std::fs::read_to_string(format!("/proc/{pid1}/uid_map")).unwrap();
+    let fields: Vec<u32> = map.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!((fields[0], fields[2]), (0, 65536), "{map}");
+    fields[1]
+}
+
+fn disjoint(ranges: &[u32]) {
+    for (i, a) in ranges.iter().enumerate() {
+        for b in &ranges[i + 1..] {
+            assert!(a.abs_diff(*b) >= 65536, "ranges {a} and {b} overlap");
+        }
+        assert_eq!(
+            warren_runtime_ns::idrange::overlap(*a),
+            None,
+            "range {a} overlaps /etc/subuid or /etc/subgid"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_sandbox_gets_its_own_range_and_snapshots_move_to_the_new_one() {
+    let cfg = config();
+    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    rt.reattach(vec![]).await;
+    let a = rt.create(spec("idsa", None)).await.expect("create a");
+    let b = rt.create(spec("idsb", None)).await.expect("create b");
+    let (ra, rb) = (range_of(&a), range_of(&b));
+    disjoint(&[ra, rb]);
+
+    let (code, out) = run(
+        a.agent,
+        "echo mine > /home/user/owned && stat -c '%U:%G' /home/user/owned",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "user:user\n"), "{out}");
+    rt.snapshot("idsa", "idsnap", false)
+        .await
+        .expect("snapshot");
+    let c = rt
+        .create(spec("idsc", Some("idsnap")))
+        .await
+        .expect("create from the snapshot");
+    let rc = range_of(&c);
+    disjoint(&[ra, rb, rc]);
+    let (code, out) = run(
+        c.agent,
+        "stat -c '%U:%G' /home/user/owned; cat /home/user/owned",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "user:user\nmine\n"), "{out}");
+
+    // The snapshot's files still belong to a's range: killing a does not free it.
+    rt.kill("idsa").await.expect("kill a");
+    let d = rt.create(spec("idsd", None)).await.expect("create d");
+    let rd = range_of(&d);
+    disjoint(&[ra, rb, rc, rd]);
+
+    // A restarted manager knows the ranges in use.
+    drop(rt);
+    let rt = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let back = rt.reattach(vec![b.clone(), c.clone(), d.clone()]).await;
+    assert!(back.iter().all(|(_, r)| r.is_ok()), "{back:?}");
+    let e = rt.create(spec("idse", None)).await.expect("create e");
+    disjoint(&[ra, rb, rc, rd, range_of(&e)]);
+
+    for id in ["idsb", "idsc", "idsd", "idse"] {
+        rt.kill(id).await.expect("kill");
+    }
+    rt.delete_snapshot("idsnap").await.expect("delete snapshot");
+    let left: Vec<_> = std::fs::read_dir(cfg.data_dir.join("ns-id-ranges"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "assignments left: {left:?}");
+    rt.shutdown().await.expect("shutdown");
+    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    let _ = std::fs::remove_file(cfg.data_dir.join("images"));
+    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+}

@@ -1,0 +1,279 @@
+//! Pause, resume and snapshots of real namespace sandboxes: files are compared by checksum,
+//! processes by what they remember. Needs root, nftables and the base image.
+
+mod common;
+
+use common::run;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use warren_host::HostConfig;
+use warren_runtime::{
+    CreateSpec, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox, SandboxRuntime,
+};
+use warren_runtime_ns::NsRuntime;
+
+fn config(tag: &str, net: u32) -> HostConfig {
+    assert!(nix::unistd::geteuid().is_root(), "these tests need root");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let id = std::process::id();
+    // Images come from the shared cache; paused and snapshot layers go to a private data dir.
+    let data = PathBuf::from(format!("/var/tmp/warren-persist-test-{id}-{tag}"));
+    std::fs::create_dir_all(&data).unwrap();
+    let images = data.join("images");
+    if !images.exists() {
+        std::os::unix::fs::symlink("/var/lib/warren/images", &images).unwrap();
+    }
+    let mut cfg = HostConfig::new(data);
+    cfg.run_dir = PathBuf::from(format!("/run/warren-persist-test-{id}-{tag}"));
+    cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
+    cfg.agent_bin = bin.join("warren-agent");
+    cfg.nsinit_bin = bin.join("warren-nsinit");
+    assert!(
+        cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
+        "build warren-agent and warren-nsinit first"
+    );
+    cfg.cgroup_parent = format!("warren-persist-test-{id}-{tag}");
+    cfg.net.prefix = format!("wp{tag}{}", id % 10_000);
+    cfg.net.host_cidr = format!("10.{net}.{}.0/24", id % 250).parse().unwrap();
+    cfg.net.run_dir = cfg.run_dir.join("net");
+    cfg.net.pool_size = 2;
+    cfg
+}
+
+fn cleanup(cfg: &HostConfig) {
+    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    let _ = std::fs::remove_file(cfg.data_dir.join("images"));
+    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+}
+
+fn spec(id: &str) -> CreateSpec {
+    CreateSpec {
+        id: id.into(),
+        template: "base".into(),
+        cpu_count: 1,
+        memory_mb: 512,
+        disk_mb: 256,
+        allow_internet_access: false,
+        env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
+        access_token: Some("tok".into()),
+        from_snapshot: None,
+    }
+}
+
+/// Files of many sizes (never fsynced), a deletion from the image, a file in /tmp, and a
+/// counter process; returns their checksums.
+const WRITE: &str = "set -e; mkdir -p /home/user/w/deep/er; \
+    for n in 0 1 100 4095 4096 65537 1048576 5000000; do head -c $n /dev/urandom > /home/user/w/f$n; done; \
+    echo hello > /home/user/w/deep/er/x; ln -s f100 /home/user/w/link; ln /home/user/w/f1 /home/user/w/hard; \
+    echo tmp > /tmp/t; sudo rm /etc/debian_version; \
+    (i=0; while true; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.05; done) > /dev/null 2>&1 & \
+    sleep 0.3; echo started";
+const SUMS: &str = "cd /home/user/w && find . -type f -o -type l | sort | xargs -d '\\n' sha256sum; \
+    readlink link; stat -c %h hard; cat /tmp/t; test -e /etc/debian_version && echo present || echo deleted";
+
+async fn counter(agent: SocketAddr) -> u64 {
+    let (_, out) = run(agent, "cat /home/user/counter").await;
+    out.trim().parse().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_pause_survives_a_restart_and_processes_continue() {
+    let cfg = config("m", 18);
+    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    first.reattach(vec![]).await;
+    let sbx = first.create(spec("pausemem")).await.expect("create");
+    assert_eq!(run(sbx.agent, WRITE).await, (0, "started\n".into()));
+    let (code, sums) = run(sbx.agent, SUMS).await;
+    assert_eq!(code, 0);
+    assert!(sums.contains("deleted"), "{sums}");
+
+    let before = counter(sbx.agent).await;
+    let paused = first
+        .pause("pausemem", PauseMode::Memory)
+        .await
+        .expect("pause");
+    assert_eq!(
+        first
+            .pause("pausemem", PauseMode::Memory)
+            .await
+            .map(|_| ())
+            .map_err(|e| matches!(e, RuntimeError::InvalidArgument(_))),
+        Err(true),
+        "pausing a paused sandbox is refused"
+    );
+    let at_pause = counter_from_disk(&cfg, "pausemem");
+    assert!(at_pause >= before, "{at_pause} < {before}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        counter_from_disk(&cfg, "pausemem"),
+        at_pause,
+        "a paused sandbox does not run"
+    );
+
+    // The manager goes away while the sandbox is paused; a new one takes it back.
+    drop(first);
+    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let back = second.reattach(vec![paused.clone()]).await;
+    let back = back[0]
+        .1
+        .as_ref()
+        .expect("paused sandbox taken back")
+        .clone();
+    for round in 0..10 {
+        let (resumed, kind) = second.resume(spec("pausemem")).await.expect("resume");
+        assert_eq!(kind, ResumeKind::Memory);
+        assert_eq!(resumed.agent, back.agent);
+        let now = counter(resumed.agent).await;
+        assert!(
+            now >= at_pause,
+            "round {round}: the counter restarted ({now} < {at_pause})"
+        );
+        assert_eq!(run(resumed.agent, SUMS).await, (0, sums.clone()));
+        second
+            .pause("pausemem", PauseMode::Memory)
+            .await
+            .expect("pause again");
+    }
+    let (resumed, _) = second.resume(spec("pausemem")).await.expect("resume");
+    let a = counter(resumed.agent).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(counter(resumed.agent).await > a, "the counter runs again");
+    second.kill("pausemem").await.expect("kill");
+    assert!(!cfg.data_dir.join("paused/pausemem").exists());
+    second.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}
+
+/// The counter as the paused sandbox's saved files hold it.
+fn counter_from_disk(cfg: &HostConfig, id: &str) -> u64 {
+    let p = cfg
+        .data_dir
+        .join(format!("paused/{id}/upper/home/user/counter"));
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn filesystem_pause_and_snapshots_keep_every_file() {
+    let cfg = config("f", 19);
+    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    first.reattach(vec![]).await;
+    let sbx = first.create(spec("pausefs")).await.expect("create");
+    assert_eq!(run(sbx.agent, WRITE).await, (0, "started\n".into()));
+    let (_, sums) = run(sbx.agent, SUMS).await;
+
+    // A snapshot of the running sandbox, which keeps running.
+    let info = first
+        .snapshot("pausefs", "snap1", false)
+        .await
+        .expect("snapshot");
+    assert!(!info.memory);
+    assert!(info.bytes > 5_000_000, "{} bytes", info.bytes);
+    let c = counter(sbx.agent).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(counter(sbx.agent).await > c, "the source runs on");
+
+    let paused: RuntimeSandbox = first
+        .pause("pausefs", PauseMode::Filesystem)
+        .await
+        .expect("pause");
+    drop(first);
+    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let back = second.reattach(vec![paused]).await;
+    assert!(back[0].1.is_ok(), "{:?}", back[0].1);
+    for _ in 0..3 {
+        let (resumed, kind) = second.resume(spec("pausefs")).await.expect("resume");
+        assert_eq!(kind, ResumeKind::Filesystem);
+        assert_eq!(run(resumed.agent, SUMS).await, (0, sums.clone()));
+        assert_eq!(
+            run(resumed.agent, "pgrep -fx 'sleep 0.05' || echo none").await,
+            (0, "none\n".into()),
+            "processes do not survive a filesystem pause"
+        );
+        assert_eq!(
+            run(resumed.agent, "echo $FROM_CREATE").await,
+            (0, "yes\n".into())
+        );
+        second
+            .pause("pausefs", PauseMode::Filesystem)
+            .await
+            .expect("pause again");
+    }
+
+    // Two sandboxes from the snapshot: the same files, independent of each other.
+    let mut a = spec("fromsnapa");
+    a.from_snapshot = Some("snap1".into());
+    let mut b = spec("fromsnapb");
+    b.from_snapshot = Some("snap1".into());
+    let a = second.create(a).await.expect("create from snapshot");
+    let b = second.create(b).await.expect("create from snapshot");
+    assert_eq!(run(a.agent, SUMS).await, (0, sums.clone()));
+    assert_eq!(
+        run(a.agent, "echo only-a > /home/user/w/deep/er/x").await.0,
+        0
+    );
+    assert_eq!(
+        run(b.agent, "cat /home/user/w/deep/er/x").await,
+        (0, "hello\n".into())
+    );
+    let mut missing = spec("nosnap");
+    missing.from_snapshot = Some("nosuchsnapshot".into());
+    assert!(matches!(
+        second.create(missing).await,
+        Err(RuntimeError::UnknownTemplate(_))
+    ));
+    second.delete_snapshot("snap1").await.expect("delete");
+    assert!(matches!(
+        second.delete_snapshot("snap1").await,
+        Err(RuntimeError::NotFound(_))
+    ));
+
+    for id in ["pausefs", "fromsnapa", "fromsnapb"] {
+        second.kill(id).await.expect("kill");
+    }
+    assert!(!cfg.data_dir.join("paused/pausefs").exists());
+    second.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
+    let cfg = config("c", 20);
+    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    first.reattach(vec![]).await;
+    let sbx = first.create(spec("halfpaused")).await.expect("create");
+    assert_eq!(run(sbx.agent, "echo kept > /home/user/f").await.0, 0);
+    // What a server that died inside `pause` leaves: a frozen sandbox and a saved layer,
+    // while the store still holds the running record.
+    warren_host::cgroup::SandboxCgroup::at(&cfg.cgroup_parent, "halfpaused")
+        .freeze()
+        .expect("freeze");
+    let stray = cfg.data_dir.join("paused/halfpaused/upper");
+    std::fs::create_dir_all(&stray).unwrap();
+    let orphan = cfg.data_dir.join("paused/gone.partial");
+    std::fs::create_dir_all(&orphan).unwrap();
+    drop(first);
+
+    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let back = second.reattach(vec![sbx.clone()]).await;
+    assert!(back[0].1.is_ok(), "{:?}", back[0].1);
+    assert_eq!(
+        run(sbx.agent, "cat /home/user/f").await,
+        (0, "kept\n".into()),
+        "the sandbox runs on"
+    );
+    assert!(
+        !stray.exists() && !orphan.exists(),
+        "unclaimed saves are removed"
+    );
+    second.kill("halfpaused").await.expect("kill");
+    second.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}

@@ -1,0 +1,473 @@
+//! Benchmark of the vm runtime (prints numbers, asserts none).
+//!
+//! Create-to-first-command latency (p50, p99) at concurrency 1 and 10 for
+//! * `cold`: a VM cold-booted from the kernel until its agent runs a first command;
+//! * `fork`: `VmRuntime::create` with no warm pool (QEMU start, snapshot load, `/init`);
+//! * `warm`: `VmRuntime::create` served from the warm pool;
+//! * `raw`: QEMU alone restoring the same snapshot (qcow2 overlay, `-incoming defer`, QMP
+//!   `migrate-incoming`, `cont`) in a prepared network namespace, until the agent runs a first
+//!   command: the VMM's floor, without slot, cgroup, `/init` or pool (our overhead is `fork`
+//!   minus `raw`); QEMU runs as root and unjailed there;
+//! * `raw-jailed`: the same, QEMU jailed as an unprivileged user as the runtime runs it (the
+//!   jail's cost is `raw-jailed` minus `raw`);
+//!
+//! and the PSS and RSS per idle VM with 20 VMs running. Under TCG unless KVM is truly usable.
+//!
+//! ```text
+//! sudo flock /tmp/warren-host-tests.lock target/release/examples/vm_bench [--smoke]
+//! ```
+//!
+//! Own state directory, slot prefix and addresses; the base image comes from
+//! `WARREN_DATA_DIR` (default /var/lib/warren).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use warren_host::HostConfig;
+use warren_runtime::{CreateSpec, SandboxRuntime};
+use warren_runtime_vm::snapshot::{self, ForkSpec, Pending, Snapshot};
+use warren_runtime_vm::{VmRuntime, VmSettings};
+
+struct Counts {
+    seq: usize,
+    batches: usize,
+    idle: usize,
+}
+
+fn config(tag: &str, n: u8, warm: usize) -> (HostConfig, VmSettings) {
+    let data = std::env::var_os("WARREN_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warren"));
+    let exe = std::env::current_exe().expect("exe");
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("bin dir")
+        .to_path_buf();
+    let mut cfg = HostConfig::new(data);
+    cfg.agent_bin = bin.join("warren-agent");
+    cfg.run_dir = PathBuf::from(format!("/run/warren-runtime-vm-bench-{tag}"));
+    cfg.cgroup_parent = format!("warren-runtime-vm-bench-{tag}");
+    cfg.net.prefix = format!("wvb{tag}");
+    cfg.net.host_cidr = format!("10.17.{}.0/24", n).parse().expect("cidr");
+    cfg.net.run_dir = cfg.run_dir.join("net");
+    cfg.net.pool_size = 4;
+    let mut vm = VmSettings::new(&cfg);
+    vm.memory_mb = 256;
+    vm.disk_mb = 1024;
+    vm.warm_pool = warm;
+    (cfg, vm)
+}
+
+fn spec(id: String) -> CreateSpec {
+    CreateSpec {
+        id,
+        template: "base".into(),
+        cpu_count: 1,
+        memory_mb: 256,
+        disk_mb: 1024,
+        allow_internet_access: true,
+        env_vars: BTreeMap::new(),
+        access_token: None,
+        from_snapshot: None,
+    }
+}
+
+/// The Connect request that runs `/bin/true` through the agent's process service.
+fn start_request() -> Vec<u8> {
+    let msg = serde_json::json!({"process": {"cmd": "/bin/true", "args": []}, "stdin": false});
+    let payload = serde_json::to_vec(&msg).expect("json");
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    body.extend_from_slice(&payload);
+    let mut req = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\
+         Content-Type: application/connect+json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    req
+}
+
+/// Runs a first command at `addr`, retrying the connection until the agent listens; blocking
+/// (called on a thread that may have joined a network namespace).
+fn first_command(addr: SocketAddr, deadline: Instant) -> Result<(), String> {
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(mut s) => {
+                s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+                s.write_all(&start_request()).map_err(|e| e.to_string())?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out).map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&out);
+                if text.starts_with("HTTP/1.1 200") && text.contains("\"end\"") {
+                    return Ok(());
+                }
+                return Err(format!("unexpected answer: {text}"));
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Err(format!("connect {addr}: {e}")),
+        }
+    }
+}
+
+/// `first_command` from inside network namespace `ns`.
+async fn first_command_in(ns: PathBuf) -> Result<(), String> {
+    // Its own thread, not tokio's blocking pool: the thread stays in the namespace.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let r = (|| {
+            let f = std::fs::File::open(&ns).map_err(|e| e.to_string())?;
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| e.to_string())?;
+            first_command(
+                "169.254.0.21:49983".parse().expect("addr"),
+                Instant::now() + Duration::from_secs(60),
+            )
+        })();
+        let _ = tx.send(r);
+    });
+    rx.await.map_err(|e| e.to_string())?
+}
+
+/// A network namespace with `tap0` as the guest's gateway (for the cold and raw runs).
+struct BenchNet(String);
+
+impl BenchNet {
+    fn new(i: usize) -> Self {
+        let name = format!("wvbench-{i}");
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map(|s| s.success());
+        assert!(matches!(ok, Ok(true)), "ip netns add {name}");
+        for args in [
+            vec!["link", "set", "lo", "up"],
+            vec!["tuntap", "add", "dev", "tap0", "mode", "tap"],
+            vec!["address", "add", "169.254.0.22/30", "dev", "tap0"],
+            vec!["link", "set", "tap0", "up"],
+        ] {
+            let ok = Command::new("ip").args(["-n", &name]).args(&args).status();
+            assert!(matches!(ok.map(|s| s.success()), Ok(true)), "ip {args:?}");
+        }
+        Self(name)
+    }
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.0))
+    }
+}
+
+impl Drop for BenchNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn report(name: &str, conc: usize, mut ms: Vec<f64>) {
+    let n = ms.len();
+    let (p50, p99) = (pct(&mut ms, 50.0), pct(&mut ms, 99.0));
+    println!("{name:<6} concurrency {conc:>2}: n={n:<3} p50 {p50:>8.1} ms  p99 {p99:>8.1} ms");
+}
+
+/// Runs `batches` rounds of `conc` concurrent `one(i)`; returns every latency.
+async fn measure<F, Fut>(conc: usize, rounds: usize, one: F) -> Vec<f64>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<f64, String>>,
+{
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        let results = join_all((0..conc).map(|i| one(r * conc + i))).await;
+        for res in results {
+            match res {
+                Ok(ms) => out.push(ms),
+                Err(e) => eprintln!("sample failed: {e}"),
+            }
+        }
+    }
+    out
+}
+
+async fn runtime_create(rt: &Arc<VmRuntime>, id: String) -> Result<f64, String> {
+    let t = Instant::now();
+    let s = rt
+        .create(spec(id.clone()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let agent = s.agent;
+    let r = tokio::task::spawn_blocking(move || {
+        first_command(agent, Instant::now() + Duration::from_secs(60))
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    if let Err(e) = r {
+        let slot = s.record["slot"].as_u64().unwrap_or(0);
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ip -br link | grep wvb; ip -n wvbw-{slot} -br addr; ip -n wvbw-{slot} route"
+            ))
+            .output();
+        let _ = rt.kill(&id).await;
+        return Err(format!(
+            "{e}; {}",
+            out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        ));
+    }
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    rt.kill(&id).await.map_err(|e| e.to_string())?;
+    Ok(ms)
+}
+
+async fn wait_warm(rt: &VmRuntime, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rt.warm_count("base").await < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn raw_restore(
+    snap: &Snapshot,
+    net: &BenchNet,
+    dir: PathBuf,
+    run_as: Option<(u32, u32)>,
+) -> Result<f64, String> {
+    let t = Instant::now();
+    let spec = ForkSpec {
+        qemu: "qemu-system-x86_64".into(),
+        dir: dir.clone(),
+        tap: Some("tap0".into()),
+        netns: Some(net.path()),
+        run_as,
+        backing_link: None,
+    };
+    let pending = Pending::spawn(snap, &spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut child, _qmp, _files) = pending.complete().await.map_err(|e| e.to_string())?;
+    let running = t.elapsed().as_secs_f64() * 1000.0;
+    let r = first_command_in(net.path()).await;
+    eprintln!(
+        "raw: running after {running:.1} ms, first command after {:.1} ms",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    snapshot::remove_vm_dir(&dir);
+    r.map(|_| ms)
+}
+
+async fn cold_boot(
+    spec: &warren_runtime_vm::snapshot::TemplateSpec,
+    net: &BenchNet,
+    dir: PathBuf,
+) -> Result<f64, String> {
+    let t = Instant::now();
+    let mut s = spec.clone();
+    s.netns = Some(net.path());
+    let mut booted = snapshot::boot(&s, &dir).await.map_err(|e| e.to_string())?;
+    let r = first_command_in(net.path()).await;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let _ = booted.child.start_kill();
+    let _ = booted.child.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    r.map(|_| ms)
+}
+
+fn smaps(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |k: &str| {
+        text.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("Pss:"), field("Rss:"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let smoke = std::env::args().any(|a| a == "--smoke");
+    let counts = if smoke {
+        Counts {
+            seq: 2,
+            batches: 1,
+            idle: 3,
+        }
+    } else {
+        Counts {
+            seq: 10,
+            batches: 2,
+            idle: 20,
+        }
+    };
+    let conc = if smoke { 3 } else { 10 };
+    let detection = warren_runtime_vm::accel::detect();
+    println!(
+        "vm_bench: accelerator {} ({}); {}",
+        detection.accel.as_str(),
+        detection.reason,
+        if smoke { "smoke counts" } else { "full counts" }
+    );
+
+    let only_warm = std::env::args().any(|a| a == "--only-warm");
+    let mut results: Vec<(String, usize, Vec<f64>)> = Vec::new();
+    let (mut idle_n, mut pss, mut rss, mut mem_mb) = (0usize, 0u64, 0u64, 0u32);
+    if !only_warm {
+        // fork (no warm pool), raw restore, cold boot and idle memory share one runtime.
+        let (cfg, vm) = config("f", 0, 0);
+        let rt = VmRuntime::start(cfg.clone(), vm).await?;
+        eprintln!("reattach");
+        rt.reattach(vec![]).await;
+        eprintln!("snapshot");
+        let snap = rt.template_snapshot("base").await?;
+        println!(
+            "template snapshot: cold boot to agent {} ms",
+            snap.meta.boot_ms
+        );
+        mem_mb = snap.meta.memory_mb;
+        for c in [1, conc] {
+            eprintln!("fork, concurrency {c}");
+            let rounds = if c == 1 { counts.seq } else { counts.batches };
+            let ms = measure(c, rounds, |i| runtime_create(&rt, format!("bf{c}x{i}"))).await;
+            results.push(("fork".into(), c, ms));
+        }
+
+        eprintln!("raw restore");
+        let nets: Vec<BenchNet> = (0..conc).map(BenchNet::new).collect();
+        let work = PathBuf::from("/run/warren-runtime-vm-bench-raw");
+        for c in [1, conc] {
+            let rounds = if c == 1 { counts.seq } else { counts.batches };
+            let ms = measure(c, rounds, |i| {
+                let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("raw{i}")));
+                async move { raw_restore(snap, net, dir, None).await }
+            })
+            .await;
+            results.push(("raw".into(), c, ms));
+            let ms = measure(c, rounds, |i| {
+                let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("jail{i}")));
+                let user = 300_200 + (i % c) as u32;
+                async move { raw_restore(snap, net, dir, Some((user, user))).await }
+            })
+            .await;
+            results.push(("raw-jailed".into(), c, ms));
+        }
+        let tspec = {
+            let mut s = warren_runtime_vm::snapshot::TemplateSpec {
+                qemu: "qemu-system-x86_64".into(),
+                accel: snap.meta.accel,
+                kernel: snap.meta.kernel.clone(),
+                initrd: snap.meta.initrd.clone(),
+                append: snap.meta.append.clone(),
+                root_image: snap.meta.root_image.clone(),
+                agent_bin: cfg.agent_bin.clone(),
+                memory_mb: snap.meta.memory_mb,
+                cpus: snap.meta.cpus,
+                disk_mb: 1024,
+                tap: Some("tap0".into()),
+                netns: None,
+                boot_timeout: Duration::from_secs(300),
+                run_as: None,
+            };
+            s.append = s.append.clone();
+            s
+        };
+        for c in [1, conc] {
+            let rounds = if c == 1 { counts.seq.min(5) } else { 1 };
+            let ms = measure(c, rounds, |i| {
+                let (spec, net, dir) = (&tspec, &nets[i % c], work.join(format!("cold{i}")));
+                async move { cold_boot(spec, net, dir).await }
+            })
+            .await;
+            results.push(("cold".into(), c, ms));
+        }
+        drop(nets);
+        let _ = std::fs::remove_dir_all(&work);
+
+        eprintln!("idle memory");
+        // Idle memory: n VMs, then PSS/RSS of each QEMU.
+        let mut idle = Vec::new();
+        for i in 0..counts.idle {
+            match rt.create(spec(format!("idle{i}"))).await {
+                Ok(s) => idle.push(s),
+                Err(e) => eprintln!("idle VM {i} failed: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        idle_n = idle.len();
+        for s in &idle {
+            let pid = s.record["pid"].as_u64().unwrap_or(0) as u32;
+            let (p, r) = smaps(pid);
+            pss += p;
+            rss += r;
+        }
+        for s in &idle {
+            let _ = rt.kill(&s.id).await;
+        }
+        rt.shutdown().await?;
+        let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    }
+
+    eprintln!("warm pool");
+    // warm pool: a second runtime whose pool holds `conc` QEMUs.
+    let (cfg2, vm2) = config("w", 1, conc);
+    let rt2 = VmRuntime::start(cfg2.clone(), vm2).await?;
+    rt2.reattach(vec![]).await;
+    rt2.prepare_template("base").await?;
+    for c in [1, conc] {
+        let rounds = if c == 1 { counts.seq } else { counts.batches };
+        let mut all = Vec::new();
+        for r in 0..rounds {
+            // A full pool: refills running beside the measured create would compete for CPU.
+            wait_warm(&rt2, conc).await;
+            let ms = measure(c, 1, |i| runtime_create(&rt2, format!("bw{c}x{r}x{i}"))).await;
+            all.extend(ms);
+        }
+        results.push(("warm".into(), c, all));
+    }
+    rt2.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&cfg2.run_dir);
+
+    println!("\ncreate to first command (agent ran /bin/true):");
+    let empty: Vec<String> = results
+        .iter()
+        .filter(|(_, _, ms)| ms.is_empty())
+        .map(|(n, c, _)| format!("{n} at concurrency {c}"))
+        .collect();
+    for (name, c, ms) in results {
+        report(&name, c, ms);
+    }
+    let n = idle_n.max(1) as f64;
+    println!(
+        "idle: {idle_n} VMs of {mem_mb} MiB: PSS {:.1} MiB per VM, RSS {:.1} MiB per VM",
+        pss as f64 / n / 1024.0,
+        rss as f64 / n / 1024.0
+    );
+    // Numbers are never judged, but a measurement that produced none is a failure.
+    anyhow::ensure!(empty.is_empty(), "no numbers for: {}", empty.join(", "));
+    anyhow::ensure!(only_warm || idle_n > 0, "no idle VM could be measured");
+    Ok(())
+}

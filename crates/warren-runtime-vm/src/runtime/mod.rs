@@ -1,0 +1,764 @@
+//! The microVM runtime: every sandbox is a QEMU `-M microvm` restored as a copy-on-write fork
+//! of its template's snapshot (see docs/runtime-vm.md).
+//!
+//! [`VmRuntime`] mirrors `warren_runtime_ns::NsRuntime`: the same template images, the same pooled
+//! network slots (laid out for a VM: `warren_net::Slot::lay_out_for_vm`), the same agent `/init`, and reattach
+//! after a server restart (QEMUs outlive the server; their pid files and QMP sockets let the
+//! next server take them back). A pool of QEMUs already waiting for their incoming snapshot
+//! is kept per template, so a create pays only for the state load and the agent's `/init`.
+
+mod machine;
+mod persist;
+mod reattach;
+mod snapshots;
+pub mod uids;
+mod warm;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::accel::{self, Detection};
+use crate::snapshot::{Pending, Snapshot};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, OnceCell};
+use warren_host::cgroup::SandboxCgroup;
+use warren_net::{NetPool, Slot};
+use warren_runtime::{
+    Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
+    SandboxRuntime, SnapshotInfo,
+};
+
+use machine::Machine;
+use warren_host::{agent, valid_id, HostConfig, HostLock};
+
+/// Settings of the VM runtime beyond [`HostConfig`].
+#[derive(Debug, Clone)]
+pub struct VmSettings {
+    pub qemu: PathBuf,
+    pub vminit_bin: PathBuf,
+    pub agent_bin: PathBuf,
+    /// Guest RAM and vCPUs of every VM (fixed by the template snapshot; the sandbox's
+    /// `memory_mb`/`cpu_count` are not applied to the guest).
+    pub memory_mb: u32,
+    pub cpus: u32,
+    /// Size of the guest's writable disk.
+    pub disk_mb: u32,
+    /// QEMUs kept waiting for an incoming snapshot, per template.
+    pub warm_pool: usize,
+    /// Run every QEMU jailed as its own unprivileged user (`vm_uid_base` + slot index), under
+    /// KVM too (see `crate::jail`). `false` (root, unjailed) is for measurements only.
+    pub unprivileged: bool,
+    pub vm_uid_base: u32,
+    pub boot_timeout: Duration,
+}
+
+impl VmSettings {
+    /// Defaults: `warren-vminit` next to the agent binary, 512 MiB (`WARREN_VM_MEMORY_MB`
+    /// overrides), 1 vCPU, 2 GiB disk, a warm pool of 2 (`WARREN_VM_WARM_POOL` overrides).
+    pub fn new(host: &HostConfig) -> Self {
+        Self {
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            vminit_bin: host.agent_bin.with_file_name("warren-vminit"),
+            agent_bin: host.agent_bin.clone(),
+            memory_mb: std::env::var("WARREN_VM_MEMORY_MB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|mb| (128..=65536).contains(mb))
+                .unwrap_or(512),
+            cpus: 1,
+            disk_mb: 2048,
+            warm_pool: std::env::var("WARREN_VM_WARM_POOL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+            boot_timeout: Duration::from_secs(180),
+            unprivileged: true,
+            vm_uid_base: 200_000,
+        }
+    }
+}
+
+/// What the control plane persists per VM sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    pid: u32,
+    slot: u32,
+    allow_internet_access: bool,
+    /// The VM's directory name under `<data_dir>/vm/vms/<cgroup parent>-vm` (also its
+    /// cgroup's name).
+    name: String,
+    /// Paused: no QEMU runs; its checkpoint is in `<data_dir>/vm-checkpoints/paused/<id>`.
+    #[serde(default)]
+    paused: bool,
+}
+
+/// A QEMU waiting for its snapshot, with its slot, ready to become a sandbox.
+struct Warm {
+    pending: Pending,
+    slot: Slot,
+    name: String,
+    cgroup: SandboxCgroup,
+}
+
+/// Sandboxes as QEMU microVMs on this host.
+pub struct VmRuntime {
+    cfg: HostConfig,
+    settings: VmSettings,
+    accel: Detection,
+    net: OnceCell<NetPool>,
+    snapshots: Mutex<HashMap<String, Arc<OnceCell<Arc<Snapshot>>>>>,
+    live: Mutex<HashMap<String, Arc<Machine>>>,
+    /// Paused sandboxes (their checkpoint is on disk, no QEMU runs).
+    paused: Mutex<HashSet<String>>,
+    warm: Mutex<HashMap<String, VecDeque<Warm>>>,
+    refilling: Mutex<()>,
+    /// Set by `stop_warm`: refills still under way discard what they start.
+    stopping: std::sync::atomic::AtomicBool,
+    client: reqwest::Client,
+    this: Weak<VmRuntime>,
+    counter: AtomicU64,
+    _lock: HostLock,
+}
+
+fn failed(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Failed(e.to_string())
+}
+
+/// Where this host's VM directories live: on the data disk (a guest's disk and logs must not
+/// fill `/run`), one directory per runtime instance (named like its cgroups), so that
+/// runtimes sharing a data directory never take each other's VMs for stale ones.
+fn vms_dir(cfg: &HostConfig) -> PathBuf {
+    cfg.data_dir
+        .join("vm/vms")
+        .join(format!("{}-vm", cfg.cgroup_parent))
+}
+
+impl VmRuntime {
+    /// Prepares the runtime. Like `NsRuntime`, it holds the host lock; network slots and crash
+    /// cleanup start with the first `reattach` (or create).
+    pub async fn start(cfg: HostConfig, settings: VmSettings) -> Result<Arc<Self>, RuntimeError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(failed("the vm runtime needs root"));
+        }
+        for bin in [&settings.agent_bin, &settings.vminit_bin] {
+            if !bin.exists() {
+                return Err(failed(format!("{} is missing", bin.display())));
+            }
+        }
+        let accel = accel::detect();
+        tracing::info!(accel = accel.accel.as_str(), reason = %accel.reason, "vm accelerator");
+        if settings.unprivileged {
+            let n = u32::try_from(cfg.net.pool_size).unwrap_or(u32::MAX);
+            uids::check_free(settings.vm_uid_base, n).map_err(failed)?;
+        }
+        // VM directories (disks, logs) live on the data disk, root's alone: QEMU sees only
+        // what its jail binds. The links to template disks stay next to the template
+        // snapshots (hard links need the same filesystem).
+        for d in [
+            vms_dir(&cfg),
+            cfg.data_dir.join("vm/capture"),
+            cfg.run_dir.join("vm/links"),
+        ] {
+            crate::snapshot::private_dir(&d)
+                .map_err(|e| failed(format!("the vm runtime's directories: {e}")))?;
+        }
+        let lock = HostLock::acquire(&cfg.run_dir)?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| failed(format!("http client: {e}")))?;
+        Ok(Arc::new_cyclic(|this| Self {
+            cfg,
+            settings,
+            accel,
+            net: OnceCell::new(),
+            snapshots: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashSet::new()),
+            warm: Mutex::new(HashMap::new()),
+            refilling: Mutex::new(()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            client,
+            this: this.clone(),
+            counter: AtomicU64::new(0),
+            _lock: lock,
+        }))
+    }
+
+    /// The snapshot of `template`, made on first use (for tools that measure against it).
+    pub async fn template_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        self.snapshot(template).await
+    }
+
+    /// QEMUs of `template` waiting in the warm pool.
+    pub async fn warm_count(&self, template: &str) -> usize {
+        self.warm.lock().await.get(template).map_or(0, |q| q.len())
+    }
+
+    /// The accelerator in use and why it was chosen.
+    pub fn accelerator(&self) -> &Detection {
+        &self.accel
+    }
+
+    fn vms_dir(&self) -> PathBuf {
+        vms_dir(&self.cfg)
+    }
+
+    fn cgroup_parent(&self) -> String {
+        format!("{}-vm", self.cfg.cgroup_parent)
+    }
+
+    fn new_name(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("vm{}x{n}x{nanos:x}", std::process::id())
+    }
+
+    /// The network pool; the first start removes what a crashed predecessor left.
+    async fn pool(&self) -> Result<&NetPool, RuntimeError> {
+        self.net
+            .get_or_try_init(|| async {
+                self.remove_stale_vms(&[]);
+                NetPool::start(self.cfg.net.clone())
+                    .await
+                    .map_err(|e| failed(format!("network pool: {e}")))
+            })
+            .await
+    }
+
+    /// Kills and removes every VM directory (and cgroup) not named in `keep`.
+    fn remove_stale_vms(&self, keep: &[String]) {
+        let parent = self.cgroup_parent();
+        let mut names: Vec<String> = warren_host::cgroup::children(&parent);
+        if let Ok(rd) = std::fs::read_dir(self.vms_dir()) {
+            names.extend(
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
+        }
+        names.extend(self.disk_link_names());
+        if let Ok(rd) = std::fs::read_dir(self.cfg.run_dir.join("vm/links")) {
+            names.extend(rd.flatten().filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.strip_suffix(".disk").map(str::to_string)
+            }));
+        }
+        names.sort();
+        names.dedup();
+        for name in names.into_iter().filter(|n| !keep.contains(n)) {
+            tracing::warn!(vm = %name, "removing a VM left by a previous run");
+            machine::remove_stale(&self.vms_dir().join(&name), &parent);
+            self.remove_links(&name);
+        }
+    }
+
+    /// Makes sure template `name` has a snapshot (booting it once, minutes the very first
+    /// time when the image must be built) and fills its warm pool.
+    pub async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
+        self.snapshot(name).await?;
+        self.refill(name).await;
+        Ok(())
+    }
+
+    async fn snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        let cell = self
+            .snapshots
+            .lock()
+            .await
+            .entry(template.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.make_snapshot(template))
+            .await
+            .cloned()
+    }
+
+    async fn make_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+        let pool = self.pool().await?;
+        let dns = pool.dns().servers.clone();
+        let (t, data, dir, settings, accel) = (
+            template.to_string(),
+            self.cfg.data_dir.clone(),
+            self.cfg.run_dir.join("vm/snapshots"),
+            self.settings.clone(),
+            self.accel.accel,
+        );
+        let inputs = tokio::task::spawn_blocking(move || {
+            snapshots::inputs(&t, &data, &dir, &settings, accel, &dns)
+        })
+        .await
+        .map_err(failed)??;
+        if let Some(s) = snapshots::existing(&inputs) {
+            return Ok(s);
+        }
+        let slot = pool
+            .acquire(false)
+            .await
+            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        // The template boot is jailed as the slot's user like every fork (its inputs are
+        // trusted, but QEMU still parses them).
+        let run_as = self.run_as(&slot);
+        let result = match slot.lay_out_for_vm().await.map_err(slot_failed) {
+            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as).await,
+            Err(e) => Err(e),
+        };
+        self.release_slot(slot).await;
+        result
+    }
+
+    async fn release_slot(&self, slot: Slot) {
+        // A killed VM closes none of its TCP connections (a dead process in a namespace
+        // would: its kernel sends FIN/RST). Destroy the host's sockets to the slot's address
+        // instead, so pooled proxy connections do not outlive the VM and hit the next one.
+        let kill_sockets = tokio::process::Command::new("ss")
+            .args(["-K", "dst", &slot.host_side_addr().to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await;
+        if let Err(e) = kill_sockets {
+            tracing::debug!(error = %e, "ss -K failed");
+        }
+        if let Err(e) = slot.lay_out_for_ns().await {
+            tracing::warn!(slot = slot.name(), error = %e, "could not restore the slot layout");
+        }
+        if let Some(pool) = self.net.get() {
+            if let Err(e) = pool.release(slot).await {
+                tracing::warn!(error = %e, "could not release the network slot");
+            }
+        }
+    }
+
+    /// Starts one QEMU of `template` waiting for its snapshot, in a fresh slot.
+    async fn start_pending(
+        &self,
+        snap: &Snapshot,
+        allow_internet_access: bool,
+    ) -> Result<Warm, RuntimeError> {
+        let pool = self.pool().await?;
+        let slot = pool
+            .acquire(allow_internet_access)
+            .await
+            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+        if let Err(e) = slot.lay_out_for_vm().await.map_err(slot_failed) {
+            self.release_slot(slot).await;
+            return Err(e);
+        }
+        let name = self.new_name();
+        let dir = self.vms_dir().join(&name);
+        let run_as = self.run_as(&slot);
+        // The fork's disk refers to a hard link of the snapshot's (same filesystem).
+        let backing_link = if snap.dir.starts_with(&self.cfg.run_dir) {
+            self.template_link(&name)
+        } else {
+            self.disk_link(&name)
+        };
+        let spec = crate::snapshot::ForkSpec {
+            qemu: self.settings.qemu.clone(),
+            dir: dir.clone(),
+            tap: Some(warren_net::TAP_IFACE.into()),
+            netns: Some(slot.netns_path()),
+            run_as,
+            backing_link: Some(backing_link),
+        };
+        match machine::spawn(snap, &spec, &name, &self.cgroup_parent()).await {
+            Ok((pending, cgroup)) => Ok(Warm {
+                pending,
+                slot,
+                name,
+                cgroup,
+            }),
+            Err(e) => {
+                crate::snapshot::remove_vm_dir(&dir);
+                self.remove_links(&name);
+                self.release_slot(slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The user a VM's QEMU runs as: unique per slot, so no two VMs share one (see
+    /// [`uids`]). Under KVM too: the jail opens `/dev/kvm` for it.
+    fn run_as(&self, slot: &Slot) -> Option<(u32, u32)> {
+        if !self.settings.unprivileged {
+            return None;
+        }
+        let uid = self.settings.vm_uid_base + slot.index();
+        Some((uid, uid))
+    }
+
+    /// Frees what a VM held once its QEMU has ended (slot, cgroup, files); its exit reason
+    /// stays for `status`.
+    async fn teardown(&self, m: &Machine) {
+        let slot = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(slot) = slot {
+            self.release_slot(slot).await;
+        }
+        let cg = m.cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = cg.kill_all();
+            cg.remove()
+        })
+        .await;
+        crate::snapshot::remove_vm_dir(&m.dir);
+        self.remove_links(&m.name);
+    }
+
+    /// Teardown after QEMU ended on its own (the sandbox stays listed, as failed).
+    fn on_exit(&self, id: String) -> impl FnOnce() + Send + 'static {
+        let rt = self.this.clone();
+        move || {
+            tokio::spawn(async move {
+                let Some(rt) = rt.upgrade() else { return };
+                let m = rt.live.lock().await.get(&id).cloned();
+                if let Some(m) = m {
+                    tracing::warn!(sandbox = %id, reason = ?m.exit.borrow().clone(), "VM exited");
+                    rt.teardown(&m).await;
+                }
+            });
+        }
+    }
+
+    /// Stops the warm QEMUs (not sandboxes: nothing to keep across a restart) and frees their
+    /// slots; for a server that shuts down. Running sandboxes are left alone.
+    pub async fn stop_warm(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // A refill under way finishes (and discards) its QEMU before this returns.
+        let _refill = self.refilling.lock().await;
+        let warm: Vec<Warm> = self
+            .warm
+            .lock()
+            .await
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for w in warm {
+            self.discard_warm(w).await;
+        }
+    }
+
+    /// Kills every sandbox and warm VM and removes everything this runtime created on the
+    /// host. For decommissioning and tests; a restarting server must not call it.
+    pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
+        let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
+        for id in ids {
+            self.kill(&id).await?;
+        }
+        let warm: Vec<Warm> = self
+            .warm
+            .lock()
+            .await
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for w in warm {
+            self.discard_warm(w).await;
+        }
+        // Background tasks (refills, watchers) hold the runtime for a moment.
+        let mut this = self;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let this = loop {
+            match Arc::try_unwrap(this) {
+                Ok(t) => break t,
+                Err(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(failed("runtime still in use"));
+                }
+                Err(a) => {
+                    this = a;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        if let Some(pool) = this.net.into_inner() {
+            pool.shutdown()
+                .await
+                .map_err(|e| failed(format!("network pool: {e}")))?;
+        }
+        let _ = warren_host::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
+        let _ = std::fs::remove_dir_all(vms_dir(&this.cfg));
+        let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/links"));
+        let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
+        Ok(())
+    }
+
+    /// A running VM for `spec`: restored from `checkpoint` when given, else from the
+    /// template's snapshot (a warm QEMU when one waits).
+    async fn fork(
+        &self,
+        spec: &CreateSpec,
+        checkpoint: Option<&Snapshot>,
+    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+        let started = std::time::Instant::now();
+        if let Some(snap) = checkpoint {
+            let warm = self.start_pending(snap, spec.allow_internet_access).await?;
+            return self.complete(spec, warm, started).await;
+        }
+        let snap = self.snapshot(&spec.template).await?;
+        let warm = match self.take_warm(&spec.template).await {
+            Some(mut w) => {
+                let pool = self.pool().await?;
+                if !spec.allow_internet_access {
+                    if let Err(e) = pool.set_internet_access(&mut w.slot, false).await {
+                        self.discard_warm(w).await;
+                        return Err(failed(format!("network slot: {e}")));
+                    }
+                }
+                w
+            }
+            None => {
+                self.start_pending(&snap, spec.allow_internet_access)
+                    .await?
+            }
+        };
+        self.spawn_refill(&spec.template);
+        self.complete(spec, warm, started).await
+    }
+
+    /// Loads the state into a waiting QEMU and watches it.
+    async fn complete(
+        &self,
+        spec: &CreateSpec,
+        warm: Warm,
+        started: std::time::Instant,
+    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+        let Warm {
+            pending,
+            slot,
+            name,
+            cgroup,
+        } = warm;
+        let dir = self.vms_dir().join(&name);
+        let pid = pending.child.id().unwrap_or(0);
+        let agent = SocketAddr::V4(slot.agent_endpoint());
+        let waiting = started.elapsed();
+        let source = pending.snapshot().meta.clone();
+        let run_as = self.run_as(&slot);
+        if let Err(e) = machine::write_token(&dir, spec.access_token.as_deref()) {
+            tracing::warn!(vm = %name, error = %e, "could not record the access token");
+        }
+        let (child, qmp, _files) = match pending.complete().await {
+            Ok(r) => r,
+            Err(e) => {
+                let m = Machine {
+                    name,
+                    dir,
+                    pid,
+                    cgroup,
+                    slot: std::sync::Mutex::new(Some(slot)),
+                    exit: tokio::sync::watch::channel(Some(String::new())).1,
+                    qmp: None,
+                    source: None,
+                    run_as,
+                    allow_internet_access: spec.allow_internet_access,
+                };
+                self.teardown(&m).await;
+                return Err(failed(e));
+            }
+        };
+        tracing::debug!(
+            sandbox = %spec.id,
+            qemu_waiting_ms = waiting.as_millis() as u64,
+            running_ms = started.elapsed().as_millis() as u64,
+            "VM restored"
+        );
+        let exit = machine::watch_child(
+            child,
+            cgroup.clone(),
+            dir.clone(),
+            self.on_exit(spec.id.clone()),
+        );
+        let m = Arc::new(Machine {
+            name,
+            dir,
+            pid,
+            cgroup,
+            slot: std::sync::Mutex::new(Some(slot)),
+            exit,
+            qmp: Some(Arc::new(qmp)),
+            source: Some(source),
+            run_as,
+            allow_internet_access: spec.allow_internet_access,
+        });
+        Ok((m, agent))
+    }
+    /// Restores a VM for `spec` (from `checkpoint`, else its template), registers it and
+    /// initialises its agent (`current_token`: the token that agent still wants, if it was
+    /// restored from another sandbox's memory).
+    async fn launch(
+        &self,
+        spec: CreateSpec,
+        checkpoint: Option<&Snapshot>,
+        current_token: Option<&str>,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let (m, agent) = self.fork(&spec, checkpoint).await?;
+        // Registered before /init so that a QEMU dying now is torn down by its watcher.
+        self.live.lock().await.insert(spec.id.clone(), m.clone());
+        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
+        env.insert("E2B_SANDBOX".into(), "true".into());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let ready = async {
+            agent::wait_and_init(
+                &self.client,
+                agent,
+                &env,
+                spec.access_token.as_deref(),
+                current_token,
+                self.cfg.signed_url_max_age,
+                self.cfg.ready_timeout,
+            )
+            .await?;
+            // Templates with a service (the code interpreter) start it as `ns` does; a VM
+            // restored with memory (a resume, a snapshot's child) has it running already.
+            let Some(cmd) = warren_template::start_command(&spec.template) else {
+                return Ok(());
+            };
+            if checkpoint.is_some_and(|c| c.has_memory()) {
+                agent::wait_ready(&self.client, agent, &cmd).await
+            } else {
+                let token = spec.access_token.as_deref();
+                agent::run_start_command(&self.client, agent, token, &cmd).await
+            }
+        };
+        if let Err(e) = ready.await {
+            self.live.lock().await.remove(&spec.id);
+            let why = m.exit.borrow().clone();
+            m.kill().await;
+            self.teardown(&m).await;
+            return Err(failed(match why {
+                Some(w) => format!("{e} ({w})"),
+                None => e.to_string(),
+            }));
+        }
+        let record = Record {
+            pid: m.pid,
+            slot: m.slot_index(),
+            allow_internet_access: spec.allow_internet_access,
+            name: m.name.clone(),
+            paused: false,
+        };
+        Ok(RuntimeSandbox {
+            id: spec.id,
+            agent,
+            record: serde_json::to_value(&record).map_err(failed)?,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for VmRuntime {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+
+    fn headroom(&self) -> Option<warren_runtime::Headroom> {
+        warren_host::headroom(&self.cfg.data_dir)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            pause_memory: true,
+            pause_filesystem: true,
+            snapshot: true,
+            snapshot_memory: true,
+            snapshot_filesystem: true,
+        }
+    }
+
+    async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        if self.live.lock().await.contains_key(&spec.id) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
+        let checkpoint = match &spec.from_snapshot {
+            Some(key) => Some(self.saved_snapshot(key)?),
+            None => None,
+        };
+        // A sandbox from a checkpoint wakes up with the agent of the sandbox it was taken
+        // from, which still wants that sandbox's token.
+        let current_token = checkpoint
+            .as_ref()
+            .and_then(|c| machine::read_token(&c.dir));
+        self.launch(spec, checkpoint.as_ref(), current_token.as_deref())
+            .await
+    }
+    async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.paused.lock().await.remove(id) {
+            warren_host::durable::discard_dir(&self.paused_dir(id));
+            return Ok(());
+        }
+        let m = self
+            .live
+            .lock()
+            .await
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        m.kill().await;
+        self.teardown(&m).await;
+        Ok(())
+    }
+
+    async fn status(&self, id: &str) -> Result<Option<Exit>, RuntimeError> {
+        if self.paused.lock().await.contains(id) {
+            return Ok(None);
+        }
+        let live = self.live.lock().await;
+        let m = live
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let reason = m.exit.borrow().clone();
+        Ok(reason.map(|reason| Exit { reason }))
+    }
+
+    async fn reattach(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        self.reattach_now(records).await
+    }
+
+    async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        self.pause_now(id, mode).await
+    }
+
+    async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
+        self.resume_now(spec).await
+    }
+
+    async fn snapshot(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        self.snapshot_now(id, key, memory).await
+    }
+
+    async fn snapshot_keys(&self) -> Vec<String> {
+        self.snapshot_keys_now()
+    }
+
+    async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
+        self.delete_snapshot_now(key)
+    }
+}
+
+/// A slot that could not be laid out for a VM.
+fn slot_failed(e: warren_net::Error) -> RuntimeError {
+    RuntimeError::Failed(format!("lay out the network slot for a VM: {e}"))
+}

@@ -1,0 +1,165 @@
+//! Taking VMs back after a server restart. QEMUs run in their own session and outlive the
+//! server: every recorded VM whose QEMU still runs is adopted with its slot; a paused sandbox
+//! is kept while its checkpoint is on disk; everything else this runtime owns on the host is
+//! removed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::qmp::Qmp;
+use crate::snapshot::Snapshot;
+use serde_json::json;
+use warren_host::cgroup::SandboxCgroup;
+use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_runtime::{RuntimeError, RuntimeSandbox};
+
+use super::{failed, machine, Machine, Record, VmRuntime};
+
+impl VmRuntime {
+    pub(super) async fn reattach_now(
+        &self,
+        records: Vec<RuntimeSandbox>,
+    ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
+            .into_iter()
+            .map(|r| {
+                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
+                (r, rec)
+            })
+            .collect();
+        let mut out = Vec::new();
+        let (paused, running): (Vec<_>, Vec<_>) = parsed
+            .into_iter()
+            .partition(|(_, rec)| rec.as_ref().is_some_and(|r| r.paused));
+        for (r, _) in paused {
+            let result = if Snapshot::open(&self.paused_dir(&r.id)).is_some() {
+                self.paused.lock().await.insert(r.id.clone());
+                Ok(r.clone())
+            } else {
+                Err(failed("the paused sandbox's checkpoint is gone"))
+            };
+            out.push((r.id, result));
+        }
+        let alive =
+            |rec: &Record| crate::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name));
+        let keep: Vec<String> = running
+            .iter()
+            .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
+            .collect();
+        self.remove_stale_vms(&keep);
+        self.remove_unclaimed_checkpoints().await;
+        let adopt: Vec<AdoptSlot> = running
+            .iter()
+            .filter_map(|(_, rec)| {
+                rec.as_ref().map(|r| AdoptSlot {
+                    index: r.slot,
+                    allow_internet_access: r.allow_internet_access,
+                })
+            })
+            .collect();
+        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
+            Ok((pool, slots)) => {
+                let _ = self.net.set(pool);
+                slots.into_iter()
+            }
+            Err(e) => {
+                let why = format!("network pool did not start: {e}");
+                tracing::error!("{why}");
+                out.extend(running.into_iter().map(|(r, _)| (r.id, Err(failed(&why)))));
+                return out;
+            }
+        };
+        for (r, rec) in running {
+            let Some(rec) = rec else {
+                out.push((r.id, Err(failed("unreadable runtime record"))));
+                continue;
+            };
+            let dir = self.vms_dir().join(&rec.name);
+            let result = match slots.next() {
+                Some(Ok(slot)) => self.adopt(&r, &rec, slot, dir).await,
+                Some(Err(e)) => {
+                    machine::remove_stale(&dir, &self.cgroup_parent());
+                    Err(failed(format!(
+                        "the sandbox's network could not be kept: {e}"
+                    )))
+                }
+                None => Err(failed("no slot result")),
+            };
+            out.push((r.id, result));
+        }
+        out
+    }
+
+    /// Takes back one VM of an earlier run: its QEMU must run and answer on its QMP socket.
+    /// A VM the previous server left stopped (a pause it never acknowledged, a snapshot it
+    /// did not finish) is continued: it is still the running sandbox the record says.
+    async fn adopt(
+        &self,
+        r: &RuntimeSandbox,
+        rec: &Record,
+        slot: Slot,
+        dir: PathBuf,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let qmp_path = dir.join("qmp.sock");
+        let qmp = if crate::qemu::is_our_qemu(rec.pid, &dir) {
+            match Qmp::connect(&qmp_path, Duration::from_secs(5)).await {
+                Ok(q) => match q.status().await {
+                    Ok(s) if s == "running" => Ok(q),
+                    Ok(s) if s == "paused" || s == "postmigrate" => {
+                        tracing::warn!(sandbox = %r.id, state = %s, "continuing a VM left stopped");
+                        match q.execute("cont", json!({})).await {
+                            Ok(_) => Ok(q),
+                            Err(e) => Err(format!("the VM was {s} and cannot continue: {e}")),
+                        }
+                    }
+                    Ok(s) => Err(format!("the VM is {s}")),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            }
+        } else {
+            Err("the VM's QEMU ended while the server was down".into())
+        };
+        let qmp = match qmp {
+            Ok(q) => q,
+            Err(why) => {
+                machine::remove_stale(&dir, &self.cgroup_parent());
+                self.remove_links(&rec.name);
+                self.release_slot(slot).await;
+                return Err(failed(why));
+            }
+        };
+        let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
+        let exit = machine::watch_pid(
+            rec.pid,
+            cgroup.clone(),
+            dir.clone(),
+            self.on_exit(r.id.clone()),
+        );
+        let run_as = self.run_as(&slot);
+        let m = Arc::new(Machine {
+            name: rec.name.clone(),
+            source: machine::read_source(&dir),
+            dir,
+            pid: rec.pid,
+            cgroup,
+            slot: std::sync::Mutex::new(Some(slot)),
+            exit,
+            qmp: Some(Arc::new(qmp)),
+            run_as,
+            allow_internet_access: rec.allow_internet_access,
+        });
+        let agent = {
+            let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
+            s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
+        };
+        self.live.lock().await.insert(r.id.clone(), m);
+        Ok(RuntimeSandbox {
+            id: r.id.clone(),
+            agent: agent.unwrap_or(r.agent),
+            record: r.record.clone(),
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! Template snapshots of this host, made on first use and kept on tmpfs under
+//! `<run_dir>/vm/snapshots/<template>-<key>`.
+//!
+//! The key hashes everything the snapshot depends on: accelerator and CPU model, kernel
+//! package, initramfs (which hashes `warren-vminit`), the agent binary, the template image,
+//! memory, vCPUs, disk size and the kernel command line (which holds the DNS servers and the
+//! host's TSC frequency). A snapshot is never restored under another accelerator or CPU model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::accel::{self, Accel};
+use crate::snapshot::{self, Snapshot, TemplateSpec};
+use sha2::{Digest, Sha256};
+use warren_runtime::RuntimeError;
+
+use super::VmSettings;
+
+fn failed(what: &str) -> impl Fn(crate::Error) -> RuntimeError + '_ {
+    move |e| RuntimeError::Failed(format!("{what}: {e}"))
+}
+
+/// The boot inputs of a template, resolved (downloaded and built where needed).
+pub struct Inputs {
+    pub spec: TemplateSpec,
+    pub key: String,
+    pub dir: PathBuf,
+}
+
+/// Resolves kernel, initramfs and image for `template` (blocking: may download and build).
+pub fn inputs(
+    template: &str,
+    data_dir: &Path,
+    snapshots_dir: &Path,
+    settings: &VmSettings,
+    accel: Accel,
+    dns: &[std::net::Ipv4Addr],
+) -> Result<Inputs, RuntimeError> {
+    let recipe = warren_template::recipe(template)
+        .ok_or_else(|| RuntimeError::UnknownTemplate(template.to_string()))?;
+    let image = warren_template::ensure_image(
+        &recipe,
+        data_dir,
+        &mut warren_template::StderrProgress::new(),
+    )
+    .map_err(|e| RuntimeError::Failed(format!("template {template}: {e}")))?;
+    let kernel = crate::kernel::ensure(data_dir).map_err(failed("guest kernel"))?;
+    let initrd = crate::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
+        .map_err(failed("initramfs"))?;
+    let append = crate::qemu::kernel_cmdline(accel::host_tsc_khz(), template, dns);
+    let agent = std::fs::read(&settings.agent_bin)
+        .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
+    let mut h = Sha256::new();
+    // Bumped when the snapshot's layout or file modes change.
+    h.update(b"warren-runtime-vm-snapshot-3\0");
+    for part in [
+        accel.as_str(),
+        accel.cpu_model(),
+        &kernel.id(),
+        &initrd.display().to_string(),
+        &image.image.display().to_string(),
+        &format!(
+            "{}/{}/{}",
+            settings.memory_mb, settings.cpus, settings.disk_mb
+        ),
+        &append,
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h.update(Sha256::digest(&agent));
+    let key = format!("{:x}", h.finalize())[..16].to_string();
+    let spec = TemplateSpec {
+        qemu: settings.qemu.clone(),
+        accel,
+        kernel: kernel.vmlinuz,
+        initrd,
+        append,
+        root_image: image.image,
+        agent_bin: settings.agent_bin.clone(),
+        memory_mb: settings.memory_mb,
+        cpus: settings.cpus,
+        disk_mb: settings.disk_mb,
+        tap: Some(warren_net::TAP_IFACE.into()),
+        netns: None,
+        boot_timeout: settings.boot_timeout,
+        run_as: None,
+    };
+    Ok(Inputs {
+        spec,
+        dir: snapshots_dir.join(format!("{template}-{key}")),
+        key,
+    })
+}
+
+/// An existing snapshot for `inputs`, if one was made before (also by an earlier server).
+pub fn existing(inputs: &Inputs) -> Option<Arc<Snapshot>> {
+    Snapshot::open(&inputs.dir).map(Arc::new)
+}
+
+/// Boots the template in network namespace `netns` (jailed as `run_as`) and snapshots it.
+pub async fn make(
+    inputs: &Inputs,
+    netns: PathBuf,
+    run_as: Option<(u32, u32)>,
+) -> Result<Arc<Snapshot>, RuntimeError> {
+    let mut spec = inputs.spec.clone();
+    spec.netns = Some(netns);
+    spec.run_as = run_as;
+    let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
+        .await
+        .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;
+    remove_older(&inputs.dir);
+    tracing::info!(
+        key = %inputs.key,
+        accel = spec.accel.as_str(),
+        boot_ms = snap.meta.boot_ms,
+        "template snapshot ready"
+    );
+    Ok(Arc::new(snap))
+}
+
+/// Removes the other snapshots of the same template (older agent, kernel, image...): they
+/// hold RAM on tmpfs. VMs restored from them keep working: their QEMU has the memory file
+/// mapped and the disk open, and unlinked files live on until closed.
+fn remove_older(current: &Path) {
+    let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    let Some((template, _)) = name.rsplit_once('-') else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let other = e.file_name().to_string_lossy().into_owned();
+        // `<template>-<key>` and its builder's `<template>-<key>.lock`.
+        let (dir_name, is_lock) = match other.strip_suffix(".lock") {
+            Some(d) => (d, true),
+            None => (other.as_str(), false),
+        };
+        let same_template = dir_name
+            .rsplit_once('-')
+            .is_some_and(|(t, key)| t == template && key.len() == 16);
+        if !same_template || dir_name == name {
+            continue;
+        }
+        if is_lock {
+            let _ = std::fs::remove_file(e.path());
+        } else {
+            tracing::info!(snapshot = %other, "removing an outdated template snapshot");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The warm pool: QEMUs of a template already waiting for their incoming snapshot, in their
+//! slots, so that a create pays only for the state load and the agent's `/init`.
+
+use std::sync::atomic::Ordering;
+
+use super::{VmRuntime, Warm};
+
+impl VmRuntime {
+    /// Tops the warm pool of `template` up to its target.
+    pub(super) async fn refill(&self, template: &str) {
+        if self.settings.warm_pool == 0 {
+            return;
+        }
+        let _guard = self.refilling.lock().await;
+        let Ok(snap) = self.snapshot(template).await else {
+            return;
+        };
+        loop {
+            let have = self.warm.lock().await.get(template).map_or(0, |q| q.len());
+            if have >= self.settings.warm_pool {
+                return;
+            }
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.start_pending(&snap, true).await {
+                Ok(w) if self.stopping.load(Ordering::SeqCst) => {
+                    self.discard_warm(w).await;
+                    return;
+                }
+                Ok(w) => self
+                    .warm
+                    .lock()
+                    .await
+                    .entry(template.to_string())
+                    .or_default()
+                    .push_back(w),
+                Err(e) => {
+                    tracing::warn!(template, error = %e, "could not start a warm VM");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn spawn_refill(&self, template: &str) {
+        if let Some(rt) = self.this.upgrade() {
+            let t = template.to_string();
+            tokio::spawn(async move { rt.refill(&t).await });
+        }
+    }
+
+    /// A warm QEMU of `template` whose process still waits, if any.
+    pub(super) async fn take_warm(&self, template: &str) -> Option<Warm> {
+        loop {
+            let mut w = self.warm.lock().await.get_mut(template)?.pop_front()?;
+            if matches!(w.pending.child.try_wait(), Ok(None)) {
+                return Some(w);
+            }
+            tracing::warn!(vm = %w.name, "a warm VM died while waiting; discarding it");
+            self.discard_warm(w).await;
+        }
+    }
+
+    pub(super) async fn discard_warm(&self, mut w: Warm) {
+        let _ = w.pending.child.start_kill();
+        let _ = w.pending.child.wait().await;
+        let cg = w.cgroup.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = cg.kill_all();
+            cg.remove()
+        })
+        .await;
+        crate::snapshot::remove_vm_dir(&self.vms_dir().join(&w.name));
+        self.remove_links(&w.name);
+        self.release_slot(w.slot).await;
+    }
+}

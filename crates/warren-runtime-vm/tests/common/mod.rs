@@ -1,0 +1,191 @@
+//! Shared fixtures of the VM pipeline tests: the kernel, initramfs and template image, and a
+//! private network namespace with a tap device for the guest.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use warren_runtime_vm::accel::Accel;
+use warren_runtime_vm::snapshot::TemplateSpec;
+
+/// Prints why and returns `None` when this host cannot run the tests (they then do not pass
+/// silently: the reason is printed, and `WARREN_VM_TESTS=require` turns it into a failure).
+pub fn prerequisites() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let skip = |why: String| {
+        if std::env::var("WARREN_VM_TESTS").as_deref() == Ok("require") {
+            panic!("VM tests required but: {why}");
+        }
+        eprintln!("SKIP: {why}");
+        None
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return skip("needs root".into());
+    }
+    let Ok(qemu) = which("qemu-system-x86_64") else {
+        return skip("qemu-system-x86_64 not installed (scripts/setup.sh)".into());
+    };
+    let bin_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release");
+    let (agent, vminit) = (bin_dir.join("warren-agent"), bin_dir.join("warren-vminit"));
+    if !agent.exists() || !vminit.exists() {
+        return skip("build first: cargo build --release".into());
+    }
+    let _ = qemu;
+    Some((agent, vminit, image()?))
+}
+
+/// The base template image, built on first use like the other runtime tests do.
+fn image() -> Option<PathBuf> {
+    let data = data_dir();
+    match warren_template::ensure_image(
+        &warren_template::Recipe::base(),
+        &data,
+        &mut warren_template::StderrProgress::new(),
+    ) {
+        Ok(i) => Some(i.image),
+        Err(e) => panic!("base template image in {}: {e}", data.display()),
+    }
+}
+
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("WARREN_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warren"))
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+        .ok_or(())
+}
+
+/// A network namespace with a tap device whose far end is the guest (169.254.0.21).
+pub struct TestNet {
+    pub name: String,
+}
+
+impl TestNet {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("wvmt-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip netns add failed");
+        let batch = "link set lo up\n\
+             tuntap add dev tap0 mode tap\n\
+             address add 169.254.0.22/30 dev tap0\n\
+             link set tap0 up\n";
+        let mut child = Command::new("ip")
+            .args(["-n", &name, "-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("ip");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(batch.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "ip -batch failed");
+        Self { name }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// One HTTP request to the guest at 169.254.0.21:49983, made from inside the netns.
+    pub fn http(&self, request: &str) -> std::io::Result<String> {
+        let ns = self.path();
+        let request = request.to_string();
+        std::thread::spawn(move || -> std::io::Result<String> {
+            let f = std::fs::File::open(&ns)?;
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)?;
+            let addr: SocketAddr = "169.254.0.21:49983".parse().unwrap();
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(20))?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            s.write_all(request.as_bytes())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .join()
+        .expect("http thread")
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+pub fn template_spec(
+    dirs: (&Path, &Path),
+    agent: &Path,
+    image: &Path,
+    net: &TestNet,
+) -> TemplateSpec {
+    let (data, cache) = dirs;
+    let kernel = warren_runtime_vm::kernel::ensure(data).expect("kernel");
+    let vminit =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/warren-vminit");
+    let initrd = warren_runtime_vm::initramfs::ensure(&kernel, &vminit, cache).expect("initramfs");
+    TemplateSpec {
+        qemu: PathBuf::from("qemu-system-x86_64"),
+        accel: Accel::Tcg,
+        kernel: kernel.vmlinuz,
+        initrd,
+        append: warren_runtime_vm::qemu::kernel_cmdline(
+            warren_runtime_vm::accel::host_tsc_khz(),
+            "test",
+            &[],
+        ),
+        root_image: image.to_path_buf(),
+        agent_bin: agent.to_path_buf(),
+        memory_mb: 256,
+        cpus: 1,
+        disk_mb: 1024,
+        tap: Some("tap0".into()),
+        netns: Some(net.path()),
+        boot_timeout: Duration::from_secs(180),
+        // The template boot is jailed as an unprivileged user, as the vm runtime does it.
+        run_as: Some((300_000, 300_000)),
+    }
+}
+
+/// Runs `cmd` in a login shell through the sandbox's agent (as the host reaches it, with the
+/// tests' access token `tok`) and returns its exit code and output.
+pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
+    let argv = ["/bin/bash", "-l", "-c", cmd].map(String::from);
+    let ran = warren_host::agent::run(
+        &reqwest::Client::new(),
+        agent,
+        Some("tok"),
+        None,
+        &argv,
+        None,
+        1 << 20,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    (
+        ran.exit_code,
+        String::from_utf8_lossy(&ran.output).into_owned(),
+    )
+}
