@@ -130,7 +130,7 @@ def main() -> int:
     names = args.scenario or list(SCENARIOS)
 
     # The vm runtime's raw QEMU restore baseline is measured by its own benchmark:
-    # `cargo run --release -p warren-host --example vm_bench`.
+    # `cargo run --release -p warren-runtime-vm --example vm_bench`.
     if args.vm_memory_mb:
         os.environ["WARREN_VM_MEMORY_MB"] = str(args.vm_memory_mb)
     if os.geteuid() != 0:
