@@ -52,7 +52,7 @@ pub fn inputs(
         .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
-    h.update(b"warren-runtime-vm-snapshot-3\0");
+    h.update(b"warren-vm-snapshot-3\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
