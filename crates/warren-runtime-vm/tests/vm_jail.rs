@@ -3,7 +3,7 @@
 //! environment, its files are root's alone and off `/run`, its console is capped, checkpoints
 //! are sealed 0400, a guest-rewritten overlay header never makes root copy a host file, and a
 //! data directory of mode 0700 works. Needs root, nftables, QEMU and the base image; without
-//! QEMU the tests print why and skip (`WARREN_VM_TESTS=require` makes that a failure).
+//! root or QEMU the tests print `SKIP:` and why (`WARREN_REQUIRE_ALL=1` makes that a failure).
 
 mod common;
 
@@ -21,14 +21,13 @@ use warren_runtime_vm::{VmRuntime, VmSettings};
 
 /// A config of its own (prefix, addresses, cgroups, state) per test.
 fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
-    assert!(nix::unistd::geteuid().is_root(), "these tests need root");
-    let qemu = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join("qemu-system-x86_64").exists());
-    if !qemu {
-        if std::env::var("WARREN_VM_TESTS").as_deref() == Ok("require") {
-            panic!("VM tests required but qemu-system-x86_64 is not installed");
-        }
-        eprintln!("SKIP: qemu-system-x86_64 is not installed (scripts/setup.sh installs it)");
+    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
+    if !warren_testkit::require("root", warren_testkit::is_root())
+        || !warren_testkit::require(
+            "qemu-system-x86_64 (scripts/setup.sh installs it)",
+            warren_testkit::on_path("qemu-system-x86_64").is_some(),
+        )
+    {
         return None;
     }
     let exe = std::env::current_exe().unwrap();

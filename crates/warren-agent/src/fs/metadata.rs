@@ -115,21 +115,32 @@ fn metadata_key(name: &OsStr) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A scratch file on a filesystem with user xattrs: the temporary directory (tmpfs has
+    /// them since Linux 6.6), else /var/tmp (disk-backed, ext4 on our hosts). `None` when
+    /// neither has them.
+    fn file_with_user_xattrs() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        for base in [std::env::temp_dir(), "/var/tmp".into()] {
+            let dir = base.join(format!("warren-meta-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("f");
+            std::fs::write(&file, b"").unwrap();
+            match xattr::set(&file, "user.other", b"keep") {
+                Ok(()) => return Some((dir, file)),
+                Err(e) => {
+                    assert!(unsupported(&e), "user xattr on {}: {e}", file.display());
+                    std::fs::remove_dir_all(&dir).unwrap();
+                }
+            }
+        }
+        None
+    }
+
     #[test]
     fn metadata_is_replaced_not_merged() {
-        let dir = std::env::temp_dir().join(format!("warren-meta-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("f");
-        std::fs::write(&file, b"").unwrap();
-        if let Err(e) = xattr::set(&file, "user.other", b"keep") {
-            assert!(unsupported(&e), "{e}");
-            eprintln!(
-                "SKIPPED metadata_is_replaced_not_merged: no user xattrs on {}",
-                dir.display()
-            );
-            std::fs::remove_dir_all(&dir).unwrap();
+        let Some((dir, file)) = file_with_user_xattrs() else {
+            warren_testkit::skip("no user xattrs in the temporary directory or /var/tmp");
             return;
-        }
+        };
         let map = |pairs: &[(&str, &str)]| -> Metadata {
             pairs
                 .iter()

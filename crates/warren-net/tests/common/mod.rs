@@ -65,14 +65,14 @@ pub struct Outside {
     pub private: Vec<Ipv4Addr>,
 }
 
-/// Returns the test context, or `None` (after printing why) when the test must be skipped.
-/// Panics when the host cannot run the tests and skipping was not asked for.
+/// Returns the test context, or `None` when the host cannot run the tests: then the reason
+/// is printed (`SKIP: ...`), or, under `WARREN_REQUIRE_ALL=1`, the test fails with it.
 pub fn setup() -> Option<TestCtx> {
     let mut missing = Vec::new();
-    if !nix::unistd::geteuid().is_root() {
-        missing.push("not running as root".to_owned());
+    if !warren_testkit::is_root() {
+        missing.push("root".to_owned());
     }
-    for tool in ["ip", "nft"] {
+    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
         let found = Command::new(tool)
             .arg("-V")
             .stdout(Stdio::null())
@@ -80,19 +80,11 @@ pub fn setup() -> Option<TestCtx> {
             .status()
             .is_ok();
         if !found {
-            missing.push(format!("`{tool}` is not installed"));
+            missing.push(format!("`{tool}` (Debian package `{package}`)"));
         }
     }
-    if !missing.is_empty() {
-        let reason = missing.join(", ");
-        if std::env::var("WARREN_SKIP_NET_TESTS").as_deref() == Ok("1") {
-            eprintln!("SKIPPED: {reason}");
-            return None;
-        }
-        panic!(
-            "warren-net tests need root and the `ip` (iproute2) and `nft` (nftables) tools: \
-             {reason}. Set WARREN_SKIP_NET_TESTS=1 to skip them."
-        );
+    if !warren_testkit::require(missing.join(", "), missing.is_empty()) {
+        return None;
     }
     let run = RUN.get_or_init(start_run);
     let no = TEST_NO.fetch_add(1, Ordering::Relaxed) as u8;

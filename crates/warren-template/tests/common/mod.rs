@@ -4,36 +4,22 @@
 
 use std::path::{Path, PathBuf};
 
-/// Returns false (after printing a loud SKIPPED line) when `WARREN_SKIP_IMAGE_BUILD=1` is set.
-/// Otherwise panics if any tool is missing: a test that silently passes without the tools it
-/// exercises would hide a broken setup.
+/// Whether every tool is installed. When one is missing the test cannot run here: the
+/// reason is printed (`SKIP: ...`) and false returned, or, under `WARREN_REQUIRE_ALL=1`, the
+/// test fails with it (docs/testing.md).
 pub fn require_tools(test: &str, tools: &[(&str, &str)]) -> bool {
-    if std::env::var("WARREN_SKIP_IMAGE_BUILD").as_deref() == Ok("1") {
-        // Straight to the stderr handle: the test harness captures eprintln! output of
-        // passing tests, and a skip must be seen.
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n!!!!! SKIPPED: {test}: WARREN_SKIP_IMAGE_BUILD=1 is set !!!!!\n"
-        );
-        return false;
-    }
-    for (tool, package) in tools {
-        let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-            .iter()
-            .map(PathBuf::from)
-            .chain(std::env::split_paths(
-                &std::env::var_os("PATH").unwrap_or_default(),
-            ))
-            .any(|dir| dir.join(tool).is_file());
-        assert!(
-            found,
-            "{test} needs `{tool}` (Debian package `{package}`), which is not installed. \
-             Run scripts/setup.sh (or `apt-get install {package}`), or set \
-             WARREN_SKIP_IMAGE_BUILD=1 to skip the image tests."
-        );
-    }
-    true
+    let missing: Vec<String> = tools
+        .iter()
+        .filter(|(tool, _)| warren_testkit::on_path(tool).is_none())
+        .map(|(tool, package)| format!("`{tool}` (Debian package `{package}`)"))
+        .collect();
+    warren_testkit::require(
+        format_args!(
+            "{} for the {test} (scripts/setup.sh installs them)",
+            missing.join(", ")
+        ),
+        missing.is_empty(),
+    )
 }
 
 /// A scratch directory under /var/tmp (disk-backed on every host we use; /tmp may be a small
