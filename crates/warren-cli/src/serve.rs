@@ -22,18 +22,11 @@ pub struct ServeArgs {
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
 }
 
-/// The runtime, and for `vm` the runtime itself: its template snapshot is prepared after
-/// `reattach` (which must see the previous run's slots and VMs first).
-type Runtimes = (
-    Arc<dyn SandboxRuntime>,
-    Option<Arc<warren_runtime_vm::VmRuntime>>,
-);
-
 async fn runtime(
     kind: RuntimeKind,
     data_dir: &Path,
     signed_url_max_age: Option<std::num::NonZeroU64>,
-) -> anyhow::Result<Runtimes> {
+) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
     let kind = match kind {
         RuntimeKind::Auto => {
             let d = warren_runtime_vm::detect_accelerator();
@@ -60,18 +53,13 @@ async fn runtime(
             let rt = warren_runtime_vm::VmRuntime::start(cfg, settings)
                 .await
                 .context("starting the vm runtime (it needs root and QEMU)")?;
-            Ok((rt.clone(), Some(rt)))
+            Ok(rt)
         }
         RuntimeKind::Auto | RuntimeKind::Ns => {
             let rt = warren_runtime_ns::NsRuntime::start(cfg)
                 .await
                 .context("starting the namespace runtime (it needs root)")?;
-            // The base template is what every SDK asks for by default: have it ready (built
-            // with visible progress on the very first start) before taking requests.
-            rt.prepare_template("base")
-                .await
-                .context("preparing the base template")?;
-            Ok((rt, None))
+            Ok(rt)
         }
     }
 }
@@ -86,7 +74,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let (runtime, vm) = runtime(args.runtime, &args.data_dir, args.signed_url_max_age).await?;
+    let runtime = runtime(args.runtime, &args.data_dir, args.signed_url_max_age).await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),
@@ -96,16 +84,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .collect(),
         ..Config::default()
     };
-    let control = Control::start(store, runtime, config)
+    let control = Control::start(store, runtime.clone(), config)
         .await
         .context("recovering sandboxes")?;
-    if let Some(vm) = &vm {
-        // The base template's snapshot (a cold boot, after the image build on the very first
-        // start) is made before taking requests, so no create ever boots a kernel.
-        vm.prepare_template("base")
-            .await
-            .context("preparing the base template's VM snapshot")?;
-    }
+    // The base template is what every SDK asks for by default: have it ready before taking
+    // requests (its image built with visible progress on the very first start; for the vm
+    // runtime its boot snapshot too, so no create ever boots a kernel). After recovery: the
+    // runtime must see the previous run's state first.
+    runtime
+        .prepare_template("base")
+        .await
+        .context("preparing the base template")?;
     ensure_key(&control, &args.data_dir).await?;
 
     let app = warren_server::app(
@@ -125,9 +114,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("serving")?;
     control.shutdown();
-    if let Some(vm) = vm {
-        vm.stop_warm().await;
-    }
+    runtime.stop().await;
     Ok(())
 }
 

@@ -9,6 +9,31 @@ use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
 
 impl Control {
+    /// Sandboxes that live on (running or paused) but were started by another runtime than
+    /// this server's: their processes, mounts and saved state are that runtime's to read and
+    /// free, so this one must not be handed their records (it would lose them, and leak what
+    /// they hold). The server refuses to start instead, saying how to go on.
+    fn refuse_foreign_records(&self, records: &[Sandbox]) -> Result<(), ControlError> {
+        let mine = self.inner.runtime.name();
+        let foreign: Vec<(&str, &str)> = records
+            .iter()
+            .filter(|sb| matches!(sb.state, SandboxState::Running | SandboxState::Paused))
+            .filter_map(|sb| {
+                let rt = warren_runtime::record_runtime(&sb.runtime.as_ref()?.record)?;
+                (rt != mine).then_some((sb.id.as_str(), rt))
+            })
+            .collect();
+        let Some(&(first, theirs)) = foreign.first() else {
+            return Ok(());
+        };
+        Err(ControlError::FailedPrecondition(format!(
+            "{} running or paused sandboxes (e.g. {first}) belong to the {theirs} runtime, \
+             but this server runs the {mine} runtime; start it with --runtime {theirs} to keep \
+             them, or kill them there first",
+            foreign.len()
+        )))
+    }
+
     /// Hands the runtime every sandbox the store says is running, so it takes those back and
     /// frees everything else it owns; records the outcome of each.
     pub(crate) async fn recover(&self) -> Result<(), ControlError> {
@@ -22,6 +47,7 @@ impl Control {
             ])
             .await?;
 
+        self.refuse_foreign_records(&records)?;
         let mut wanted: HashMap<String, Sandbox> = HashMap::new();
         let mut runtime_records: Vec<RuntimeSandbox> = Vec::new();
         for mut sb in records {

@@ -105,6 +105,23 @@ pub struct SnapshotInfo {
     pub bytes: u64,
 }
 
+/// The key of [`RuntimeSandbox::record`] that names the back end that wrote it (`ns`, `vm`):
+/// a server restarted with another runtime must not hand it records it cannot read.
+pub const RECORD_RUNTIME: &str = "runtime";
+
+/// `record` tagged with the back end `runtime` (see [`RECORD_RUNTIME`]).
+pub fn tag_record(runtime: &str, mut record: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = record.as_object_mut() {
+        map.insert(RECORD_RUNTIME.into(), runtime.into());
+    }
+    record
+}
+
+/// The back end that wrote `record`; `None` for records of releases before the tag.
+pub fn record_runtime(record: &serde_json::Value) -> Option<&str> {
+    record.get(RECORD_RUNTIME).and_then(|v| v.as_str())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("unknown template {0:?}")]
@@ -132,6 +149,29 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     fn headroom(&self) -> Option<Headroom> {
         None
     }
+    /// Makes template `name` ready for creates before the server takes requests: its image
+    /// built and mounted (minutes the very first time), and what the back end starts from
+    /// (the vm runtime's boot snapshot, its warm pool). Called after [`Self::reattach`], which
+    /// must see the previous run's state first. `UnknownTemplate` for a name it cannot build.
+    async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
+        let _ = name;
+        Ok(())
+    }
+
+    /// Keeps `size` sandboxes of `template` prepared ahead of creates (0 empties the pool), so
+    /// that a create only claims one. Back ends without a pool refuse.
+    async fn set_warm_pool(&self, template: &str, size: usize) -> Result<(), RuntimeError> {
+        let _ = (template, size);
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime has no warm pool",
+            self.name()
+        )))
+    }
+
+    /// The server is exiting: stop background work (warm pools, refills) and free what it
+    /// held. Sandboxes keep running; the next start's [`Self::reattach`] takes them back.
+    async fn stop(&self) {}
+
     /// Creates a sandbox and returns once its agent answers and is initialised.
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError>;
     /// Kills a sandbox and frees everything it held. Killing an unknown id is `NotFound`.
@@ -192,5 +232,18 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// those it has no record of, e.g. a fork's checkpoint when the server died mid-fork).
     async fn snapshot_keys(&self) -> Vec<String> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_carry_the_runtime_that_wrote_them() {
+        let tagged = tag_record("vm", serde_json::json!({"pid": 7}));
+        assert_eq!(record_runtime(&tagged), Some("vm"));
+        assert_eq!(tagged["pid"], 7);
+        assert_eq!(record_runtime(&serde_json::json!({"pid1": 1})), None);
     }
 }

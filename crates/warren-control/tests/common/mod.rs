@@ -69,7 +69,7 @@ impl SandboxRuntime for FakeRuntime {
         let rt = RuntimeSandbox {
             id: spec.id.clone(),
             agent: SocketAddr::from(([127, 0, 0, 1], 1)),
-            record: serde_json::json!({"fake": true}),
+            record: serde_json::json!({"fake": true, "runtime": "fake"}),
         };
         self.alive.lock().unwrap().insert(spec.id, rt.clone());
         Ok(rt)
@@ -113,7 +113,7 @@ impl SandboxRuntime for FakeRuntime {
         let rt = RuntimeSandbox {
             id: spec.id.clone(),
             agent: SocketAddr::from(([127, 0, 0, 1], 2)),
-            record: serde_json::json!({"fake": true}),
+            record: serde_json::json!({"fake": true, "runtime": "fake"}),
         };
         self.alive.lock().unwrap().insert(spec.id, rt.clone());
         let kind = match mode {

@@ -118,9 +118,9 @@ impl NsRuntime {
         Ok(rt)
     }
 
-    /// Makes sure template `name` is built and mounted (the first build takes minutes and
-    /// prints its progress), so the first create does not pay for it.
-    pub async fn prepare_template(&self, name: &str) -> Result<PathBuf, RuntimeError> {
+    /// The mounted root of template `name`, built and mounted on first use (the first build
+    /// takes minutes and prints its progress).
+    pub async fn template_root(&self, name: &str) -> Result<PathBuf, RuntimeError> {
         let (data, dir, name) = (
             self.cfg.data_dir.clone(),
             self.cfg.templates_dir.clone(),
@@ -283,6 +283,10 @@ impl NsRuntime {
 impl SandboxRuntime for NsRuntime {
     fn name(&self) -> &'static str {
         "ns"
+    }
+
+    async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
+        self.template_root(name).await.map(|_| ())
     }
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {
@@ -464,8 +468,10 @@ impl NsRuntime {
         let out = RuntimeSandbox {
             id: spec.id.clone(),
             agent: SocketAddr::V4(slot.agent_endpoint()),
-            record: serde_json::to_value(&record)
-                .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            record: warren_runtime::tag_record(
+                "ns",
+                serde_json::to_value(&record).map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            ),
         };
         self.live.lock().await.insert(
             spec.id,
@@ -590,7 +596,7 @@ impl NsRuntime {
                     };
                     serde_json::to_value(&rec)
                         .map(|record| RuntimeSandbox {
-                            record,
+                            record: warren_runtime::tag_record("ns", record),
                             ..r.clone()
                         })
                         .map_err(|e| RuntimeError::Failed(e.to_string()))

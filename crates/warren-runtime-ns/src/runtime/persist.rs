@@ -198,8 +198,10 @@ impl NsRuntime {
         Ok(RuntimeSandbox {
             id: id.to_string(),
             agent: h.agent,
-            record: serde_json::to_value(&record)
-                .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            record: warren_runtime::tag_record(
+                "ns",
+                serde_json::to_value(&record).map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            ),
         })
     }
 
@@ -238,8 +240,11 @@ impl NsRuntime {
             RuntimeSandbox {
                 id,
                 agent: h.agent,
-                record: serde_json::to_value(&h.record)
-                    .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+                record: warren_runtime::tag_record(
+                    "ns",
+                    serde_json::to_value(&h.record)
+                        .map_err(|e| RuntimeError::Failed(e.to_string()))?,
+                ),
             },
             ResumeKind::Memory,
         ))

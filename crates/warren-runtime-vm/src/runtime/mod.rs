@@ -116,6 +116,8 @@ pub struct VmRuntime {
     paused: Mutex<HashSet<String>>,
     warm: Mutex<HashMap<String, VecDeque<Warm>>>,
     refilling: Mutex<()>,
+    /// Warm QEMUs to keep per template, where set (`set_warm_pool`); else the settings' size.
+    warm_targets: std::sync::Mutex<HashMap<String, usize>>,
     /// Set by `stop_warm`: refills still under way discard what they start.
     stopping: std::sync::atomic::AtomicBool,
     client: reqwest::Client,
@@ -181,6 +183,7 @@ impl VmRuntime {
             paused: Mutex::new(HashSet::new()),
             warm: Mutex::new(HashMap::new()),
             refilling: Mutex::new(()),
+            warm_targets: std::sync::Mutex::new(HashMap::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             client,
             this: this.clone(),
@@ -257,14 +260,6 @@ impl VmRuntime {
             machine::remove_stale(&self.vms_dir().join(&name), &parent);
             self.remove_links(&name);
         }
-    }
-
-    /// Makes sure template `name` has a snapshot (booting it once, minutes the very first
-    /// time when the image must be built) and fills its warm pool.
-    pub async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
-        self.snapshot(name).await?;
-        self.refill(name).await;
-        Ok(())
     }
 
     async fn snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
@@ -647,7 +642,10 @@ impl VmRuntime {
         Ok(RuntimeSandbox {
             id: spec.id,
             agent,
-            record: serde_json::to_value(&record).map_err(failed)?,
+            record: warren_runtime::tag_record(
+                "vm",
+                serde_json::to_value(&record).map_err(failed)?,
+            ),
         })
     }
 }
@@ -656,6 +654,30 @@ impl VmRuntime {
 impl SandboxRuntime for VmRuntime {
     fn name(&self) -> &'static str {
         "vm"
+    }
+
+    /// Makes sure template `name` has a snapshot (booting it once, minutes the very first
+    /// time when the image must be built) and fills its warm pool.
+    async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
+        self.snapshot(name).await?;
+        self.refill(name).await;
+        Ok(())
+    }
+
+    async fn set_warm_pool(&self, template: &str, size: usize) -> Result<(), RuntimeError> {
+        // The snapshot first: a template that cannot boot is refused here, not in a refill.
+        self.snapshot(template).await?;
+        self.warm_targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(template.to_string(), size);
+        self.shrink_warm(template, size).await;
+        self.refill(template).await;
+        Ok(())
+    }
+
+    async fn stop(&self) {
+        self.stop_warm().await;
     }
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {

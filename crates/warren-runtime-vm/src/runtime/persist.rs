@@ -300,7 +300,10 @@ impl VmRuntime {
         Ok(RuntimeSandbox {
             id: id.to_string(),
             agent,
-            record: serde_json::to_value(&record).map_err(failed)?,
+            record: warren_runtime::tag_record(
+                "vm",
+                serde_json::to_value(&record).map_err(failed)?,
+            ),
         })
     }
 

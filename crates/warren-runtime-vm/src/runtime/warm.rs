@@ -7,8 +7,18 @@ use super::{VmRuntime, Warm};
 
 impl VmRuntime {
     /// Tops the warm pool of `template` up to its target.
+    /// How many warm QEMUs `template` should have.
+    pub(super) fn warm_target(&self, template: &str) -> usize {
+        self.warm_targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(template)
+            .copied()
+            .unwrap_or(self.settings.warm_pool)
+    }
+
     pub(super) async fn refill(&self, template: &str) {
-        if self.settings.warm_pool == 0 {
+        if self.warm_target(template) == 0 {
             return;
         }
         let _guard = self.refilling.lock().await;
@@ -17,7 +27,7 @@ impl VmRuntime {
         };
         loop {
             let have = self.warm.lock().await.get(template).map_or(0, |q| q.len());
-            if have >= self.settings.warm_pool {
+            if have >= self.warm_target(template) {
                 return;
             }
             if self.stopping.load(Ordering::SeqCst) {
@@ -47,6 +57,20 @@ impl VmRuntime {
         if let Some(rt) = self.this.upgrade() {
             let t = template.to_string();
             tokio::spawn(async move { rt.refill(&t).await });
+        }
+    }
+
+    /// Discards warm QEMUs of `template` beyond `size`.
+    pub(super) async fn shrink_warm(&self, template: &str, size: usize) {
+        let extra: Vec<Warm> = {
+            let mut warm = self.warm.lock().await;
+            match warm.get_mut(template) {
+                Some(q) if q.len() > size => q.drain(size..).collect(),
+                _ => Vec::new(),
+            }
+        };
+        for w in extra {
+            self.discard_warm(w).await;
         }
     }
 
