@@ -3,19 +3,29 @@
 //! Every message implements `serde::Serialize`/`Deserialize` with proto3-JSON rules (lowerCamelCase
 //! names, enums as strings, 64-bit integers as strings, bytes as base64, defaults omitted,
 //! unknown fields ignored), which is what E2B's SDKs send and expect.
+//!
+//! [`connect`] frames those messages for the wire (Connect protocol, JSON codec), and, with the
+//! `client` feature, [`client`] is the typed client of the agent built on both.
 
 #![forbid(unsafe_code)]
-#![allow(clippy::all, missing_docs)]
 
+// Generated code: its style is prost's and pbjson's, not ours.
+#[allow(clippy::all, missing_docs)]
 pub mod process {
     include!(concat!(env!("OUT_DIR"), "/process.rs"));
     include!(concat!(env!("OUT_DIR"), "/process.serde.rs"));
 }
 
+#[allow(clippy::all, missing_docs)]
 pub mod filesystem {
     include!(concat!(env!("OUT_DIR"), "/filesystem.rs"));
     include!(concat!(env!("OUT_DIR"), "/filesystem.serde.rs"));
 }
+
+pub mod connect;
+
+#[cfg(feature = "client")]
+pub mod client;
 
 mod timestamp;
 
