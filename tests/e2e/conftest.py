@@ -3,8 +3,11 @@ unmodified E2B SDK at it through E2B_API_URL and E2B_SANDBOX_URL (both the one l
 
 WARREN_BIN: the `warren` binary (default target/release/warren).
 WARREN_E2E_DATA_DIR: data dir to reuse (keeps built template images between runs).
-WARREN_E2E_RUNTIME: the server's `--runtime` (default `auto`; `vm` runs every sandbox as a
-QEMU microVM fork, under TCG on hosts without usable KVM).
+WARREN_E2E_RUNTIME: the server's `--runtime` (default `ns`, so the namespace runtime is tested
+end to end on a KVM host too; `vm` runs every sandbox as a QEMU microVM fork, under TCG on hosts
+without usable KVM; `auto` lets the server choose).
+WARREN_REQUIRE_ALL=1: a test that needs something this host lacks fails instead of skipping
+(docs/testing.md; scripts/test.sh sets it).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -22,6 +26,16 @@ import requests
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 API_KEY = "e2e-test-key-0123456789abcdef"
+
+
+def require(what: str, ok: bool) -> None:
+    """The one rule for a test that needs something the host lacks (docs/testing.md): skipped
+    with the reason, or, under WARREN_REQUIRE_ALL=1, failed with it."""
+    if ok:
+        return
+    if os.environ.get("WARREN_REQUIRE_ALL") == "1":
+        pytest.fail(f"WARREN_REQUIRE_ALL=1 but this test cannot run here: needs {what}", pytrace=False)
+    pytest.skip(f"needs {what}")
 
 
 def _free_port() -> int:
@@ -45,7 +59,7 @@ class Server:
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG="info")
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "auto"), "--max-sandboxes", "40",
+             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "ns"), "--max-sandboxes", "40",
              *self.extra_args],
             env=env, stdout=self.log, stderr=self.log,
         )
@@ -78,8 +92,7 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server():
-    if os.geteuid() != 0:
-        pytest.skip("the namespace runtime needs root")
+    require("root (the server's runtimes create namespaces, cgroups and network slots)", os.geteuid() == 0)
     keep = os.environ.get("WARREN_E2E_DATA_DIR")
     data_dir = keep or tempfile.mkdtemp(prefix="warren-e2e-")
     os.makedirs(data_dir, exist_ok=True)
@@ -107,3 +120,29 @@ def api(server):
     s.headers["X-API-KEY"] = API_KEY
     s.base = server.url  # type: ignore[attr-defined]
     return s
+
+
+def _outcome_within(seconds: float, call):
+    """Runs `call` in a thread and returns what ended it within `seconds`: the exception it
+    raised, or ("returned", value); None when it still runs then (the thread is left behind as
+    a daemon)."""
+    box: list = []
+
+    def run():
+        try:
+            box.append(("returned", call()))
+        except BaseException as e:  # noqa: BLE001 - what ended the call is the result
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box[0] if box else None
+
+
+@pytest.fixture
+def outcome_within():
+    """`outcome_within(seconds, call)`: what ended `call` within `seconds` (None: nothing did).
+    For tests of "X cuts a stream": give the stream a client deadline far beyond `seconds`, so
+    that only X can end the wait in time and a client timeout cannot pass for it."""
+    return _outcome_within
