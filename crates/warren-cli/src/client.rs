@@ -1,9 +1,13 @@
-//! A small client of the server's REST API and sandbox proxy.
+//! A small client of the server's REST API, and the typed agent client through its proxy.
 
 use anyhow::{bail, Context};
 use serde_json::Value;
+use warren_proto::client::AgentClient;
 
 use crate::{ClientArgs, KEY_FILE};
+
+/// The port the agent listens on inside every sandbox (envd's).
+const AGENT_PORT: &str = "49983";
 
 #[derive(Clone)]
 pub struct Client {
@@ -67,39 +71,11 @@ impl Client {
         Self::check(resp).await
     }
 
-    /// A request to a sandbox's agent through the server's proxy.
-    pub fn sandbox(&self, id: &str, token: &str, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.url(path))
-            .header("E2b-Sandbox-Id", id)
-            .header("E2b-Sandbox-Port", "49983")
-            .header("X-Access-Token", token)
-    }
-
-    /// A unary Connect call (JSON codec) to a sandbox's agent; the response message.
-    pub async fn agent_unary(
-        &self,
-        id: &str,
-        token: &str,
-        procedure: &str,
-        msg: &Value,
-    ) -> anyhow::Result<Value> {
-        let resp = self
-            .sandbox(id, token, procedure)
-            .header("content-type", "application/json")
-            .header("connect-protocol-version", "1")
-            .json(msg)
-            .send()
-            .await
-            .context("contacting the sandbox")?;
-        let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
-        if status.is_success() {
-            return Ok(body);
-        }
-        if body.get("code").is_some() {
-            bail!("{}", crate::connect::error_text(&body))
-        }
-        bail!("sandbox answered {status}")
+    /// The agent of sandbox `id`, reached through the server's proxy with its access token.
+    pub fn agent(&self, id: &str, token: &str) -> anyhow::Result<AgentClient> {
+        Ok(AgentClient::new(self.http.clone(), self.base.clone())
+            .with_header("E2b-Sandbox-Id", id)?
+            .with_header("E2b-Sandbox-Port", AGENT_PORT)?
+            .with_access_token(token)?)
     }
 }

@@ -2,12 +2,16 @@
 
 use std::io::{IsTerminal, Write};
 
+use std::time::Duration;
+
 use anyhow::{bail, Context};
-use base64::Engine as _;
 use clap::Subcommand;
-use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
+use warren_proto::client::{self, CallOptions, EventStream};
+use warren_proto::process::process_event::data_event::Output;
+use warren_proto::process::process_event::{DataEvent, Event};
+use warren_proto::process::{ProcessConfig, StartRequest, StartResponse};
 
 use crate::client::Client;
 use crate::{connect, persist, shell, ClientArgs};
@@ -278,35 +282,25 @@ pub async fn agent_token(client: &Client, id: &str) -> anyhow::Result<String> {
         .to_string())
 }
 
-/// Starts a process (Connect server stream `process.Process/Start`) and returns the live
-/// response once the agent accepted the call.
+/// Starts a process (`process.Process/Start`) through the proxy and returns its event stream
+/// once the agent accepted the call.
 pub async fn start_process(
     client: &Client,
     id: &str,
     token: &str,
     user: Option<&str>,
-    request: &Value,
-) -> anyhow::Result<reqwest::Response> {
-    let mut req = client
-        .sandbox(id, token, "/process.Process/Start")
-        .header("content-type", "application/connect+json")
-        .header("connect-protocol-version", "1")
-        // Keepalive events while idle keep proxies from closing a quiet stream.
-        .header("keepalive-ping-interval", "50")
-        .body(connect::encode_envelope(request)?);
+    request: &StartRequest,
+) -> anyhow::Result<EventStream<StartResponse>> {
+    // Keepalive events while idle keep proxies from closing a quiet stream.
+    let mut opts = CallOptions::new().keepalive_ping_interval(Duration::from_secs(50));
     if let Some(u) = user {
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{u}:"));
-        req = req.header("authorization", format!("Basic {basic}"));
+        opts = opts.user(u);
     }
-    let resp = req.send().await.context("contacting the sandbox")?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        bail!(
-            "sandbox answered {status}: {}",
-            resp.text().await.unwrap_or_default()
-        );
-    }
-    Ok(resp)
+    Ok(client
+        .agent(id, token)?
+        .process()
+        .start(request, &opts)
+        .await?)
 }
 
 /// The line `bash -c` runs for `exec`'s arguments: a single argument as the shell command line
@@ -319,7 +313,20 @@ fn shell_line(command: &[String]) -> anyhow::Result<String> {
     }
 }
 
-/// Streams a command's output through the proxy (Connect server stream, JSON envelopes).
+/// The `Start` request of `exec`: `command` in a login shell, stdin closed.
+fn exec_request(command: &str) -> StartRequest {
+    StartRequest {
+        process: Some(ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-l".into(), "-c".into(), command.into()],
+            ..Default::default()
+        }),
+        stdin: Some(false),
+        ..Default::default()
+    }
+}
+
+/// Streams a command's output through the proxy and returns its exit status.
 async fn exec(
     client: &Client,
     id: &str,
@@ -327,41 +334,36 @@ async fn exec(
     command: &str,
 ) -> anyhow::Result<u8> {
     let token = agent_token(client, id).await?;
-    let request = json!({
-        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", command]}, "stdin": false
-    });
-    let resp = start_process(client, id, &token, user.as_deref(), &request).await?;
-    let mut stream = resp.bytes_stream();
-    let mut decoder = connect::Decoder::default();
+    let mut stream =
+        start_process(client, id, &token, user.as_deref(), &exec_request(command)).await?;
     let mut code: u8 = 0;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    while let Some(chunk) = stream.next().await {
-        decoder.push(&chunk.context("stream from the sandbox broke")?);
-        while let Some(frame) = decoder.next_frame()? {
-            let msg = match frame {
-                connect::Frame::End(Ok(())) => return Ok(code),
-                connect::Frame::End(Err(e)) => bail!("{e}"),
-                connect::Frame::Message(m) => m,
-            };
-            let event = &msg["event"];
-            if let Some(d) = event["data"]["stdout"].as_str() {
-                std::io::stdout().write_all(&b64.decode(d)?)?;
-                std::io::stdout().flush()?;
+    loop {
+        let msg = match stream.next().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return Ok(code),
+            Err(client::Error::Truncated { .. }) => bail!("the sandbox closed the stream early"),
+            Err(e) => return Err(e.into()),
+        };
+        match connect::event(msg) {
+            Some(Event::Data(DataEvent {
+                output: Some(Output::Stdout(bytes)),
+            })) => {
+                let mut out = std::io::stdout();
+                out.write_all(&bytes)?;
+                out.flush()?;
             }
-            if let Some(d) = event["data"]["stderr"].as_str() {
-                std::io::stderr().write_all(&b64.decode(d)?)?;
-            }
-            if let Some(end) = event.get("end") {
-                code = connect::exit_code(end);
-            }
+            Some(Event::Data(DataEvent {
+                output: Some(Output::Stderr(bytes)),
+            })) => std::io::stderr().write_all(&bytes)?,
+            Some(Event::End(end)) => code = connect::exit_code(&end),
+            _ => {}
         }
     }
-    bail!("the sandbox closed the stream early")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::shell_line;
+    use super::{exec_request, shell_line};
 
     fn words(w: &[&str]) -> Vec<String> {
         w.iter().map(|s| s.to_string()).collect()
@@ -370,6 +372,18 @@ mod tests {
     #[test]
     fn one_argument_is_a_command_line() {
         assert_eq!(shell_line(&words(&["ls | wc -l"])).unwrap(), "ls | wc -l");
+    }
+
+    #[test]
+    fn exec_runs_a_login_shell_without_stdin() {
+        let v = serde_json::to_value(exec_request("ls | wc -l")).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "process": {"cmd": "/bin/bash", "args": ["-l", "-c", "ls | wc -l"]},
+                "stdin": false
+            })
+        );
     }
 
     #[test]

@@ -9,15 +9,18 @@ use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use base64::Engine as _;
-use bytes::Bytes;
-use futures::{Stream, StreamExt};
-use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
+use warren_proto::client::{self, AgentClient, CallOptions, EventStream};
+use warren_proto::process::process_event::data_event::Output;
+use warren_proto::process::process_event::{DataEvent, Event, StartEvent};
+use warren_proto::process::{
+    process_input, pty, ProcessConfig, ProcessInput, Pty, SendInputRequest, SendSignalRequest,
+    Signal, StartRequest, StartResponse, UpdateRequest,
+};
 
 use crate::client::Client;
-use crate::connect::{self, Decoder, Frame};
+use crate::connect;
 use crate::sandbox;
 
 /// Size used when the local terminal does not report one.
@@ -35,27 +38,46 @@ enum Input {
     Resize { cols: u16, rows: u16 },
 }
 
+fn pty_size(cols: u16, rows: u16) -> Option<Pty> {
+    Some(Pty {
+        size: Some(pty::Size {
+            cols: cols.into(),
+            rows: rows.into(),
+        }),
+    })
+}
+
 /// The `Start` request: a login shell on a PTY of the given size.
-fn start_request(term: &str, cols: u16, rows: u16) -> Value {
-    json!({
-        "process": {
-            "cmd": "/bin/bash",
-            "args": ["-i", "-l"],
-            "envs": {"TERM": term, "LANG": "C.UTF-8"},
-        },
-        "pty": {"size": {"cols": cols, "rows": rows}},
-    })
+fn start_request(term: &str, cols: u16, rows: u16) -> StartRequest {
+    StartRequest {
+        process: Some(ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-i".into(), "-l".into()],
+            envs: [("TERM", term), ("LANG", "C.UTF-8")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cwd: None,
+        }),
+        pty: pty_size(cols, rows),
+        ..Default::default()
+    }
 }
 
-fn send_input_request(pid: u64, bytes: &[u8]) -> Value {
-    json!({
-        "process": {"pid": pid},
-        "input": {"pty": base64::engine::general_purpose::STANDARD.encode(bytes)},
-    })
+fn send_input_request(pid: u32, bytes: &[u8]) -> SendInputRequest {
+    SendInputRequest {
+        process: client::pid(pid),
+        input: Some(ProcessInput {
+            input: Some(process_input::Input::Pty(bytes.to_vec())),
+        }),
+    }
 }
 
-fn update_request(pid: u64, cols: u16, rows: u16) -> Value {
-    json!({"process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}})
+fn update_request(pid: u32, cols: u16, rows: u16) -> UpdateRequest {
+    UpdateRequest {
+        process: client::pid(pid),
+        pty: pty_size(cols, rows),
+    }
 }
 
 /// Merges what queued up into as few calls as possible without reordering: consecutive
@@ -116,22 +138,6 @@ impl Drop for RawMode {
     }
 }
 
-/// The next envelope of the response, reading more of it as needed; `None` at its end.
-async fn next_frame(
-    stream: &mut (impl Stream<Item = reqwest::Result<Bytes>> + Unpin),
-    decoder: &mut Decoder,
-) -> anyhow::Result<Option<Frame>> {
-    loop {
-        if let Some(frame) = decoder.next_frame()? {
-            return Ok(Some(frame));
-        }
-        match stream.next().await {
-            Some(chunk) => decoder.push(&chunk.context("stream from the sandbox broke")?),
-            None => return Ok(None),
-        }
-    }
-}
-
 pub async fn run(client: &Client, id: &str, user: Option<String>) -> anyhow::Result<u8> {
     if !std::io::stdin().is_terminal() {
         bail!(
@@ -142,7 +148,7 @@ pub async fn run(client: &Client, id: &str, user: Option<String>) -> anyhow::Res
     let token = sandbox::agent_token(client, id).await?;
     let (cols, rows) = terminal_size();
     let term = remote_term(std::env::var("TERM").ok());
-    let resp = sandbox::start_process(
+    let mut stream = sandbox::start_process(
         client,
         id,
         &token,
@@ -150,33 +156,31 @@ pub async fn run(client: &Client, id: &str, user: Option<String>) -> anyhow::Res
         &start_request(&term, cols, rows),
     )
     .await?;
-    let mut stream = resp.bytes_stream();
-    let mut decoder = Decoder::default();
     let pid = loop {
-        match next_frame(&mut stream, &mut decoder).await? {
-            Some(Frame::Message(m)) => {
-                if let Some(pid) = m["event"]["start"]["pid"].as_u64() {
-                    break pid;
+        match stream.next().await {
+            Ok(Some(msg)) => match connect::event(msg) {
+                Some(Event::Start(StartEvent { pid })) => break pid,
+                Some(Event::Keepalive(_)) => {}
+                other => {
+                    bail!("the sandbox did not start the shell: unexpected first event {other:?}")
                 }
-                if m["event"].get("keepalive").is_none() {
-                    bail!("the sandbox did not start the shell: unexpected first event {m}");
-                }
+            },
+            Err(e @ client::Error::Rpc { .. }) => {
+                return Err(anyhow::Error::new(e).context("starting the shell"))
             }
-            Some(Frame::End(Err(e))) => bail!("starting the shell: {e}"),
-            Some(Frame::End(Ok(()))) | None => {
+            Ok(None) | Err(client::Error::Truncated { .. }) => {
                 bail!("the sandbox closed the stream before the shell started")
             }
+            Err(e) => return Err(e.into()),
         }
     };
 
     let session = Session {
-        client,
-        id,
-        token: &token,
+        agent: client.agent(id, &token)?,
         pid,
     };
     let guard = RawMode::enable()?;
-    let result = session.pump(stream, decoder).await;
+    let result = session.pump(stream).await;
     drop(guard);
     if result.is_err() {
         // Leave no orphan shell behind when the session broke off.
@@ -185,27 +189,24 @@ pub async fn run(client: &Client, id: &str, user: Option<String>) -> anyhow::Res
     result
 }
 
-struct Session<'a> {
-    client: &'a Client,
-    id: &'a str,
-    token: &'a str,
-    pid: u64,
+struct Session {
+    agent: AgentClient,
+    pid: u32,
 }
 
-impl Session<'_> {
+impl Session {
     async fn kill(&self) {
-        let msg = json!({"process": {"pid": self.pid}, "signal": "SIGNAL_SIGKILL"});
-        let call =
-            self.client
-                .agent_unary(self.id, self.token, "/process.Process/SendSignal", &msg);
+        let msg = SendSignalRequest {
+            process: client::pid(self.pid),
+            signal: Signal::Sigkill as i32,
+        };
+        let opts = CallOptions::new();
+        let process = self.agent.process();
+        let call = process.send_signal(&msg, &opts);
         let _ = tokio::time::timeout(Duration::from_secs(3), call).await;
     }
 
-    async fn pump(
-        &self,
-        mut stream: impl Stream<Item = reqwest::Result<Bytes>> + Unpin,
-        mut decoder: Decoder,
-    ) -> anyhow::Result<u8> {
+    async fn pump(&self, mut stream: EventStream<StartResponse>) -> anyhow::Result<u8> {
         let (tx, mut rx) = mpsc::channel::<Input>(256);
 
         // Local terminal → channel. A plain thread: the process may exit while it is blocked.
@@ -243,35 +244,35 @@ impl Session<'_> {
         });
 
         // Channel → agent, one call at a time so input keeps its order.
-        let client = self.client.clone();
-        let (id, token, pid) = (self.id.to_string(), self.token.to_string(), self.pid);
+        let agent = self.agent.clone();
+        let pid = self.pid;
         let mut writer = tokio::spawn(async move {
+            let opts = CallOptions::new();
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
                 while let Ok(more) = rx.try_recv() {
                     batch.push(more);
                 }
+                let process = agent.process();
                 for item in coalesce(batch) {
-                    let (procedure, msg) = match item {
-                        Input::Bytes(b) => {
-                            ("/process.Process/SendInput", send_input_request(pid, &b))
-                        }
-                        Input::Resize { cols, rows } => {
-                            ("/process.Process/Update", update_request(pid, cols, rows))
-                        }
-                    };
-                    client
-                        .agent_unary(&id, &token, procedure, &msg)
-                        .await
-                        .with_context(|| format!("sending {procedure} to the shell"))?;
+                    match item {
+                        Input::Bytes(b) => process
+                            .send_input(&send_input_request(pid, &b), &opts)
+                            .await
+                            .map(drop)
+                            .context("sending input to the shell")?,
+                        Input::Resize { cols, rows } => process
+                            .update(&update_request(pid, cols, rows), &opts)
+                            .await
+                            .map(drop)
+                            .context("resizing the shell's terminal")?,
+                    }
                 }
             }
             anyhow::Ok(())
         });
 
-        let result = self
-            .copy_output(&mut stream, &mut decoder, &mut writer)
-            .await;
+        let result = self.copy_output(&mut stream, &mut writer).await;
         resizer.abort();
         writer.abort();
         result
@@ -279,11 +280,9 @@ impl Session<'_> {
 
     async fn copy_output(
         &self,
-        stream: &mut (impl Stream<Item = reqwest::Result<Bytes>> + Unpin),
-        decoder: &mut Decoder,
+        stream: &mut EventStream<StartResponse>,
         writer: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
     ) -> anyhow::Result<u8> {
-        let b64 = base64::engine::general_purpose::STANDARD;
         let mut term = signal(SignalKind::terminate())?;
         let mut hangup = signal(SignalKind::hangup())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -292,32 +291,31 @@ impl Session<'_> {
         tokio::pin!(grace);
         loop {
             tokio::select! {
-                frame = next_frame(stream, decoder) => match frame? {
-                    Some(Frame::Message(m)) => {
-                        let event = &m["event"];
-                        let data = &event["data"];
-                        for (key, to_stderr) in [("pty", false), ("stdout", false), ("stderr", true)] {
-                            if let Some(d) = data[key].as_str() {
-                                let bytes = b64.decode(d).context("malformed output from the sandbox")?;
-                                if to_stderr {
-                                    std::io::stderr().write_all(&bytes)?;
-                                } else {
-                                    let mut out = std::io::stdout();
-                                    out.write_all(&bytes)?;
-                                    out.flush()?;
-                                }
-                            }
+                // `next` is cancel-safe: losing the race to another branch drops nothing.
+                frame = stream.next() => match frame {
+                    Ok(Some(msg)) => match connect::event(msg) {
+                        Some(Event::Data(DataEvent { output: Some(Output::Stderr(bytes)) })) => {
+                            std::io::stderr().write_all(&bytes)?;
                         }
-                        if let Some(end) = event.get("end") {
-                            return Ok(connect::exit_code(end));
+                        Some(Event::Data(DataEvent {
+                            output: Some(Output::Pty(bytes) | Output::Stdout(bytes)),
+                        })) => {
+                            let mut out = std::io::stdout();
+                            out.write_all(&bytes)?;
+                            out.flush()?;
                         }
+                        Some(Event::End(end)) => return Ok(connect::exit_code(&end)),
+                        _ => {}
+                    },
+                    Err(e @ client::Error::Rpc { .. }) => {
+                        return Err(anyhow::Error::new(e).context("the shell's stream ended"))
                     }
-                    Some(Frame::End(Err(e))) => bail!("the shell's stream ended: {e}"),
-                    Some(Frame::End(Ok(()))) | None => {
+                    Ok(None) | Err(client::Error::Truncated { .. }) => {
                         return Err(writer_failed.unwrap_or_else(|| {
                             anyhow!("the sandbox closed the stream before the shell ended")
                         }))
                     }
+                    Err(e) => return Err(e.into()),
                 },
                 joined = &mut *writer, if writer_failed.is_none() => {
                     let err = match joined {
@@ -343,9 +341,11 @@ impl Session<'_> {
 mod tests {
     use super::*;
 
+    use serde_json::json;
+
     #[test]
     fn start_request_asks_for_a_pty_login_shell() {
-        let v = start_request("screen", 120, 40);
+        let v = serde_json::to_value(start_request("screen", 120, 40)).unwrap();
         assert_eq!(v["process"]["cmd"], "/bin/bash");
         assert_eq!(v["process"]["args"], json!(["-i", "-l"]));
         assert_eq!(v["process"]["envs"]["TERM"], "screen");
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn input_is_base64_pty_bytes() {
-        let v = send_input_request(42, b"ls\r\x03");
+        let v = serde_json::to_value(send_input_request(42, b"ls\r\x03")).unwrap();
         assert_eq!(
             v,
             json!({"process": {"pid": 42}, "input": {"pty": "bHMNAw=="}})
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn resize_message() {
         assert_eq!(
-            update_request(7, 100, 30),
+            serde_json::to_value(update_request(7, 100, 30)).unwrap(),
             json!({"process": {"pid": 7}, "pty": {"size": {"cols": 100, "rows": 30}}})
         );
     }

@@ -6,6 +6,9 @@ use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use warren_proto::client::{self, AgentClient, CallOptions, EventStream};
+use warren_proto::process::process_event::{data_event, Event};
+use warren_proto::process::{ProcessConfig, ProcessEvent, StartRequest, StartResponse};
 use warren_runtime::RuntimeError;
 
 #[derive(Serialize)]
@@ -96,8 +99,33 @@ const MAX_START_REPLY: usize = 64 * 1024;
 /// Largest output event read from a command run to its end (the agent sends far smaller).
 const MAX_EVENT: usize = 4 << 20;
 
-/// Starts the template's service through the agent's `process.Process/Start` (Connect
-/// protocol, JSON), then waits until its readiness check answers.
+/// Why a command could not be run through the agent to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("empty command")]
+    EmptyCommand,
+    #[error("talking to the agent")]
+    Agent(#[from] client::Error),
+    #[error("the agent did not start it (first event: {0})")]
+    NotStarted(String),
+    #[error("the agent ended the stream before the command's end")]
+    NoEnd,
+}
+
+/// The error and its causes on one line, for the runtime's string errors.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// Starts the template's service through the agent's `process.Process/Start`, then waits
+/// until its readiness check answers.
 ///
 /// The process belongs to the agent, not to this request: we read the stream only until the
 /// `start` event (the pid) and then close it, which leaves the process running, as a
@@ -108,11 +136,11 @@ pub async fn run_start_command(
     access_token: Option<&str>,
     cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
-    let fail = |what: String| RuntimeError::Failed(format!("template start command: {what}"));
-    let (resp, _) = start(client, agent, access_token, None, &cmd.argv, Some(&cmd.cwd))
+    let fail = |e: RunError| RuntimeError::Failed(format!("template start command: {}", chain(&e)));
+    let stream = start(client, agent, access_token, None, &cmd.argv, Some(&cmd.cwd))
         .await
         .map_err(fail)?;
-    drop(resp);
+    drop(stream);
     wait_ready(client, agent, cmd).await
 }
 
@@ -123,7 +151,7 @@ pub async fn run_as_root(
     agent: SocketAddr,
     access_token: Option<&str>,
     script: &str,
-) -> Result<i64, String> {
+) -> Result<i64, RunError> {
     let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
     let ran = run(
         client,
@@ -156,50 +184,33 @@ pub async fn run(
     argv: &[String],
     cwd: Option<&str>,
     keep: usize,
-) -> Result<Ran, String> {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let (mut resp, mut buf) = start(client, agent, access_token, user, argv, cwd).await?;
+) -> Result<Ran, RunError> {
+    let mut stream = start(client, agent, access_token, user, argv, cwd).await?;
+    stream.set_max_message(MAX_EVENT);
     let mut output = Vec::new();
-    loop {
-        while buf.len() >= 5 {
-            let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if n > MAX_EVENT {
-                return Err(format!("event of {n} bytes is too large"));
-            }
-            if buf.len() < 5 + n {
-                break;
-            }
-            let message: serde_json::Value =
-                serde_json::from_slice(&buf[5..5 + n]).map_err(|e| format!("bad reply: {e}"))?;
-            let event = &message["event"];
-            if let Some(end) = event.get("end") {
+    while let Some(msg) = stream.next().await? {
+        match msg.event.and_then(|e| e.event) {
+            Some(Event::End(end)) => {
                 return Ok(Ran {
-                    exit_code: end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0),
+                    exit_code: end.exit_code.into(),
                     output,
-                });
+                })
             }
-            for stream in ["stdout", "stderr"] {
-                if let Some(data) = event["data"][stream].as_str() {
-                    let bytes = b64
-                        .decode(data)
-                        .map_err(|e| format!("bad {stream} data: {e}"))?;
+            Some(Event::Data(data)) => match data.output {
+                Some(data_event::Output::Stdout(bytes) | data_event::Output::Stderr(bytes)) => {
                     let room = keep.saturating_sub(output.len());
                     output.extend_from_slice(&bytes[..bytes.len().min(room)]);
                 }
-            }
-            buf.drain(..5 + n);
-        }
-        match resp.chunk().await.map_err(|e| e.to_string())? {
-            Some(chunk) => buf.extend_from_slice(&chunk),
-            None => return Err("the agent closed the stream before the end".into()),
+                Some(data_event::Output::Pty(_)) | None => {}
+            },
+            Some(Event::Start(_) | Event::Keepalive(_)) | None => {}
         }
     }
+    Err(RunError::NoEnd)
 }
 
-/// Starts `argv` through the agent's `process.Process/Start` (Connect protocol, JSON) as
-/// `user` (the agent's default user when `None`); returns the open stream once the start
-/// event arrived, with what was read after it.
+/// Starts `argv` through the agent's `process.Process/Start` as `user` (the agent's default
+/// user when `None`); returns the open stream once the start event arrived.
 async fn start(
     client: &reqwest::Client,
     agent: SocketAddr,
@@ -207,68 +218,42 @@ async fn start(
     user: Option<&str>,
     argv: &[String],
     cwd: Option<&str>,
-) -> Result<(reqwest::Response, Vec<u8>), String> {
+) -> Result<EventStream<StartResponse>, RunError> {
     let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".into());
+        return Err(RunError::EmptyCommand);
     };
-    let mut request = serde_json::json!({
-        "process": { "cmd": program, "args": args, "envs": {} },
-        "stdin": false,
-    });
-    if let Some(cwd) = cwd {
-        request["process"]["cwd"] = cwd.into();
-    }
-    let payload = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
-    let len = u32::try_from(payload.len()).map_err(|_| "request too large".to_string())?;
-    // One Connect envelope: flags byte (0 = data), big-endian length, the JSON message.
-    let mut body = Vec::with_capacity(payload.len() + 5);
-    body.push(0u8);
-    body.extend_from_slice(&len.to_be_bytes());
-    body.extend_from_slice(&payload);
-    let mut req = client
-        .post(format!("http://{agent}/process.Process/Start"))
-        .header("content-type", "application/connect+json")
-        .timeout(Duration::from_secs(60))
-        .body(body);
+    let request = StartRequest {
+        process: Some(ProcessConfig {
+            cmd: program.clone(),
+            args: args.to_vec(),
+            envs: Default::default(),
+            cwd: cwd.map(str::to_string),
+        }),
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let mut agent = AgentClient::at(client.clone(), agent);
     if let Some(token) = access_token {
-        req = req.header("x-access-token", token);
+        agent = agent.with_access_token(token)?;
     }
+    // The stream comes from inside the sandbox: a start event is tiny, never buffer whatever
+    // length a misbehaving guest announces.
+    let mut opts = CallOptions::new()
+        .timeout(Duration::from_secs(60))
+        .max_message(MAX_START_REPLY);
     if let Some(user) = user {
-        use base64::Engine;
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
-        req = req.header("authorization", format!("Basic {basic}"));
+        opts = opts.user(user);
     }
-    let mut resp = req.send().await.map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("agent answered HTTP {}", resp.status()));
+    let mut stream = agent.process().start(&request, &opts).await?;
+    // The first message is the start event; an end-of-stream error arrives as `Err`.
+    match stream.next().await? {
+        Some(StartResponse {
+            event: Some(ProcessEvent {
+                event: Some(Event::Start(_)),
+            }),
+        }) => Ok(stream),
+        other => Err(RunError::NotStarted(format!("{other:?}"))),
     }
-    // Read until the first whole envelope: the start event, or an end-of-stream error.
-    let mut buf: Vec<u8> = Vec::new();
-    let (flags, message) = loop {
-        if buf.len() >= 5 {
-            let n = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            // The stream comes from inside the sandbox: a start event is tiny, never buffer
-            // whatever length a misbehaving guest announces.
-            if n > MAX_START_REPLY {
-                return Err(format!("start reply of {n} bytes is too large"));
-            }
-            if buf.len() >= 5 + n {
-                let first = (buf[0], buf[5..5 + n].to_vec());
-                buf.drain(..5 + n);
-                break first;
-            }
-        }
-        match resp.chunk().await.map_err(|e| e.to_string())? {
-            Some(chunk) => buf.extend_from_slice(&chunk),
-            None => return Err("the agent closed the stream before the start".into()),
-        }
-    };
-    let message: serde_json::Value =
-        serde_json::from_slice(&message).map_err(|e| format!("bad start reply: {e}"))?;
-    if flags & 0x02 != 0 || message.pointer("/event/start/pid").is_none() {
-        return Err(format!("the agent did not start it: {message}"));
-    }
-    Ok((resp, buf))
 }
 
 /// Polls `GET http://<sandbox>:<ready_port><ready_path>` until it answers 200.

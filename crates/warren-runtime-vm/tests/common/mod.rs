@@ -183,7 +183,8 @@ pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
         1 << 20,
     )
     .await
-    .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    // Debug: the cause (the agent's error, the transport's) is in the chain, not the message.
+    .unwrap_or_else(|e| panic!("{cmd}: {e:?}"));
     (
         ran.exit_code,
         String::from_utf8_lossy(&ran.output).into_owned(),

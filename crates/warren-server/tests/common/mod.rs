@@ -368,22 +368,18 @@ impl TestServer {
     }
 }
 
-/// One Connect envelope.
+/// One Connect envelope (the agent client's own codec, so the tests frame as it does).
 pub fn envelope(flags: u8, json: &serde_json::Value) -> Vec<u8> {
     let payload = serde_json::to_vec(json).unwrap();
-    let mut out = vec![flags];
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(&payload);
-    out
+    warren_proto::connect::encode_frame(flags, &payload).unwrap()
 }
 
-/// Splits a Connect stream body into (flags, json) envelopes.
-pub fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
-    let mut out = Vec::new();
-    while body.len() >= 5 {
-        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        out.push((body[0], serde_json::from_slice(&body[5..5 + len]).unwrap()));
-        body = &body[5 + len..];
-    }
-    out
+/// Splits a Connect stream body into (flags, json) envelopes; a body cut inside an envelope
+/// (a stream aborted mid-message) keeps the whole ones before the cut.
+pub fn envelopes(body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    let mut d = warren_proto::connect::Decoder::new(usize::MAX);
+    d.push(body);
+    std::iter::from_fn(|| d.next_raw().unwrap())
+        .map(|(flags, payload)| (flags, serde_json::from_slice(&payload).unwrap()))
+        .collect()
 }
