@@ -262,20 +262,16 @@ impl SandboxCgroup {
                     if frozen { "1" } else { "0" },
                 )?;
                 let want = if frozen { "frozen 1" } else { "frozen 0" };
-                loop {
-                    let events = fs::read_to_string(self.dirs[0].join("cgroup.events"))?;
-                    if events.lines().any(|l| l.trim() == want) {
-                        return Ok(());
-                    }
-                    if Instant::now() > deadline {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
+                if wait_for_line(&self.dirs[0].join("cgroup.events"), want, deadline)? {
+                    return Ok(());
                 }
             }
             Version::V1 => {
                 let state = self.dir("freezer").join("freezer.state");
                 let want = if frozen { "FROZEN" } else { "THAWED" };
+                // The v1 freezer notifies nobody: retry with a backoff (most freezes finish
+                // at the first or second look).
+                let mut pause = Duration::from_millis(1);
                 loop {
                     // v1 reports FREEZING until every task stopped; writing again retries the
                     // tasks that were busy.
@@ -286,7 +282,8 @@ impl SandboxCgroup {
                     if Instant::now() > deadline {
                         break;
                     }
-                    std::thread::sleep(Duration::from_millis(1));
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
                 }
             }
         }
@@ -327,6 +324,43 @@ impl SandboxCgroup {
             }
         }
         Ok(())
+    }
+}
+
+/// Waits until the cgroup v2 file at `path` (`cgroup.events`) has the line `want`; `false` at
+/// `deadline`. The kernel reports a change of that file to poll(2) as `POLLPRI`, so this
+/// sleeps until the file changes rather than re-reading it on a timer. A change between a
+/// read and the poll is not lost: the poll then returns at once.
+pub fn wait_for_line(path: &Path, want: &str, deadline: Instant) -> io::Result<bool> {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    let mut f = fs::File::open(path)?;
+    loop {
+        let mut text = String::new();
+        f.seek(io::SeekFrom::Start(0))?;
+        f.read_to_string(&mut text)?;
+        if text.lines().any(|l| l.trim() == want) {
+            return Ok(true);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: `pfd` is one valid pollfd that outlives the call, and its descriptor stays
+        // open (owned by `f`) until after it returns.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
     }
 }
 

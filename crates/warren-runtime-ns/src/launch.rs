@@ -132,11 +132,15 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
     match started {
         Ok(sbx) => Ok(sbx),
         Err(e) => {
-            let _ = cg.kill_all();
-            let _ = cg.remove();
-            let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
-            let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
-            let _ = fs::remove_dir_all(&dir);
+            // Killing waits for the processes to go, and the tree may be large.
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = cg.kill_all();
+                let _ = cg.remove();
+                let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+                let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
+                let _ = fs::remove_dir_all(&dir);
+            })
+            .await;
             Err(e)
         }
     }
@@ -180,11 +184,19 @@ async fn start(
     dir: &Path,
     cg: SandboxCgroup,
 ) -> Result<Sandbox, LaunchError> {
+    // Staging may copy the agent (and waits on a lock while another launch copies it).
+    let agent_bin = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || crate::stage::agent(&cfg))
+            .await
+            .map_err(|e| LaunchError::Init(e.to_string()))?
+            .map_err(io("stage the agent binary"))?
+    };
     let init = InitConfig {
         sandbox_id: spec.id.clone(),
         sandbox_dir: dir.to_path_buf(),
         writable_bytes: spec.writable_bytes,
-        agent_bin: crate::stage::agent(cfg).map_err(io("stage the agent binary"))?,
+        agent_bin,
         agent_args: spec.agent_args.clone(),
         resolv_conf: spec.resolv_conf.clone(),
         id_base: spec.id_base,
@@ -365,7 +377,11 @@ impl Sandbox {
         if let Some(mut shim) = self.shim.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), shim.wait()).await;
         }
-        remove_state(&self.cgroup, &self.dir)
+        // The cgroup's removal waits for it to empty; the tree may be large.
+        let (cg, dir) = (self.cgroup.clone(), self.dir.clone());
+        tokio::task::spawn_blocking(move || remove_state(&cg, &dir))
+            .await
+            .map_err(|e| LaunchError::Init(e.to_string()))?
     }
 }
 

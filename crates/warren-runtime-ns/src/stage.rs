@@ -37,7 +37,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The staged agent for `cfg`, copied there first if it is missing or outdated.
+/// The staged agent for `cfg`, copied there first if it is missing or outdated. Blocking (a
+/// lock, a copy): async callers run it on the blocking pool.
 pub fn agent(cfg: &NsConfig) -> io::Result<PathBuf> {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let dir = dir(cfg);

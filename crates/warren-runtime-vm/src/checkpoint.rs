@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::error::{Error, Result};
+use crate::error::{remove_tree, Error, Result};
 use crate::qemu;
 use crate::qmp::Qmp;
 use crate::snapshot::{
@@ -81,7 +81,7 @@ pub async fn capture(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()>
     let was_running = vm.status().await? == "running";
     vm.execute("stop", json!({})).await?;
     let result = write(vm, spec, staging).await;
-    let _ = std::fs::remove_dir_all(&spec.work);
+    remove_tree(&spec.work).await;
     if result.is_err() && was_running {
         // A failed outgoing migration leaves the VM paused, a completed one "postmigrate"
         // with its disks handed over: `cont` takes both back.
@@ -170,9 +170,9 @@ async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()
 /// `x-ignore-shared` to `state`. The VM it came from may run meanwhile.
 pub async fn share(spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let started = Instant::now();
-    let _ = std::fs::remove_dir_all(&spec.work);
+    remove_tree(&spec.work).await;
     let result = run_helper(spec, staging).await;
-    let _ = std::fs::remove_dir_all(&spec.work);
+    remove_tree(&spec.work).await;
     result?;
     let ram = staging.join(SAVED_RAM);
     std::fs::remove_file(&ram).map_err(Error::io("remove", &ram))?;
@@ -187,7 +187,7 @@ async fn run_helper(spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let files = VmFiles::new(&spec.work);
     files.create(None)?;
     let overlay = spec.work.join("disk.qcow2");
-    create_overlay(&staging.join(DISK), "qcow2", &overlay)?;
+    create_overlay(&staging.join(DISK), "qcow2", &overlay).await?;
     // The helper may write only its two output files and its overlay.
     let (mem, state) = (staging.join("mem"), staging.join("state"));
     writable(&mem, u64::from(spec.source.memory_mb) << 20)?;

@@ -55,3 +55,37 @@ pub(crate) fn run(cmd: &mut std::process::Command) -> Result<std::process::Outpu
     }
     Ok(out)
 }
+
+/// [`run`] for async callers: the command runs under `tokio::process`, so waiting for it
+/// never holds an async worker.
+pub(crate) async fn run_async(cmd: &mut tokio::process::Command) -> Result<std::process::Output> {
+    let command = format!("{cmd:?}");
+    let out = cmd.output().await.map_err(|e| Error::Command {
+        command: command.clone(),
+        stderr: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs blocking work (a tree deletion, a file copy, a process that must run synchronously)
+/// on the blocking pool instead of an async worker.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Invalid(format!("blocking task failed: {e}")))?
+}
+
+/// Deletes the tree at `path` (if any) on the blocking pool; errors are ignored, as every
+/// caller removes leftovers.
+pub(crate) async fn remove_tree(path: &std::path::Path) {
+    let path = path.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+}

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::accel::Accel;
-use crate::error::{run, Error, Result};
+use crate::error::{blocking, remove_tree, run, run_async, Error, Result};
 use crate::qemu::{self, VmConfig};
 use crate::qmp::Qmp;
 
@@ -380,8 +380,16 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
     files.create(None)?;
     let staging = dir.join("staging");
     let disk = dir.join("disk.raw");
-    make_disk(spec, &staging, &disk)?;
-    let _ = std::fs::remove_dir_all(&staging);
+    // mkfs.ext4 takes seconds: it runs on the blocking pool.
+    {
+        let (spec, staging, disk) = (spec.clone(), staging.clone(), disk.clone());
+        blocking(move || {
+            let made = make_disk(&spec, &staging, &disk);
+            let _ = std::fs::remove_dir_all(&staging);
+            made
+        })
+        .await?;
+    }
     let mut cfg = VmConfig {
         qemu: spec.qemu.clone(),
         accel: spec.accel,
@@ -449,7 +457,7 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
         return Ok(made);
     }
     let partial = dir.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&partial);
+    remove_tree(&partial).await;
     let Booted {
         mut child,
         qmp,
@@ -491,21 +499,26 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = child.start_kill();
-    // Forks read these files through their jails; nobody writes them.
-    seal(&[snap.state(), snap.mem(), snap.disk()])?;
     let meta = serde_json::to_vec_pretty(&snap.meta).map_err(|e| Error::Invalid(e.to_string()))?;
-    std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
-    seal(&[partial.join("meta.json")])?;
-    let _ = std::fs::remove_file(&files.qmp);
-    for d in [&files.root, &files.out] {
-        let _ = std::fs::remove_dir(d);
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::rename(&partial, dir).map_err(Error::io("rename to", dir))?;
-    Ok(Snapshot {
-        dir: dir.to_path_buf(),
-        meta: snap.meta,
+    let dest = dir.to_path_buf();
+    // Replacing an older snapshot deletes its files (RAM-sized): on the blocking pool.
+    blocking(move || {
+        // Forks read these files through their jails; nobody writes them.
+        seal(&[snap.state(), snap.mem(), snap.disk()])?;
+        std::fs::write(partial.join("meta.json"), meta).map_err(Error::io("write", &partial))?;
+        seal(&[partial.join("meta.json")])?;
+        let _ = std::fs::remove_file(&files.qmp);
+        for d in [&files.root, &files.out] {
+            let _ = std::fs::remove_dir(d);
+        }
+        let _ = std::fs::remove_dir_all(&dest);
+        std::fs::rename(&partial, &dest).map_err(Error::io("rename to", &dest))?;
+        Ok(Snapshot {
+            dir: dest,
+            meta: snap.meta,
+        })
     })
+    .await
 }
 
 async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {
@@ -577,25 +590,35 @@ impl Pending {
     /// Creates the fork's disk overlay and starts its QEMU waiting for an incoming snapshot.
     pub async fn spawn(snapshot: &Snapshot, spec: &ForkSpec) -> Result<Self> {
         let files = VmFiles::new(&spec.dir);
-        // The guest writes the console: its logs get a small filesystem of their own.
-        files.create(spec.run_as.map(|_| LOG_CAP_BYTES))?;
         let disk = spec.dir.join("disk.qcow2");
-        let _ = std::fs::remove_file(&disk);
-        let backing = match &spec.backing_link {
-            Some(link) => {
-                let _ = std::fs::remove_file(link);
-                if let Some(parent) = link.parent() {
-                    std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
-                }
-                std::fs::hard_link(snapshot.disk(), link).map_err(Error::io("link", link))?;
-                link.clone()
-            }
-            None => snapshot.disk(),
+        // Directories, a mount, a link and small writes: together on the blocking pool.
+        let backing = {
+            let (files, disk, snapshot, spec) =
+                (files.clone(), disk.clone(), snapshot.clone(), spec.clone());
+            blocking(move || {
+                // The guest writes the console: its logs get a small filesystem of their own.
+                files.create(spec.run_as.map(|_| LOG_CAP_BYTES))?;
+                let _ = std::fs::remove_file(&disk);
+                let meta = serde_json::to_vec(&snapshot.meta)
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                let source = spec.dir.join(SOURCE_META);
+                std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
+                Ok(match &spec.backing_link {
+                    Some(link) => {
+                        let _ = std::fs::remove_file(link);
+                        if let Some(parent) = link.parent() {
+                            std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+                        }
+                        std::fs::hard_link(snapshot.disk(), link)
+                            .map_err(Error::io("link", link))?;
+                        link.clone()
+                    }
+                    None => snapshot.disk(),
+                })
+            })
+            .await?
         };
-        create_overlay(&backing, snapshot.disk_format(), &disk)?;
-        let meta = serde_json::to_vec(&snapshot.meta).map_err(|e| Error::Invalid(e.to_string()))?;
-        let source = spec.dir.join(SOURCE_META);
-        std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
+        create_overlay(&backing, snapshot.disk_format(), &disk).await?;
         let mut cfg = snapshot.config(
             disk.clone(),
             "qcow2",
@@ -695,11 +718,14 @@ impl Pending {
 }
 
 /// A qcow2 overlay at `disk` on top of `backing` (`raw` or `qcow2`).
-pub(crate) fn create_overlay(backing: &Path, format: &str, disk: &Path) -> Result<()> {
-    run(Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
-        .arg(backing)
-        .arg(disk))?;
+pub(crate) async fn create_overlay(backing: &Path, format: &str, disk: &Path) -> Result<()> {
+    run_async(
+        tokio::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+            .arg(backing)
+            .arg(disk),
+    )
+    .await?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(disk, std::fs::Permissions::from_mode(0o600))
         .map_err(Error::io("chmod", disk))

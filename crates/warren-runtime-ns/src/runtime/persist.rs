@@ -103,7 +103,8 @@ impl NsRuntime {
                         && reattached.iter().any(|(i, r)| i == id && r.is_ok())));
             if !claimed {
                 tracing::info!(sandbox = %id, "removing a saved filesystem no paused sandbox owns");
-                let _ = std::fs::remove_dir_all(entry.path());
+                let path = entry.path();
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
             }
         }
     }

@@ -477,8 +477,8 @@ impl VmRuntime {
                 .map_err(|e| failed(format!("network pool: {e}")))?;
         }
         let _ = warren_host::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
-        let _ = std::fs::remove_dir_all(vms_dir(&this.cfg));
-        let _ = std::fs::remove_dir_all(this.cfg.run_dir.join("vm/links"));
+        crate::error::remove_tree(&vms_dir(&this.cfg)).await;
+        crate::error::remove_tree(&this.cfg.run_dir.join("vm/links")).await;
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
     }

@@ -144,7 +144,7 @@ impl VmRuntime {
                 let unowned = owned.is_some_and(|o| !o.contains(&name));
                 if leftover || unowned {
                     tracing::info!(checkpoint = %name, kind, "removing a checkpoint nothing owns");
-                    let _ = std::fs::remove_dir_all(e.path());
+                    crate::error::remove_tree(&e.path()).await;
                 }
             }
         }
@@ -199,7 +199,7 @@ impl VmRuntime {
         crate::snapshot::private_dir(parent)
             .map_err(|e| failed(format!("create the checkpoint directory: {e}")))?;
         let staging = warren_host::durable::sibling(dest, "partial");
-        let _ = std::fs::remove_dir_all(&staging);
+        crate::error::remove_tree(&staging).await;
         let (backing, backing_format) = self.backing_of(&m.name).ok_or_else(|| {
             failed("the VM's disk has no recorded base; it cannot be checkpointed")
         })?;
@@ -216,12 +216,10 @@ impl VmRuntime {
             work: self.cfg.data_dir.join("vm/capture").join(&m.name),
             memory,
         };
-        checkpoint::capture(&qmp, &spec, &staging)
-            .await
-            .map_err(|e| {
-                let _ = std::fs::remove_dir_all(&staging);
-                failed(format!("checkpoint: {e}"))
-            })?;
+        if let Err(e) = checkpoint::capture(&qmp, &spec, &staging).await {
+            crate::error::remove_tree(&staging).await;
+            return Err(failed(format!("checkpoint: {e}")));
+        }
         let started = std::time::Instant::now();
         let mut continued = Ok(());
         if snapshot {
@@ -252,7 +250,7 @@ impl VmRuntime {
                 Ok(bytes)
             }
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&staging);
+                crate::error::remove_tree(&staging).await;
                 if !snapshot {
                     let _ = qmp.execute("cont", json!({})).await;
                 }

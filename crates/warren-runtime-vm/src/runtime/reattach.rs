@@ -80,7 +80,14 @@ impl VmRuntime {
             let result = match slots.next() {
                 Some(Ok(slot)) => self.adopt(&r, &rec, slot, dir).await,
                 Some(Err(e)) => {
-                    machine::remove_stale(&dir, &self.cgroup_parent());
+                    {
+                        // Kills a process and deletes its directory: on the blocking pool.
+                        let (dir, parent) = (dir.clone(), self.cgroup_parent());
+                        let _ = tokio::task::spawn_blocking(move || {
+                            machine::remove_stale(&dir, &parent)
+                        })
+                        .await;
+                    }
                     Err(failed(format!(
                         "the sandbox's network could not be kept: {e}"
                     )))
@@ -125,7 +132,13 @@ impl VmRuntime {
         let qmp = match qmp {
             Ok(q) => q,
             Err(why) => {
-                machine::remove_stale(&dir, &self.cgroup_parent());
+                {
+                    // Kills a process and deletes its directory: on the blocking pool.
+                    let (dir, parent) = (dir.clone(), self.cgroup_parent());
+                    let _ =
+                        tokio::task::spawn_blocking(move || machine::remove_stale(&dir, &parent))
+                            .await;
+                }
                 self.remove_links(&rec.name);
                 self.release_slot(slot).await;
                 return Err(failed(why));

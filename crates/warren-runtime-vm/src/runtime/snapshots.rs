@@ -110,7 +110,9 @@ pub async fn make(
     let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
         .await
         .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;
-    remove_older(&inputs.dir);
+    // Deleting older snapshots frees RAM-sized files: on the blocking pool.
+    let current = inputs.dir.clone();
+    let _ = tokio::task::spawn_blocking(move || remove_older(&current)).await;
     tracing::info!(
         key = %inputs.key,
         accel = spec.accel.as_str(),
