@@ -253,7 +253,10 @@ async fn run_helper(spec: &CaptureSpec, staging: &Path) -> Result<()> {
 
 /// Waits until the helper has loaded the incoming VM (it then stays stopped: `-S`).
 async fn wait_loaded(helper: &Qmp, child: &mut tokio::process::Child) -> Result<()> {
-    let deadline = Instant::now() + MIGRATION_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + MIGRATION_TIMEOUT;
+    // Subscribed before each status read: the load's MIGRATION `completed` event wakes it.
+    let mut events = helper.events();
+    let mut recheck = crate::qmp::RECHECK_FIRST;
     loop {
         match helper.status().await?.as_str() {
             "inmigrate" => {}
@@ -263,9 +266,11 @@ async fn wait_loaded(helper: &Qmp, child: &mut tokio::process::Child) -> Result<
         if let Ok(Some(status)) = child.try_wait() {
             return Err(Error::Invalid(format!("helper QEMU exited ({status})")));
         }
-        if Instant::now() > deadline {
+        if tokio::time::Instant::now() > deadline {
             return Err(Error::QmpTimeout("incoming checkpoint".into()));
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The helper's exit is checked again after at most `recheck`.
+        crate::qmp::next_event(&mut events, &["MIGRATION", "STOP"], deadline, recheck).await;
+        recheck = (recheck * 2).min(crate::qmp::RECHECK_MAX);
     }
 }

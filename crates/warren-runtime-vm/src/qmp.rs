@@ -77,13 +77,19 @@ impl Qmp {
     /// created it yet) and negotiates capabilities.
     pub async fn connect(path: &Path, timeout: Duration) -> Result<Self> {
         let deadline = tokio::time::Instant::now() + timeout;
+        // Nothing announces the socket: retry with a backoff (a QEMU starting on an idle host
+        // creates it within milliseconds, one on a loaded host may take seconds).
+        let mut pause = Duration::from_millis(1);
         let stream = loop {
             match UnixStream::connect(path).await {
                 Ok(s) => break s,
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     return Err(Error::QmpConnection(e))
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
             }
         };
         let (read, write) = stream.into_split();
@@ -133,6 +139,15 @@ impl Qmp {
             reader,
         };
         qmp.execute("qmp_capabilities", json!({})).await?;
+        // With `events`, QEMU reports every migration status change as a MIGRATION event,
+        // which the waits below sleep on. Best effort: QEMU refuses while a migration runs
+        // (a server taking back a VM mid-checkpoint), and the waits re-query then anyway.
+        let _ = qmp
+            .execute(
+                "migrate-set-capabilities",
+                json!({ "capabilities": [ { "capability": "events", "state": true } ] }),
+            )
+            .await;
         Ok(qmp)
     }
 
@@ -193,9 +208,13 @@ impl Qmp {
         self.events.subscribe()
     }
 
-    /// Polls `query-migrate` until the migration completed (or failed, or `timeout`).
+    /// Waits until the migration completed (or failed, or `timeout`): reads `query-migrate`,
+    /// then sleeps until the next MIGRATION event (see [`Self::next_event`]).
     pub async fn wait_migration(&self, timeout: Duration) -> Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribed before the first query: a change after it is never missed.
+        let mut events = self.events();
+        let mut recheck = RECHECK_FIRST;
         loop {
             let r = self.execute("query-migrate", json!({})).await?;
             match r.get("status").and_then(Value::as_str) {
@@ -213,7 +232,10 @@ impl Qmp {
                 _ if tokio::time::Instant::now() >= deadline => {
                     return Err(Error::QmpTimeout("migration".into()))
                 }
-                _ => tokio::time::sleep(Duration::from_millis(1)).await,
+                _ => {
+                    next_event(&mut events, &["MIGRATION"], deadline, recheck).await;
+                    recheck = (recheck * 2).min(RECHECK_MAX);
+                }
             }
         }
     }
@@ -226,6 +248,37 @@ impl Qmp {
             .unwrap_or_default()
             .to_string())
     }
+}
+
+/// First and longest pause before a wait re-reads a state without having seen an event: only
+/// a safety net (events arrive first whenever QEMU sends them).
+pub const RECHECK_FIRST: Duration = Duration::from_millis(50);
+pub const RECHECK_MAX: Duration = Duration::from_secs(1);
+
+/// Returns at the next event named in `names` on `events`, after `recheck`, or at `deadline`,
+/// whichever comes first; also when the connection ended (the caller's next command then
+/// fails) or events were dropped for lagging (the caller re-reads the state).
+pub async fn next_event(
+    events: &mut broadcast::Receiver<Value>,
+    names: &[&str],
+    deadline: tokio::time::Instant,
+    recheck: Duration,
+) {
+    let until = deadline.min(tokio::time::Instant::now() + recheck);
+    let _ = tokio::time::timeout_at(until, async {
+        loop {
+            match events.recv().await {
+                Ok(v) => {
+                    let name = v.get("event").and_then(Value::as_str).unwrap_or_default();
+                    if names.contains(&name) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

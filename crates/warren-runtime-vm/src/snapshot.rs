@@ -679,6 +679,7 @@ impl Pending {
             }
             return Ok((self.child, self.qmp, self.files));
         }
+        let mut events = self.qmp.events();
         let result = async {
             let from = if self.snapshot.shared_memory() {
                 set_ignore_shared(&self.qmp).await?;
@@ -693,17 +694,29 @@ impl Pending {
                     json!({ "uri": format!("file:{}", from.display()) }),
                 )
                 .await?;
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            // The load ends with a MIGRATION event (`completed`), `cont` with RESUME; each
+            // state is read after subscribing, so no change between the two is missed.
+            let mut recheck = crate::qmp::RECHECK_FIRST;
             loop {
                 match self.qmp.status().await?.as_str() {
                     "running" => return Ok(()),
                     "paused" | "prelaunch" | "postmigrate" => {
                         self.qmp.execute("cont", json!({})).await?;
                     }
-                    _ if Instant::now() > deadline => {
+                    _ if tokio::time::Instant::now() > deadline => {
                         return Err(Error::QmpTimeout("incoming migration".into()))
                     }
-                    _ => tokio::time::sleep(Duration::from_millis(1)).await,
+                    _ => {
+                        crate::qmp::next_event(
+                            &mut events,
+                            &["MIGRATION", "RESUME", "STOP"],
+                            deadline,
+                            recheck,
+                        )
+                        .await;
+                        recheck = (recheck * 2).min(crate::qmp::RECHECK_MAX);
+                    }
                 }
             }
         }
