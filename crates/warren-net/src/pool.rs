@@ -182,48 +182,13 @@ impl NetPool {
                  set `dns` in the network configuration"
             );
         }
-        let forwarding = host::setup_forwarding(&config).await?;
-        if let Forwarding::PerLink { uplinks } = &forwarding {
-            tracing::info!(
-                ?uplinks,
-                "IPv4 forwarding is off on the host; enabled it on \
-                the uplinks and on each slot link only"
-            );
-        }
-        let forward_per_link = forwarding != Forwarding::Global;
-        let filter = host::slot_filter(&config, &dns.servers).await?;
-        let link_glob = config.link_glob();
-        let no_egress: Vec<String> = adopt
-            .iter()
-            .zip(&verdicts)
-            .filter(|(a, v)| v.is_ok() && !a.allow_internet_access)
-            .map(|(a, _)| config.slot_name(a.index))
-            .collect();
-        host::install_table(rules::host_ruleset(&HostRules {
-            table: &config.prefix,
-            link_glob: &link_glob,
-            pool: config.host_cidr,
-            blocked: &config.blocked_destinations,
-            dns_servers: &dns.servers,
-            no_egress: &no_egress,
-        }))
-        .await?;
-        let expected_table = watchdog::list_host_table(&config.prefix)
-            .await?
-            .ok_or_else(|| Error::HostTableMissing {
-                table: format!("inet {}", config.prefix),
-            })?
-            .shape;
-        // Adopted slots may predate the in-slot filter, or carry an older configuration's.
-        for (a, v) in adopt.iter().zip(&verdicts) {
-            if let Ok(addrs) = v {
-                let name = config.slot_name(a.index);
-                slot::install_filter(&name, addrs, &filter).await?;
-                if forward_per_link {
-                    host::enable_link_forwarding(&name)?;
-                }
-            }
-        }
+        let layers = install_host_layers(&config, &dns, &adopt, &verdicts).await?;
+        let HostLayers {
+            filter,
+            forward_per_link,
+            no_egress,
+            expected_table,
+        } = layers;
 
         let flush_conntrack = config.flush_conntrack;
         let mut state =
@@ -247,24 +212,7 @@ impl NetPool {
             wake: Notify::new(),
             returner,
         });
-        let slots: Vec<Result<Slot>> = adopt
-            .iter()
-            .zip(verdicts)
-            .map(|(a, verdict)| {
-                let name = inner.config.slot_name(a.index);
-                match verdict {
-                    Ok(addrs) => {
-                        let mut slot = inner.slot(name, addrs);
-                        slot.internet = a.allow_internet_access;
-                        Ok(slot)
-                    }
-                    Err(reason) => {
-                        tracing::warn!(slot = %name, %reason, "could not adopt a slot");
-                        Err(Error::NotAdoptable { name, reason })
-                    }
-                }
-            })
-            .collect();
+        let slots = adopted_slots(&inner, &adopt, verdicts);
         tracing::info!(prefix = %inner.config.prefix, pool = %inner.config.host_cidr,
             target = inner.config.pool_size, dns = ?inner.dns.servers,
             adopted = keep.len(), not_adopted = adopt.len() - keep.len(),
@@ -697,6 +645,99 @@ impl Inner {
             }
         }
     }
+}
+
+/// What the host-side layers of a starting pool are: the in-slot filter, whether forwarding
+/// is per link, the slots without egress and the host table as installed.
+struct HostLayers {
+    filter: crate::rules::SlotFilter,
+    forward_per_link: bool,
+    no_egress: Vec<String>,
+    expected_table: String,
+}
+
+/// Sets up forwarding, installs the host table (adopted slots keep their egress setting) and
+/// puts the current in-slot filter into every adopted slot.
+async fn install_host_layers(
+    config: &NetConfig,
+    dns: &DnsConfig,
+    adopt: &[AdoptSlot],
+    verdicts: &[std::result::Result<crate::addr::SlotAddrs, String>],
+) -> Result<HostLayers> {
+    let forwarding = host::setup_forwarding(config).await?;
+    if let Forwarding::PerLink { uplinks } = &forwarding {
+        tracing::info!(
+            ?uplinks,
+            "IPv4 forwarding is off on the host; enabled it on \
+                the uplinks and on each slot link only"
+        );
+    }
+    let forward_per_link = forwarding != Forwarding::Global;
+    let filter = host::slot_filter(config, &dns.servers).await?;
+    let link_glob = config.link_glob();
+    let no_egress: Vec<String> = adopt
+        .iter()
+        .zip(verdicts)
+        .filter(|(a, v)| v.is_ok() && !a.allow_internet_access)
+        .map(|(a, _)| config.slot_name(a.index))
+        .collect();
+    host::install_table(rules::host_ruleset(&HostRules {
+        table: &config.prefix,
+        link_glob: &link_glob,
+        pool: config.host_cidr,
+        blocked: &config.blocked_destinations,
+        dns_servers: &dns.servers,
+        no_egress: &no_egress,
+    }))
+    .await?;
+    let expected_table = watchdog::list_host_table(&config.prefix)
+        .await?
+        .ok_or_else(|| Error::HostTableMissing {
+            table: format!("inet {}", config.prefix),
+        })?
+        .shape;
+    // Adopted slots may predate the in-slot filter, or carry an older configuration's.
+    for (a, v) in adopt.iter().zip(verdicts) {
+        if let Ok(addrs) = v {
+            let name = config.slot_name(a.index);
+            slot::install_filter(&name, addrs, &filter).await?;
+            if forward_per_link {
+                host::enable_link_forwarding(&name)?;
+            }
+        }
+    }
+    Ok(HostLayers {
+        filter,
+        forward_per_link,
+        no_egress,
+        expected_table,
+    })
+}
+
+/// The adopted slots in the order of `adopt`, or why each could not be adopted.
+fn adopted_slots(
+    inner: &Inner,
+    adopt: &[AdoptSlot],
+    verdicts: Vec<std::result::Result<crate::addr::SlotAddrs, String>>,
+) -> Vec<Result<Slot>> {
+    adopt
+        .iter()
+        .zip(verdicts)
+        .map(|(a, verdict)| {
+            let name = inner.config.slot_name(a.index);
+            match verdict {
+                Ok(addrs) => {
+                    let mut slot = inner.slot(name, addrs);
+                    slot.internet = a.allow_internet_access;
+                    Ok(slot)
+                }
+                Err(reason) => {
+                    tracing::warn!(slot = %name, %reason, "could not adopt a slot");
+                    Err(Error::NotAdoptable { name, reason })
+                }
+            }
+        })
+        .collect()
 }
 
 /// The background task: recycles slots that were dropped without `release` and keeps the

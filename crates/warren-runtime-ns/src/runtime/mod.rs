@@ -559,49 +559,12 @@ impl NsRuntime {
                 continue;
             };
             let result = match slots.next() {
-                Some(Ok(slot)) => match self.adopt(&r, &rec, slot) {
-                    Ok((l, sbx)) => {
-                        live.insert(r.id.clone(), l);
-                        Ok(sbx)
-                    }
-                    Err((slot, e)) => {
-                        if let Some(pool) = self.net.get() {
-                            let _ = pool.release(slot).await;
-                        }
-                        let _ = launch::remove_sandbox(&self.ns, &r.id);
-                        Err(e)
-                    }
-                },
-                Some(Err(e)) => {
-                    let _ = launch::remove_sandbox(&self.ns, &r.id);
-                    Err(RuntimeError::Failed(format!(
-                        "the sandbox's network could not be kept: {e}"
-                    )))
-                }
+                Some(slot) => self.take_back(&mut live, &r, &rec, slot).await,
                 None => Err(RuntimeError::Failed("no slot result".into())),
             };
-            // A sandbox paused with its memory whose processes are gone (the host rebooted)
-            // still has its files: it stays paused and resumes from them.
             let result = match result {
-                Err(_)
-                    if rec.paused == Some(PauseMode::Memory)
-                        && crate::layer::exists(&self.paused_dir(&r.id)) =>
-                {
-                    tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
-                    self.paused_fs.lock().await.insert(r.id.clone());
-                    let rec = Record {
-                        pid1: 0,
-                        paused: Some(PauseMode::Filesystem),
-                        ..rec
-                    };
-                    serde_json::to_value(&rec)
-                        .map(|record| RuntimeSandbox {
-                            record: warren_runtime::tag_record("ns", record),
-                            ..r.clone()
-                        })
-                        .map_err(|e| RuntimeError::Failed(e.to_string()))
-                }
-                other => other,
+                Err(e) => self.keep_files_of(&r, rec).await.ok_or(e),
+                ok => ok,
             };
             out.push((r.id, result));
         }
@@ -609,6 +572,58 @@ impl NsRuntime {
         self.remove_unclaimed_saves(&out).await;
         self.release_unclaimed_ids().await;
         out
+    }
+
+    /// Takes back one running (or memory-paused) sandbox of an earlier run into `live`, on
+    /// the slot adopted for it; frees what it held when it cannot be.
+    async fn take_back(
+        &self,
+        live: &mut HashMap<String, Live>,
+        r: &RuntimeSandbox,
+        rec: &Record,
+        slot: warren_net::Result<Slot>,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        match slot {
+            Ok(slot) => match self.adopt(r, rec, slot) {
+                Ok((l, sbx)) => {
+                    live.insert(r.id.clone(), l);
+                    Ok(sbx)
+                }
+                Err((slot, e)) => {
+                    if let Some(pool) = self.net.get() {
+                        let _ = pool.release(slot).await;
+                    }
+                    let _ = launch::remove_sandbox(&self.ns, &r.id);
+                    Err(e)
+                }
+            },
+            Err(e) => {
+                let _ = launch::remove_sandbox(&self.ns, &r.id);
+                Err(RuntimeError::Failed(format!(
+                    "the sandbox's network could not be kept: {e}"
+                )))
+            }
+        }
+    }
+
+    /// A sandbox paused with its memory whose processes are gone (the host rebooted) still
+    /// has its files: it stays paused and resumes from them. `None` when it has no files.
+    async fn keep_files_of(&self, r: &RuntimeSandbox, rec: Record) -> Option<RuntimeSandbox> {
+        if rec.paused != Some(PauseMode::Memory) || !crate::layer::exists(&self.paused_dir(&r.id)) {
+            return None;
+        }
+        tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
+        self.paused_fs.lock().await.insert(r.id.clone());
+        let rec = Record {
+            pid1: 0,
+            paused: Some(PauseMode::Filesystem),
+            ..rec
+        };
+        let record = serde_json::to_value(&rec).ok()?;
+        Some(RuntimeSandbox {
+            record: warren_runtime::tag_record("ns", record),
+            ..r.clone()
+        })
     }
 
     /// The host id range of sandbox `id`: its own if it has one (a sandbox paused with its
