@@ -7,8 +7,15 @@
 //! the sandbox is killed its route's cancellation token fires and every open stream is cut
 //! abruptly, so SDKs see an aborted stream and then `502 The sandbox was not found`. A pause
 //! cuts streams the same way; a paused sandbox with `autoResume` is resumed by its next request.
+//!
+//! Connections are pooled per route, not per address: a runtime hands a freed address (a
+//! network slot) to the next sandbox, and a killed VM closes none of its TCP connections, so a
+//! pool keyed by address would send the next sandbox's first requests down a dead sandbox's
+//! connections. A route's pool is dropped, closing its idle connections, when the route ends.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -53,8 +60,24 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 pub struct Proxy {
-    client: Client<HttpConnector, Body>,
+    connector: HttpConnector,
+    /// Unpooled: the metrics of a sandbox are read rarely, by address only.
+    metrics_client: Client<HttpConnector, Body>,
+    /// Per sandbox id, the pool of its current route.
+    pools: Arc<Mutex<HashMap<String, RoutePool>>>,
     domain: Option<String>,
+}
+
+/// The connections of one route (one run of a sandbox: a resume gets a new route).
+struct RoutePool {
+    /// Identifies the route: the control plane makes a new `Access` for every route, and
+    /// holding it here keeps the comparison sound (its address cannot be reused meanwhile).
+    access: Arc<warren_control::Access>,
+    client: Client<HttpConnector, Body>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Which sandbox and port a request is for.
@@ -88,10 +111,57 @@ impl Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let metrics_client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(connector.clone());
+        Proxy {
+            connector,
+            metrics_client,
+            pools: Arc::default(),
+            domain,
+        }
+    }
+
+    /// The client whose pool belongs to `route` of sandbox `id`; made on the route's first
+    /// request, and dropped with its idle connections when the route is cancelled (or a newer
+    /// route of the same sandbox replaces it).
+    fn client_for(&self, id: &str, route: &warren_control::Route) -> Client<HttpConnector, Body> {
+        let mut pools = lock(&self.pools);
+        if let Some(p) = pools.get(id) {
+            if Arc::ptr_eq(&p.access, &route.access) {
+                return p.client.clone();
+            }
+        }
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
-        Proxy { client, domain }
+            .build(self.connector.clone());
+        pools.insert(
+            id.to_string(),
+            RoutePool {
+                access: route.access.clone(),
+                client: client.clone(),
+            },
+        );
+        let (pools, id, access, cancel) = (
+            Arc::downgrade(&self.pools),
+            id.to_string(),
+            route.access.clone(),
+            route.cancel.clone(),
+        );
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            let Some(pools) = pools.upgrade() else {
+                return;
+            };
+            let mut pools = lock(&pools);
+            if pools
+                .get(&id)
+                .is_some_and(|p| Arc::ptr_eq(&p.access, &access))
+            {
+                pools.remove(&id);
+            }
+        });
+        client
     }
 
     /// Where a request with these headers and URI goes: `Ok(None)` to the API, else the
@@ -195,7 +265,7 @@ impl Proxy {
         // exchange, body included, is bounded in time and size.
         let exchange = async {
             let resp = self
-                .client
+                .metrics_client
                 .request(req)
                 .await
                 .map_err(|e| unavailable(format!("sandbox agent unreachable: {e}")))?;
@@ -371,8 +441,9 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     }
     let outbound = Request::from_parts(parts, body);
 
+    let client = st.proxy.client_for(&target.id, &route);
     let result = tokio::select! {
-        r = st.proxy.client.request(outbound) => r,
+        r = client.request(outbound) => r,
         _ = route.cancel.cancelled() => return not_found(&target.id),
     };
     let mut resp = match result {

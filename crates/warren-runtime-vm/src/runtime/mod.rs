@@ -309,18 +309,8 @@ impl VmRuntime {
     }
 
     async fn release_slot(&self, slot: Slot) {
-        // A killed VM closes none of its TCP connections (a dead process in a namespace
-        // would: its kernel sends FIN/RST). Destroy the host's sockets to the slot's address
-        // instead, so pooled proxy connections do not outlive the VM and hit the next one.
-        let kill_sockets = tokio::process::Command::new("ss")
-            .args(["-K", "dst", &slot.host_side_addr().to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .await;
-        if let Err(e) = kill_sockets {
-            tracing::debug!(error = %e, "ss -K failed");
-        }
+        // A killed VM closes none of its TCP connections, and the next VM in this slot gets
+        // its address: the proxy pools connections per route, never per address, for that.
         if let Err(e) = slot.lay_out_for_ns().await {
             tracing::warn!(slot = slot.name(), error = %e, "could not restore the slot layout");
         }
