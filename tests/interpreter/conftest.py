@@ -4,6 +4,7 @@ points the unmodified e2b-code-interpreter SDK at it through E2B_API_URL / E2B_S
 
 WARREN_BIN: the `warren` binary (default target/release/warren).
 WARREN_E2E_DATA_DIR: data dir to reuse (keeps built template images between runs).
+WARREN_E2E_RUNTIME, WARREN_REQUIRE_ALL: as in tests/e2e (default runtime `ns`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ _spec = importlib.util.spec_from_file_location(
 _e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_e2e)
 API_KEY = _e2e.API_KEY
+# The e2e suite's bounded wait for "X cuts a stream" tests, reused as it is.
+outcome_within = _e2e.outcome_within
 
 
 def _build_template(data_dir: str) -> None:
@@ -46,8 +49,7 @@ def _build_template(data_dir: str) -> None:
 
 @pytest.fixture(scope="session")
 def server():
-    if os.geteuid() != 0:
-        pytest.skip("the namespace runtime needs root")
+    _e2e.require("root (the server's runtimes create namespaces, cgroups and network slots)", os.geteuid() == 0)
     keep = os.environ.get("WARREN_E2E_DATA_DIR")
     data_dir = keep or tempfile.mkdtemp(prefix="warren-interp-")
     os.makedirs(data_dir, exist_ok=True)
