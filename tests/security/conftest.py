@@ -1,7 +1,8 @@
 """The security suite: one test per threat-model finding that can be shown from outside, with
 the official E2B SDK and raw HTTP against one `warren serve` (the e2e suite's harness).
 
-WARREN_BIN, WARREN_E2E_DATA_DIR and WARREN_E2E_RUNTIME as in tests/e2e. Every network request
+WARREN_BIN, WARREN_E2E_DATA_DIR, WARREN_E2E_RUNTIME (default `ns`) and WARREN_REQUIRE_ALL as in
+tests/e2e. Every network request
 goes to the server on loopback or stays inside the sandbox.
 """
 
