@@ -2,8 +2,7 @@
 the official E2B SDK and raw HTTP against one `warren serve` (the e2e suite's harness).
 
 WARREN_BIN, WARREN_E2E_DATA_DIR, WARREN_E2E_RUNTIME (default `ns`) and WARREN_REQUIRE_ALL as in
-tests/e2e. Every network request
-goes to the server on loopback or stays inside the sandbox.
+tests/e2e. Every network request goes to the server on loopback or stays inside the sandbox.
 """
 
 from __future__ import annotations
