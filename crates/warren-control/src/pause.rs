@@ -14,22 +14,29 @@ use crate::error::ControlError;
 use crate::model::{Lifecycle, OnTimeout, Sandbox, SandboxState};
 
 impl Control {
-    /// Maps a runtime failure to the caller's error category, saying what was being done.
+    /// Maps a runtime failure to the caller's error category (decided by the runtime:
+    /// [`RuntimeError::category`]), saying what was being done and why, causes included.
     pub(crate) fn runtime_error(&self, e: RuntimeError, doing: &str) -> ControlError {
-        match e {
-            RuntimeError::UnknownTemplate(t) => {
-                ControlError::NotFound(format!("{doing}: template '{t}' not found"))
-            }
-            RuntimeError::NotFound(m) => ControlError::NotFound(format!("{doing}: {m} not found")),
-            RuntimeError::InvalidArgument(m) => {
-                ControlError::InvalidArgument(format!("{doing}: {m}"))
-            }
-            RuntimeError::Unsupported(m) => ControlError::InvalidArgument(format!("{doing}: {m}")),
-            RuntimeError::Exhausted(m) => ControlError::ResourceExhausted {
-                message: format!("{doing}: host capacity exhausted: {m}"),
+        use warren_runtime::Category;
+        let message = match &e {
+            RuntimeError::UnknownTemplate(t) => format!("{doing}: template '{t}' not found"),
+            RuntimeError::NotFound(m) => format!("{doing}: {m} not found"),
+            RuntimeError::Exhausted(m) => format!("{doing}: host capacity exhausted: {m}"),
+            other => format!("{doing}: {}", warren_runtime::chain(other)),
+        };
+        match e.category() {
+            Category::NotFound => ControlError::NotFound(message),
+            Category::BadRequest => ControlError::InvalidArgument(message),
+            Category::Conflict => ControlError::FailedPrecondition(message),
+            Category::Unavailable => ControlError::Unavailable(message),
+            Category::Exhausted => ControlError::ResourceExhausted {
+                message,
                 retry_after: self.inner.config.retry_after,
             },
-            RuntimeError::Failed(m) => ControlError::Internal(format!("{doing}: {m}")),
+            Category::StorageFull => {
+                ControlError::QuotaExceeded(format!("{message} (the host's disk is full)"))
+            }
+            Category::Internal => ControlError::Internal(message),
         }
     }
 

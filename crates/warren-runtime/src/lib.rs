@@ -122,6 +122,29 @@ pub fn record_runtime(record: &serde_json::Value) -> Option<&str> {
     record.get(RECORD_RUNTIME).and_then(|v| v.as_str())
 }
 
+/// A cause of any type, kept for the log and the client's message.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What a runtime failure means to whoever asked, decided once here and mapped once per
+/// transport (the control plane turns it into its own categories, the server into HTTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// The request cannot work as asked (bad value, ability the back end lacks).
+    BadRequest,
+    NotFound,
+    /// The sandbox's state does not allow it now.
+    Conflict,
+    /// Something the runtime needs is missing or not working; it may work later or elsewhere.
+    Unavailable,
+    /// The host has no room: slots, memory, sandboxes.
+    Exhausted,
+    /// The host's disk is full.
+    StorageFull,
+    /// A bug or an unexpected state; the full chain goes to the log.
+    Internal,
+}
+
+/// Errors of a back end. Messages never repeat their `#[source]`; [`chain`] joins both.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("unknown template {0:?}")]
@@ -135,8 +158,73 @@ pub enum RuntimeError {
     /// The back end cannot do this (see [`Capabilities`]).
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// The sandbox's state does not allow the operation now.
+    #[error("{0}")]
+    Conflict(String),
+    /// Something the runtime needs did not work: a QEMU that would not start, an agent that
+    /// never answered, a template that does not boot.
+    #[error("{what}")]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// A host I/O failure while doing `what` (a full disk is [`Category::StorageFull`]).
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else: a bug or an unexpected state.
     #[error("{0}")]
     Failed(String),
+}
+
+impl RuntimeError {
+    /// `what` failed because of `source`, which may work later.
+    pub fn unavailable(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        Self::Unavailable {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// An I/O failure while doing `what`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Io { what, source }
+    }
+
+    pub fn category(&self) -> Category {
+        match self {
+            Self::UnknownTemplate(_) | Self::NotFound(_) => Category::NotFound,
+            Self::InvalidArgument(_) | Self::Unsupported(_) => Category::BadRequest,
+            Self::Conflict(_) => Category::Conflict,
+            Self::Exhausted(_) => Category::Exhausted,
+            Self::Unavailable { .. } => Category::Unavailable,
+            Self::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+                Category::StorageFull
+            }
+            Self::Io { .. } | Self::Failed(_) => Category::Internal,
+        }
+    }
+}
+
+/// `e` and every cause under it, as one line: what the client reads and the log keeps.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        // Some causes repeat the message they wrap; say each thing once.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 #[async_trait::async_trait]
@@ -245,5 +333,30 @@ mod tests {
         assert_eq!(record_runtime(&tagged), Some("vm"));
         assert_eq!(tagged["pid"], 7);
         assert_eq!(record_runtime(&serde_json::json!({"pid1": 1})), None);
+    }
+
+    #[test]
+    fn errors_keep_their_cause_and_say_what_they_mean() {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let e = RuntimeError::io("save the layer of sandbox x")(full);
+        assert_eq!(e.category(), Category::StorageFull);
+        assert!(
+            chain(&e).starts_with("save the layer of sandbox x: "),
+            "{}",
+            chain(&e)
+        );
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(RuntimeError::io("x")(denied).category(), Category::Internal);
+        let qemu = RuntimeError::unavailable("start QEMU", "exec failed: No such file");
+        assert_eq!(qemu.category(), Category::Unavailable);
+        assert_eq!(chain(&qemu), "start QEMU: exec failed: No such file");
+        assert_eq!(
+            RuntimeError::UnknownTemplate("t".into()).category(),
+            Category::NotFound
+        );
+        assert_eq!(
+            RuntimeError::Conflict("paused".into()).category(),
+            Category::Conflict
+        );
     }
 }
