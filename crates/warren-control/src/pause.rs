@@ -140,7 +140,10 @@ impl Control {
                 tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
                 let doing = format!("pausing sandbox {id} failed (it keeps running)");
                 return Err(match e {
-                    RuntimeError::Failed(m) => ControlError::Unavailable(format!("{doing}: {m}")),
+                    // The sandbox is unharmed: a retry may work, so it is not a bug report.
+                    e if e.category() == warren_runtime::Category::Internal => {
+                        ControlError::Unavailable(format!("{doing}: {}", warren_runtime::chain(&e)))
+                    }
                     other => self.runtime_error(other, &doing),
                 });
             }
@@ -172,7 +175,10 @@ impl Control {
                 tracing::warn!(sandbox_id = %id, error = %e, "resume failed; sandbox stays paused");
                 let doing = format!("resuming sandbox {id} failed (it stays paused; retry)");
                 return Err(match e {
-                    RuntimeError::Failed(m) => ControlError::Unavailable(format!("{doing}: {m}")),
+                    // The sandbox is unharmed: a retry may work, so it is not a bug report.
+                    e if e.category() == warren_runtime::Category::Internal => {
+                        ControlError::Unavailable(format!("{doing}: {}", warren_runtime::chain(&e)))
+                    }
                     other => self.runtime_error(other, &doing),
                 });
             }

@@ -11,14 +11,12 @@ use std::path::{Path, PathBuf};
 
 use warren_runtime::RuntimeError;
 
-/// An I/O failure while doing `what`; a full disk is the host's capacity, not an error.
+/// An I/O failure while doing `what`, its cause kept (a full disk is the host's capacity,
+/// which [`RuntimeError::category`] tells apart).
 pub fn failed(what: &str) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
-    move |e| {
-        if e.kind() == std::io::ErrorKind::StorageFull {
-            RuntimeError::Exhausted(format!("{what}: the host's disk is full"))
-        } else {
-            RuntimeError::Failed(format!("{what}: {e}"))
-        }
+    move |source| RuntimeError::Io {
+        what: what.to_string(),
+        source,
     }
 }
 
