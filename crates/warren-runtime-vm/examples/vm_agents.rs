@@ -34,8 +34,8 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let mut cfg = HostConfig::new(data);
     cfg.agent_bin = bin.join("warren-agent");
-    cfg.run_dir = PathBuf::from("/run/warren-runtime-vm-agents");
-    cfg.cgroup_parent = "warren-runtime-vm-agents".into();
+    cfg.run_dir = PathBuf::from("/run/warren-vm-agents");
+    cfg.cgroup_parent = "warren-vm-agents".into();
     cfg.net.prefix = "wvagent".into();
     cfg.net.host_cidr = "10.16.0.0/28".parse()?;
     cfg.net.run_dir = cfg.run_dir.join("net");

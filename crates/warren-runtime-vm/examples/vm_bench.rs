@@ -52,8 +52,8 @@ fn config(tag: &str, n: u8, warm: usize) -> (HostConfig, VmSettings) {
         .to_path_buf();
     let mut cfg = HostConfig::new(data);
     cfg.agent_bin = bin.join("warren-agent");
-    cfg.run_dir = PathBuf::from(format!("/run/warren-runtime-vm-bench-{tag}"));
-    cfg.cgroup_parent = format!("warren-runtime-vm-bench-{tag}");
+    cfg.run_dir = PathBuf::from(format!("/run/warren-vm-bench-{tag}"));
+    cfg.cgroup_parent = format!("warren-vm-bench-{tag}");
     cfg.net.prefix = format!("wvb{tag}");
     cfg.net.host_cidr = format!("10.17.{}.0/24", n).parse().expect("cidr");
     cfg.net.run_dir = cfg.run_dir.join("net");
@@ -358,7 +358,7 @@ async fn main() -> anyhow::Result<()> {
 
         eprintln!("raw restore");
         let nets: Vec<BenchNet> = (0..conc).map(BenchNet::new).collect();
-        let work = PathBuf::from("/run/warren-runtime-vm-bench-raw");
+        let work = PathBuf::from("/run/warren-vm-bench-raw");
         for c in [1, conc] {
             let rounds = if c == 1 { counts.seq } else { counts.batches };
             let ms = measure(c, rounds, |i| {

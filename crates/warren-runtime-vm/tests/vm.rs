@@ -32,9 +32,9 @@ fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
     let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
     let id = std::process::id();
     let mut cfg = HostConfig::new(PathBuf::from("/var/lib/warren"));
-    cfg.run_dir = PathBuf::from(format!("/run/warren-runtime-vm-test-{tag}-{id}"));
+    cfg.run_dir = PathBuf::from(format!("/run/warren-vm-test-{tag}-{id}"));
     cfg.agent_bin = bin.join("warren-agent");
-    cfg.cgroup_parent = format!("warren-runtime-vm-test-{tag}-{id}");
+    cfg.cgroup_parent = format!("warren-vm-test-{tag}-{id}");
     cfg.net.prefix = format!("wv{tag}{}", id % 10_000);
     cfg.net.host_cidr = format!("10.15.{}.0/26", (id % 60) * 4 + n).parse().unwrap();
     cfg.net.run_dir = cfg.run_dir.join("net");

@@ -34,9 +34,9 @@ fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
     let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
     let id = std::process::id();
     let mut cfg = HostConfig::new(data.to_path_buf());
-    cfg.run_dir = PathBuf::from(format!("/run/warren-runtime-vm-test-{tag}-{id}"));
+    cfg.run_dir = PathBuf::from(format!("/run/warren-vm-test-{tag}-{id}"));
     cfg.agent_bin = bin.join("warren-agent");
-    cfg.cgroup_parent = format!("warren-runtime-vm-test-{tag}-{id}");
+    cfg.cgroup_parent = format!("warren-vm-test-{tag}-{id}");
     cfg.net.prefix = format!("wv{tag}{}", id % 10_000);
     cfg.net.host_cidr = format!("10.16.{}.0/26", (id % 60) * 4 + n).parse().unwrap();
     cfg.net.run_dir = cfg.run_dir.join("net");
@@ -490,7 +490,7 @@ async fn a_rewritten_overlay_backing_never_reaches_a_checkpoint() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_data_dir_of_mode_0700_works() {
     let data = PathBuf::from(format!(
-        "/var/lib/warren-runtime-vm-test-0700-{}",
+        "/var/lib/warren-vm-test-0700-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&data);

@@ -36,6 +36,8 @@ pub struct FakeRuntime {
     pub fail_creates: Mutex<usize>,
     /// Every pause fails (a sandbox that broke its own save).
     pub fail_pause: Mutex<bool>,
+    /// Every pause fails with this I/O error (a full disk, ...).
+    pub pause_io_error: Mutex<Option<std::io::ErrorKind>>,
     /// What `headroom` reports (`None`: the runtime cannot tell).
     pub headroom: Mutex<Option<warren_runtime::Headroom>>,
 }
@@ -84,6 +86,11 @@ impl SandboxRuntime for FakeRuntime {
         }
     }
     async fn pause(&self, id: &str, mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {
+        if let Some(kind) = *self.pause_io_error.lock().unwrap() {
+            return Err(RuntimeError::io(format!("save the layer of sandbox {id}"))(
+                kind.into(),
+            ));
+        }
         if *self.fail_pause.lock().unwrap() {
             return Err(RuntimeError::Failed(
                 "saving the writable layer: File name too long".into(),
@@ -95,7 +102,7 @@ impl SandboxRuntime for FakeRuntime {
             .unwrap()
             .remove(id)
             .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
-        rt.record = serde_json::json!({"fake": true, "paused": mode});
+        rt.record = serde_json::json!({"fake": true, "runtime": "fake", "paused": mode});
         self.paused.lock().unwrap().insert(id.into(), mode);
         Ok(rt)
     }
