@@ -226,3 +226,47 @@ async fn pty_input_resize_connect_and_signal() {
         .unwrap_err();
     assert_eq!(err.rpc().map(|e| e.code), Some(Code::NotFound), "{err:?}");
 }
+
+/// The host starts a template's service this way: it reads up to the start event and drops
+/// the stream. The process must outlive the stream (it belongs to the agent).
+#[tokio::test]
+async fn a_dropped_start_stream_leaves_the_process_running() {
+    let agent = Agent::start();
+    let client = agent_client(&agent);
+    let process = client.process();
+    let opts = CallOptions::new().user("root");
+    let mut stream = process.start(&bash("sleep 60"), &opts).await.unwrap();
+    let pid = match event(stream.next().await.unwrap().unwrap()) {
+        Some(Event::Start(StartEvent { pid })) => pid,
+        other => panic!("first event: {other:?}"),
+    };
+    drop(stream);
+    // It can still be attached to, and the agent still lists it.
+    let mut attached = process
+        .connect(
+            &ConnectRequest {
+                process: client::pid(pid),
+            },
+            &opts,
+        )
+        .await
+        .unwrap();
+    let first = attached.next().await.unwrap().unwrap();
+    match first.event.and_then(|e| e.event) {
+        Some(Event::Start(StartEvent { pid: p })) => assert_eq!(p, pid),
+        other => panic!("first event of Connect: {other:?}"),
+    }
+    drop(attached);
+    let listed = process.list(&opts).await.unwrap();
+    assert!(listed.processes.iter().any(|p| p.pid == pid), "{listed:?}");
+    process
+        .send_signal(
+            &SendSignalRequest {
+                process: client::pid(pid),
+                signal: Signal::Sigkill as i32,
+            },
+            &opts,
+        )
+        .await
+        .unwrap();
+}
