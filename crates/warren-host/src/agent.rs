@@ -112,18 +112,6 @@ pub enum RunError {
     NoEnd,
 }
 
-/// The error and its causes on one line, for the runtime's string errors.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// Starts the template's service through the agent's `process.Process/Start`, then waits
 /// until its readiness check answers.
 ///
@@ -136,10 +124,9 @@ pub async fn run_start_command(
     access_token: Option<&str>,
     cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
-    let fail = |e: RunError| RuntimeError::Failed(format!("template start command: {}", chain(&e)));
     let stream = start(client, agent, access_token, None, &cmd.argv, Some(&cmd.cwd))
         .await
-        .map_err(fail)?;
+        .map_err(|e| RuntimeError::unavailable("template start command", e))?;
     drop(stream);
     wait_ready(client, agent, cmd).await
 }
