@@ -33,9 +33,7 @@ fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
     let id = std::process::id();
-    let data = PathBuf::from(format!(
-        "/var/tmp/warren-vm-persist-test-{id}-{tag}"
-    ));
+    let data = PathBuf::from(format!("/var/tmp/warren-vm-persist-test-{id}-{tag}"));
     std::fs::create_dir_all(&data).unwrap();
     for shared in ["images", "vm"] {
         let link = data.join(shared);
