@@ -190,6 +190,14 @@ impl RuntimeError {
         }
     }
 
+    /// `what` cannot work on this host now, for a reason the message says.
+    pub fn unavailable_now(what: impl Into<String>) -> Self {
+        Self::Unavailable {
+            what: what.into(),
+            source: None,
+        }
+    }
+
     /// An I/O failure while doing `what`.
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();

@@ -192,7 +192,8 @@ impl Recipe {
             Err(e) => format!("unserializable recipe: {e}").into_bytes(),
         };
         let mut hasher = Sha256::new();
-        hasher.update(format!("warren-template recipe format {FORMAT_VERSION}\n").as_bytes());
+        // The salt predates the crate's name; changing it would rebuild every image on every host.
+        hasher.update(format!("warren-image recipe format {FORMAT_VERSION}\n").as_bytes());
         hasher.update(&encoded);
         hex(&hasher.finalize())
     }

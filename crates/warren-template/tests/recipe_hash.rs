@@ -36,7 +36,7 @@ fn hash_is_stable_across_runs_and_builds() {
     // Golden value. If this fails, the canonical encoding of recipes changed (a field was added,
     // renamed or reordered, serde output changed, FORMAT_VERSION was bumped): every cached image
     // on every host will be rebuilt once. If that is intended, update the value.
-    // Cross-checked independently: it is SHA-256 of "warren-template recipe format 1\n" followed
+    // Cross-checked independently: it is SHA-256 of "warren-image recipe format 1\n" followed
     // by the compact JSON of the recipe with packages sorted (python3's json.dumps with
     // separators=(",", ":") gives the same bytes).
     assert_eq!(

@@ -80,14 +80,14 @@ impl NsRuntime {
     /// `reattach` (or the first `create`).
     pub async fn start(cfg: HostConfig) -> Result<Arc<Self>, RuntimeError> {
         if !nix::unistd::geteuid().is_root() {
-            return Err(RuntimeError::Failed(
-                "the namespace runtime needs root".into(),
+            return Err(RuntimeError::unavailable_now(
+                "the namespace runtime needs root",
             ));
         }
         for bin in [&cfg.agent_bin, &cfg.nsinit_bin] {
             if !bin.exists() {
-                return Err(RuntimeError::Failed(format!(
-                    "{} is missing",
+                return Err(RuntimeError::unavailable_now(format!(
+                    "{} is missing (build the workspace: cargo build --release)",
                     bin.display()
                 )));
             }
@@ -163,13 +163,13 @@ impl NsRuntime {
                 }
                 NetPool::start(self.cfg.net.clone())
                     .await
-                    .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))
+                    .map_err(|e| RuntimeError::unavailable("start the network pool", e))
             })
             .await
     }
 
     /// Takes back one sandbox of an earlier run whose slot was adopted.
-    fn adopt(
+    async fn adopt(
         &self,
         r: &RuntimeSandbox,
         record: &Record,
@@ -180,10 +180,13 @@ impl NsRuntime {
                 // Frozen but recorded as running: the previous server died in the middle of
                 // a pause it never acknowledged. The sandbox runs on.
                 if record.paused.is_none() && sandbox.cgroup.is_frozen() {
-                    if let Err(e) = sandbox.cgroup.thaw() {
-                        tracing::warn!(sandbox = %r.id, error = %e, "could not thaw");
+                    let cgroup = sandbox.cgroup.clone();
+                    match tokio::task::spawn_blocking(move || cgroup.thaw()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(sandbox = %r.id, error = %e, "could not thaw"),
+                        Err(e) => tracing::warn!(sandbox = %r.id, error = %e, "could not thaw"),
                     }
-                    let _ = self.forget_saved(&r.id);
+                    let _ = self.forget_saved(&r.id).await;
                 }
                 let out = RuntimeSandbox {
                     id: r.id.clone(),
@@ -240,7 +243,7 @@ impl NsRuntime {
         };
         let sandbox = launch::launch(&self.ns, &launch_spec)
             .await
-            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            .map_err(|e| RuntimeError::unavailable(format!("start sandbox {}", spec.id), e))?;
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();
         env.insert("E2B_SANDBOX".into(), "true".into());
         env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
@@ -260,9 +263,9 @@ impl NsRuntime {
         {
             let why = sandbox.exit_status();
             let _ = sandbox.destroy().await;
-            return Err(RuntimeError::Failed(match why {
-                Some(w) => format!("{e} (sandbox {w})"),
-                None => e.to_string(),
+            return Err(RuntimeError::unavailable_now(match why {
+                Some(w) => format!("{} (sandbox {w})", warren_runtime::chain(&e)),
+                None => warren_runtime::chain(&e),
             }));
         }
         // Templates with a service (the code interpreter) start it now; create waits for it.
@@ -315,7 +318,7 @@ impl SandboxRuntime for NsRuntime {
 
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
         if self.paused_fs.lock().await.remove(id) {
-            let forgotten = self.forget_saved(id);
+            let forgotten = self.forget_saved(id).await;
             self.release_ids(id);
             return forgotten;
         }
@@ -335,7 +338,7 @@ impl SandboxRuntime for NsRuntime {
                 tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
             }
         }
-        let result = result.and(self.forget_saved(id));
+        let result = result.and(self.forget_saved(id).await);
         self.release_ids(id);
         result
     }
@@ -584,7 +587,7 @@ impl NsRuntime {
         slot: warren_net::Result<Slot>,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         match slot {
-            Ok(slot) => match self.adopt(r, rec, slot) {
+            Ok(slot) => match self.adopt(r, rec, slot).await {
                 Ok((l, sbx)) => {
                     live.insert(r.id.clone(), l);
                     Ok(sbx)

@@ -70,8 +70,11 @@ impl NsRuntime {
     }
 
     /// Deletes the saved files of a paused sandbox, if any.
-    pub(crate) fn forget_saved(&self, id: &str) -> Result<(), RuntimeError> {
-        layer::remove(&self.paused_dir(id)).map_err(failed("remove the saved filesystem"))
+    pub(crate) async fn forget_saved(&self, id: &str) -> Result<(), RuntimeError> {
+        let dir = self.paused_dir(id);
+        blocking(move || layer::remove(&dir))
+            .await
+            .map_err(failed("remove the saved filesystem"))
     }
 
     /// Deletes the saved files of a resumed sandbox without making the resume wait: they are

@@ -144,11 +144,14 @@ impl VmRuntime {
     /// cleanup start with the first `reattach` (or create).
     pub async fn start(cfg: HostConfig, settings: VmSettings) -> Result<Arc<Self>, RuntimeError> {
         if !nix::unistd::geteuid().is_root() {
-            return Err(failed("the vm runtime needs root"));
+            return Err(RuntimeError::unavailable_now("the vm runtime needs root"));
         }
         for bin in [&settings.agent_bin, &settings.vminit_bin] {
             if !bin.exists() {
-                return Err(failed(format!("{} is missing", bin.display())));
+                return Err(RuntimeError::unavailable_now(format!(
+                    "{} is missing (build the workspace: cargo build --release)",
+                    bin.display()
+                )));
             }
         }
         let accel = accel::detect();
@@ -228,16 +231,27 @@ impl VmRuntime {
     async fn pool(&self) -> Result<&NetPool, RuntimeError> {
         self.net
             .get_or_try_init(|| async {
-                self.remove_stale_vms(&[]);
+                self.remove_stale_vms(Vec::new()).await;
                 NetPool::start(self.cfg.net.clone())
                     .await
-                    .map_err(|e| failed(format!("network pool: {e}")))
+                    .map_err(|e| RuntimeError::unavailable("start the network pool", e))
             })
             .await
     }
 
     /// Kills and removes every VM directory (and cgroup) not named in `keep`.
-    fn remove_stale_vms(&self, keep: &[String]) {
+    /// Removes every VM of an earlier run but those in `keep` (kills, unmounts, deletes: on
+    /// the blocking pool).
+    async fn remove_stale_vms(&self, keep: Vec<String>) {
+        let Some(rt) = self.this.upgrade() else {
+            return;
+        };
+        if let Err(e) = tokio::task::spawn_blocking(move || rt.remove_stale_vms_now(&keep)).await {
+            tracing::warn!(error = %e, "removing the VMs of an earlier run");
+        }
+    }
+
+    fn remove_stale_vms_now(&self, keep: &[String]) {
         let parent = self.cgroup_parent();
         let mut names: Vec<String> = warren_host::cgroup::children(&parent);
         if let Ok(rd) = std::fs::read_dir(self.vms_dir()) {
@@ -544,7 +558,10 @@ impl VmRuntime {
                     allow_internet_access: spec.allow_internet_access,
                 };
                 self.teardown(&m).await;
-                return Err(failed(e));
+                return Err(RuntimeError::unavailable(
+                    format!("restore VM {} from the {} snapshot", m.name, spec.template),
+                    e,
+                ));
             }
         };
         tracing::debug!(
@@ -617,9 +634,9 @@ impl VmRuntime {
             let why = m.exit.borrow().clone();
             m.kill().await;
             self.teardown(&m).await;
-            return Err(failed(match why {
-                Some(w) => format!("{e} ({w})"),
-                None => e.to_string(),
+            return Err(RuntimeError::unavailable_now(match why {
+                Some(w) => format!("{} ({w})", warren_runtime::chain(&e)),
+                None => warren_runtime::chain(&e),
             }));
         }
         let record = Record {
@@ -772,5 +789,5 @@ impl SandboxRuntime for VmRuntime {
 
 /// A slot that could not be laid out for a VM.
 fn slot_failed(e: warren_net::Error) -> RuntimeError {
-    RuntimeError::Failed(format!("lay out the network slot for a VM: {e}"))
+    RuntimeError::unavailable("lay out the network slot for a VM", e)
 }

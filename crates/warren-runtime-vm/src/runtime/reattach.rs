@@ -48,7 +48,7 @@ impl VmRuntime {
             .iter()
             .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
             .collect();
-        self.remove_stale_vms(&keep);
+        self.remove_stale_vms(keep).await;
         self.remove_unclaimed_checkpoints().await;
         let adopt: Vec<AdoptSlot> = running
             .iter()
