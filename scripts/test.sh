@@ -26,9 +26,8 @@ log "cargo deny (deny.toml: licences, sources, bans; advisories need the network
 cargo deny --offline check licenses bans sources
 
 log "Rust tests"
-# WARREN_REQUIRE_ALL=1 (above) keeps every test from skipping. WARREN_VM_TESTS=require is the
-# older switch that crates/warren-runtime-vm/tests/common/mod.rs (pipeline.rs) still reads.
-WARREN_VM_TESTS=require cargo test --release --locked --workspace
+# WARREN_REQUIRE_ALL=1 (above) keeps every test from skipping: QEMU, nft, root were just set up.
+cargo test --release --locked --workspace
 
 log "fuzz targets, ${WARREN_FUZZ_SECONDS:-10} s each (longer runs and findings: docs/testing.md)"
 # Each target starts from its committed seeds plus whatever earlier runs left in fuzz/corpus;

@@ -53,9 +53,10 @@ impl VmRuntime {
             Ok(code) => Err(failed(format!(
                 "stopping or continuing the guest's processes exited with {code}"
             ))),
-            Err(e) => Err(failed(format!(
-                "stopping or continuing the guest's processes: {e}"
-            ))),
+            Err(e) => Err(RuntimeError::unavailable(
+                "stopping or continuing the guest's processes",
+                e,
+            )),
         }
     }
 

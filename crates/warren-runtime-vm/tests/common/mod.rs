@@ -12,14 +12,11 @@ use std::time::Duration;
 use warren_runtime_vm::accel::Accel;
 use warren_runtime_vm::snapshot::TemplateSpec;
 
-/// Prints why and returns `None` when this host cannot run the tests (they then do not pass
-/// silently: the reason is printed, and `WARREN_VM_TESTS=require` turns it into a failure).
+/// Prints why and returns `None` when this host cannot run the tests (the one skip rule,
+/// `warren-testkit`: `SKIP: <reason>`, or a failure under `WARREN_REQUIRE_ALL=1`).
 pub fn prerequisites() -> Option<(PathBuf, PathBuf, PathBuf)> {
     let skip = |why: String| {
-        if std::env::var("WARREN_VM_TESTS").as_deref() == Ok("require") {
-            panic!("VM tests required but: {why}");
-        }
-        eprintln!("SKIP: {why}");
+        warren_testkit::skip(why);
         None
     };
     if !nix::unistd::geteuid().is_root() {
