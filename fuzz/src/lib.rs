@@ -54,6 +54,7 @@ pub fn agent_state() -> warren_agent::state::AppState {
             default_user: "root".into(),
             default_workdir: None,
             env_vars: Default::default(),
+            ..Default::default()
         },
         false,
     )
