@@ -43,24 +43,22 @@ impl Error {
 /// Runs a command to completion; a non-zero exit becomes [`Error::Command`] with its stderr.
 pub(crate) fn run(cmd: &mut std::process::Command) -> Result<std::process::Output> {
     let command = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| Error::Command {
-        command: command.clone(),
-        stderr: e.to_string(),
-    })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(out)
+    checked(command, cmd.output())
 }
 
 /// [`run`] for async callers: the command runs under `tokio::process`, so waiting for it
 /// never holds an async worker.
 pub(crate) async fn run_async(cmd: &mut tokio::process::Command) -> Result<std::process::Output> {
     let command = format!("{cmd:?}");
-    let out = cmd.output().await.map_err(|e| Error::Command {
+    checked(command, cmd.output().await)
+}
+
+/// A finished command's output, or why it did not succeed.
+fn checked(
+    command: String,
+    out: std::io::Result<std::process::Output>,
+) -> Result<std::process::Output> {
+    let out = out.map_err(|e| Error::Command {
         command: command.clone(),
         stderr: e.to_string(),
     })?;
