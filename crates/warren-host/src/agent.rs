@@ -51,7 +51,7 @@ pub async fn wait_and_init(
         {
             Ok(r) if r.status().as_u16() == 204 => break,
             _ if Instant::now() > deadline => {
-                return Err(RuntimeError::Failed(format!(
+                return Err(RuntimeError::unavailable_now(format!(
                     "agent at {agent} did not become ready"
                 )))
             }
@@ -73,9 +73,9 @@ pub async fn wait_and_init(
     let resp = req
         .send()
         .await
-        .map_err(|e| RuntimeError::Failed(format!("init agent: {e}")))?;
+        .map_err(|e| RuntimeError::unavailable("init agent", e))?;
     if resp.status().as_u16() != 204 {
-        return Err(RuntimeError::Failed(format!(
+        return Err(RuntimeError::unavailable_now(format!(
             "init agent: HTTP {}",
             resp.status()
         )));
@@ -89,7 +89,7 @@ fn random_seed() -> Result<String, RuntimeError> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| RuntimeError::Failed(format!("read /dev/urandom: {e}")))?;
+        .map_err(RuntimeError::io("read /dev/urandom"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -260,7 +260,7 @@ pub async fn wait_ready(
         {
             Ok(r) if r.status().is_success() => return Ok(()),
             _ if Instant::now() > deadline => {
-                return Err(RuntimeError::Failed(format!(
+                return Err(RuntimeError::unavailable_now(format!(
                     "template service on port {} did not become ready within {:?}",
                     cmd.ready_port, cmd.ready_timeout
                 )))
@@ -268,5 +268,34 @@ pub async fn wait_ready(
             // Not listening yet: the server opens its port only once its kernel runs.
             _ => tokio::time::sleep(Duration::from_millis(20)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_runtime::Category;
+
+    #[tokio::test]
+    async fn an_agent_that_never_answers_is_unavailable() {
+        // A port nothing listens on: every health probe is refused.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let e = wait_and_init(
+            &client,
+            addr,
+            &BTreeMap::new(),
+            None,
+            None,
+            None,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.category(), Category::Unavailable, "{e:?}");
+        assert!(e.to_string().contains("did not become ready"), "{e}");
     }
 }

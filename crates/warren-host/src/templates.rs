@@ -18,6 +18,19 @@ fn is_mounted(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Why the image of template `name` could not be had, typed: a host I/O failure keeps its
+/// `io::Error` (a full disk is storage, not a bug); a missing tool, missing root or a build
+/// that failed means this host cannot serve the template now.
+pub fn image_error(name: &str, e: warren_template::ImageError) -> RuntimeError {
+    match e {
+        warren_template::ImageError::Io { op, path, source } => RuntimeError::Io {
+            what: format!("template {name}: {op} {}", path.display()),
+            source,
+        },
+        e => RuntimeError::unavailable(format!("template {name}"), e),
+    }
+}
+
 impl Templates {
     /// The mounted root of template `name`, building its image on first use.
     pub fn root(
@@ -41,10 +54,10 @@ impl Templates {
             data_dir,
             &mut warren_template::StderrProgress::new(),
         )
-        .map_err(|e| RuntimeError::Failed(format!("template {name}: {e}")))?;
+        .map_err(|e| image_error(name, e))?;
         let mnt = templates_dir.join(recipe.cache_key());
         std::fs::create_dir_all(&mnt)
-            .map_err(|e| RuntimeError::Failed(format!("create {}: {e}", mnt.display())))?;
+            .map_err(RuntimeError::io(format!("create {}", mnt.display())))?;
         // Mounts outlive the server (sandboxes keep using them); a restarted server reuses it.
         // Managers of this host (a restarted server, tests side by side) share the mount
         // point: the look and the mount happen under a lock of its own, so two never both see
@@ -55,9 +68,12 @@ impl Templates {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| RuntimeError::Failed(format!("open {}: {e}", lock_path.display())))?;
+            .map_err(RuntimeError::io(format!("open {}", lock_path.display())))?;
         let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| RuntimeError::Failed(format!("lock {}: {e}", lock_path.display())))?;
+            .map_err(|(_, e)| RuntimeError::Io {
+                what: format!("lock {}", lock_path.display()),
+                source: e.into(),
+            })?;
         if !is_mounted(&mnt) {
             nix::mount::mount(
                 Some(&image.image),
@@ -68,11 +84,12 @@ impl Templates {
                 None::<&str>,
             )
             .map_err(|e| {
-                RuntimeError::Failed(format!(
-                    "mount {} on {}: {e}",
-                    image.image.display(),
-                    mnt.display()
-                ))
+                // A kernel without erofs, a damaged image: this host cannot serve the
+                // template now.
+                RuntimeError::unavailable(
+                    format!("mount {} on {}", image.image.display(), mnt.display()),
+                    std::io::Error::from(e),
+                )
             })?;
         }
         self.mounted
@@ -80,5 +97,58 @@ impl Templates {
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_string(), mnt.clone());
         Ok(mnt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_runtime::Category;
+
+    #[test]
+    fn a_template_without_a_recipe_is_unknown() {
+        let dir = std::env::temp_dir().join(format!("warren-tpl-{}", uuid::Uuid::new_v4()));
+        let e = Templates::default()
+            .root("no-such-template", &dir, &dir.join("templates"))
+            .unwrap_err();
+        assert!(matches!(e, RuntimeError::UnknownTemplate(ref t) if t == "no-such-template"));
+        assert_eq!(e.category(), Category::NotFound);
+        assert!(
+            !dir.exists(),
+            "nothing is built or created for an unknown template"
+        );
+    }
+
+    #[test]
+    fn a_full_disk_while_building_an_image_is_storage() {
+        let e = image_error(
+            "base",
+            warren_template::ImageError::Io {
+                op: "write",
+                path: "/data/images/x".into(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            },
+        );
+        assert_eq!(e.category(), Category::StorageFull, "{e:?}");
+        assert_eq!(
+            warren_runtime::chain(&e),
+            format!(
+                "template base: write /data/images/x: {}",
+                std::io::Error::from_raw_os_error(libc::ENOSPC)
+            )
+        );
+    }
+
+    #[test]
+    fn a_missing_build_tool_is_unavailable_with_its_cause() {
+        let e = image_error(
+            "base",
+            warren_template::ImageError::ToolMissing {
+                tool: "mkfs.erofs",
+                package: "erofs-utils",
+            },
+        );
+        assert_eq!(e.category(), Category::Unavailable, "{e:?}");
+        assert!(warren_runtime::chain(&e).contains("erofs-utils"));
     }
 }
