@@ -42,6 +42,9 @@ const EAFNOSUPPORT: i64 = 97;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn h1_namespaces_mounts_and_rare_kernel_interfaces_are_closed_but_tools_work() {
+    if !common::have_root() {
+        return;
+    }
     let r = start("h1", limits(), 256 * MIB).await;
     // No new namespaces of any kind, for root (sudo) as for anyone.
     for flag in ["-n", "-U", "-m", "-p -f", "-i", "-u", "-C", "-T"] {
@@ -158,6 +161,9 @@ async fn h1_namespaces_mounts_and_rare_kernel_interfaces_are_closed_but_tools_wo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn m1_l11_sys_and_proc_show_nothing_of_the_host_or_other_sandboxes() {
+    if !common::have_root() {
+        return;
+    }
     let a = start("m1a", limits(), 128 * MIB).await;
     let b = start("m1b", limits(), 128 * MIB).await;
     let (ida, idb) = (a.sbx().id.clone(), b.sbx().id.clone());
@@ -224,6 +230,9 @@ fn uid_range(pid: u32) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn h4_m2_ranges_are_disjoint_and_kernel_counters_are_per_sandbox() {
+    if !common::have_root() {
+        return;
+    }
     let a = start("m2a", limits(), 128 * MIB).await;
     let b = start("m2b", limits(), 128 * MIB).await;
     let (ra, rb) = (uid_range(a.sbx().pid1), uid_range(b.sbx().pid1));
@@ -278,6 +287,9 @@ async fn h4_m2_ranges_are_disjoint_and_kernel_counters_are_per_sandbox() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn h4_saved_layers_restore_into_another_range_with_their_ownership() {
+    if !common::have_root() {
+        return;
+    }
     let a = start("h4a", limits(), 128 * MIB).await;
     let (code, out) = a.run(
         "install -o user -g user -m 0640 /dev/null /home/user/mine && cp /bin/true /opt/suid && chown user:user /opt/suid && chmod 4755 /opt/suid && stat -c '%U:%G %a' /home/user/mine /opt/suid",
@@ -311,6 +323,9 @@ async fn h4_saved_layers_restore_into_another_range_with_their_ownership() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn m4_l10_agent_stderr_is_capped_and_the_exit_status_is_recorded() {
+    if !common::have_root() {
+        return;
+    }
     let r = start("m4", limits(), 64 * MIB).await;
     let (_, target) = r.run("readlink /proc/1/fd/2");
     assert!(
@@ -363,6 +378,9 @@ fn status_of(r: &Running, path: &str, token: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn m7_the_agent_requires_its_token_from_the_first_request_and_nesting_is_an_option() {
+    if !common::have_root() {
+        return;
+    }
     let r = start_with("m7", limits(), 64 * MIB, |s| {
         s.access_token = Some("t0ken-before-listen".into());
         s.nested_namespaces = true;
@@ -384,6 +402,9 @@ async fn m7_the_agent_requires_its_token_from_the_first_request_and_nesting_is_a
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ranges_overlapping_etc_subuid_are_refused() {
+    if !common::have_root() {
+        return;
+    }
     let Some((start, _)) = warren_runtime_ns::idrange::delegated_ranges()
         .into_iter()
         .next()

@@ -14,32 +14,15 @@ use warren_runtime::{CreateSpec, RuntimeSandbox, SandboxRuntime};
 use warren_runtime_ns::NsRuntime;
 
 fn config() -> Option<HostConfig> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require(
-        "root (namespaces, cgroups and network slots)",
-        warren_testkit::is_root(),
-    ) {
-        return None;
+    common::HostTest {
+        name: "host",
+        tag: "",
+        prefix: "wh",
+        octet: 13,
+        pool_size: 2,
+        private_data: false,
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    let mut cfg = HostConfig::new(PathBuf::from("/var/lib/warren"));
-    cfg.run_dir = PathBuf::from(format!("/run/warren-host-test-{id}"));
-    // One shared template mount for all test runs, as a server keeps one.
-    cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.nsinit_bin = bin.join("warren-nsinit");
-    assert!(
-        cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
-        "build warren-agent and warren-nsinit first"
-    );
-    cfg.cgroup_parent = format!("warren-host-test-{id}");
-    cfg.net.prefix = format!("wh{}", id % 100_000);
-    cfg.net.host_cidr = format!("10.13.{}.0/24", id % 250).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 2;
-    Some(cfg)
+    .config()
 }
 
 fn spec(id: &str, internet: bool) -> CreateSpec {
@@ -134,7 +117,7 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
         .is_err());
     rt.kill("hostb").await.expect("kill b");
     rt.shutdown().await.expect("shutdown");
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    common::cleanup(&cfg);
     let cgroups = std::fs::read_dir("/sys/fs/cgroup/pids").unwrap();
     let prefix = cfg.cgroup_parent;
     for c in cgroups.flatten() {
@@ -203,5 +186,5 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     ));
     second.shutdown().await.expect("shutdown");
     assert!(!std::path::Path::new(&format!("/run/netns/{}-0", cfg.net.prefix)).exists());
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    common::cleanup(&cfg);
 }

@@ -9,44 +9,21 @@ mod common;
 use common::run;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use warren_host::HostConfig;
 use warren_runtime::{CreateSpec, RuntimeSandbox, SandboxRuntime};
 use warren_runtime_ns::NsRuntime;
 
 fn config() -> Option<HostConfig> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require(
-        "root (namespaces, cgroups and network slots)",
-        warren_testkit::is_root(),
-    ) {
-        return None;
+    common::HostTest {
+        name: "ids",
+        tag: "",
+        prefix: "wi",
+        octet: 22,
+        pool_size: 4,
+        private_data: true,
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    let data = PathBuf::from(format!("/var/tmp/warren-ids-test-{id}"));
-    std::fs::create_dir_all(&data).unwrap();
-    let images = data.join("images");
-    if !images.exists() {
-        std::os::unix::fs::symlink("/var/lib/warren/images", &images).unwrap();
-    }
-    let mut cfg = HostConfig::new(data);
-    cfg.run_dir = PathBuf::from(format!("/run/warren-ids-test-{id}"));
-    cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.nsinit_bin = bin.join("warren-nsinit");
-    assert!(
-        cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
-        "build warren-agent and warren-nsinit first"
-    );
-    cfg.cgroup_parent = format!("warren-ids-test-{id}");
-    cfg.net.prefix = format!("wi{}", id % 10_000);
-    cfg.net.host_cidr = format!("10.22.{}.0/24", id % 250).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 4;
-    Some(cfg)
+    .config()
 }
 
 fn spec(id: &str, from_snapshot: Option<&str>) -> CreateSpec {
@@ -142,7 +119,5 @@ async fn every_sandbox_gets_its_own_range_and_snapshots_move_to_the_new_one() {
         .collect();
     assert!(left.is_empty(), "assignments left: {left:?}");
     rt.shutdown().await.expect("shutdown");
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
-    let _ = std::fs::remove_file(cfg.data_dir.join("images"));
-    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    common::cleanup(&cfg);
 }

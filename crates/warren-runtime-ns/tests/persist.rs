@@ -3,11 +3,10 @@
 
 mod common;
 
-use common::run;
+use common::{cleanup, run};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use warren_host::HostConfig;
 use warren_runtime::{
@@ -16,44 +15,15 @@ use warren_runtime::{
 use warren_runtime_ns::NsRuntime;
 
 fn config(tag: &str, net: u32) -> Option<HostConfig> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require(
-        "root (namespaces, cgroups and network slots)",
-        warren_testkit::is_root(),
-    ) {
-        return None;
+    common::HostTest {
+        name: "persist",
+        tag,
+        prefix: "wp",
+        octet: net,
+        pool_size: 2,
+        private_data: true,
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    // Images come from the shared cache; paused and snapshot layers go to a private data dir.
-    let data = PathBuf::from(format!("/var/tmp/warren-persist-test-{id}-{tag}"));
-    std::fs::create_dir_all(&data).unwrap();
-    let images = data.join("images");
-    if !images.exists() {
-        std::os::unix::fs::symlink("/var/lib/warren/images", &images).unwrap();
-    }
-    let mut cfg = HostConfig::new(data);
-    cfg.run_dir = PathBuf::from(format!("/run/warren-persist-test-{id}-{tag}"));
-    cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.nsinit_bin = bin.join("warren-nsinit");
-    assert!(
-        cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
-        "build warren-agent and warren-nsinit first"
-    );
-    cfg.cgroup_parent = format!("warren-persist-test-{id}-{tag}");
-    cfg.net.prefix = format!("wp{tag}{}", id % 10_000);
-    cfg.net.host_cidr = format!("10.{net}.{}.0/24", id % 250).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 2;
-    Some(cfg)
-}
-
-fn cleanup(cfg: &HostConfig) {
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
-    let _ = std::fs::remove_file(cfg.data_dir.join("images"));
-    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    .config()
 }
 
 fn spec(id: &str) -> CreateSpec {

@@ -13,6 +13,9 @@ use warren_runtime_ns::launch;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_is_an_isolated_debian_system() {
+    if !common::have_root() {
+        return;
+    }
     let r = start("isolated", limits(), 256 * MIB).await;
     let id = r.sbx().id.clone();
     assert_eq!(r.run("hostname"), (0, format!("{id}\n")));
@@ -59,6 +62,9 @@ async fn a_sandbox_is_an_isolated_debian_system() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_image_stays_read_only_and_sandboxes_do_not_share_files() {
+    if !common::have_root() {
+        return;
+    }
     let a = start("shared-a", limits(), 128 * MIB).await;
     let b = start("shared-b", limits(), 128 * MIB).await;
     assert_eq!(
@@ -78,6 +84,9 @@ async fn the_image_stays_read_only_and_sandboxes_do_not_share_files() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_hold_and_the_agent_survives() {
+    if !common::have_root() {
+        return;
+    }
     let r = start(
         "limits",
         Limits {
@@ -124,6 +133,9 @@ async fn limits_hold_and_the_agent_survives() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
+    if !common::have_root() {
+        return;
+    }
     let r = start("sweep", limits(), 64 * MIB).await;
     let id = r.sbx().id.clone();
     let dir = r.cfg.state_dir.join(&id);

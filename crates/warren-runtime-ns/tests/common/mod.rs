@@ -11,16 +11,87 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use warren_host::cgroup::Limits;
+use warren_host::HostConfig;
 use warren_runtime_ns::config::{Confinement, ID_COUNT};
 use warren_runtime_ns::launch::{self, LaunchSpec, NsConfig, Sandbox};
 
 pub const DATA_DIR: &str = "/var/lib/warren";
 
-pub fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests need root (they create namespaces and cgroups)"
-    );
+/// Whether this host can run the sandbox tests: the one skip rule (`warren-testkit`: prints
+/// `SKIP: <reason>`, or fails under `WARREN_REQUIRE_ALL=1`).
+pub fn have_root() -> bool {
+    warren_testkit::require(
+        "root (namespaces, cgroups and network slots)",
+        warren_testkit::is_root(),
+    )
+}
+
+/// A host configuration of one test's own: its run dir, cgroups, slot prefix and addresses
+/// (`warren-<name>-test-<pid>[-<tag>]`; short, the slot's paths live under it). With
+/// `private_data`, paused and snapshot layers go to a data dir of its own that borrows the
+/// shared image cache. `None` (with the reason printed) when the host cannot run it.
+pub struct HostTest<'a> {
+    pub name: &'a str,
+    pub tag: &'a str,
+    /// First letters of the slot names (interface names: keep it to two).
+    pub prefix: &'a str,
+    /// `10.<octet>.x.0/24` holds the slots' addresses.
+    pub octet: u32,
+    pub pool_size: usize,
+    pub private_data: bool,
+}
+
+impl HostTest<'_> {
+    pub fn config(&self) -> Option<HostConfig> {
+        if !have_root() {
+            return None;
+        }
+        let id = std::process::id();
+        let suffix = if self.tag.is_empty() {
+            format!("{id}")
+        } else {
+            format!("{id}-{}", self.tag)
+        };
+        let data = if self.private_data {
+            let data = PathBuf::from(format!("/var/tmp/warren-{}-test-{suffix}", self.name));
+            std::fs::create_dir_all(&data).unwrap();
+            let images = data.join("images");
+            if !images.exists() {
+                std::os::unix::fs::symlink(Path::new(DATA_DIR).join("images"), &images).unwrap();
+            }
+            data
+        } else {
+            PathBuf::from(DATA_DIR)
+        };
+        let bin = target_dir();
+        let mut cfg = HostConfig::new(data);
+        cfg.run_dir = PathBuf::from(format!("/run/warren-{}-test-{suffix}", self.name));
+        // One shared template mount for all test runs, as a server keeps one.
+        cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
+        cfg.agent_bin = bin.join("warren-agent");
+        cfg.nsinit_bin = bin.join("warren-nsinit");
+        assert!(
+            cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
+            "build warren-agent and warren-nsinit first"
+        );
+        cfg.cgroup_parent = format!("warren-{}-test-{suffix}", self.name);
+        cfg.net.prefix = format!("{}{}{}", self.prefix, self.tag, id % 10_000);
+        cfg.net.host_cidr = format!("10.{}.{}.0/24", self.octet, id % 250)
+            .parse()
+            .unwrap();
+        cfg.net.run_dir = cfg.run_dir.join("net");
+        cfg.net.pool_size = self.pool_size;
+        Some(cfg)
+    }
+}
+
+/// Removes what [`HostTest::config`] created (its run dir, and a private data dir).
+pub fn cleanup(cfg: &HostConfig) {
+    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    if cfg.data_dir != Path::new(DATA_DIR) {
+        let _ = std::fs::remove_file(cfg.data_dir.join("images"));
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    }
 }
 
 pub fn target_dir() -> PathBuf {
@@ -152,7 +223,10 @@ pub async fn start_with(
     edit: impl FnOnce(&mut LaunchSpec),
 ) -> Running {
     let cfg = config_for(test);
-    require_root();
+    assert!(
+        have_root(),
+        "callers check common::have_root() first and return when it is false"
+    );
     let net = NetNs::new();
     let id = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let mut spec = LaunchSpec {
@@ -221,61 +295,39 @@ impl Running {
         }
     }
 
-    /// Runs `cmd` with bash as `user` and returns (exit code, stdout+stderr).
+    /// Runs `cmd` with bash as `user` and returns (exit code, stdout+stderr), through the
+    /// typed agent client, from inside the sandbox's network namespace.
     pub fn run_as(&self, user: &str, cmd: &str) -> (i64, String) {
-        use base64::Engine;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let msg = serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}, "stdin": false});
-        let payload = serde_json::to_vec(&msg).unwrap();
-        let mut body = vec![0u8];
-        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        body.extend_from_slice(&payload);
-        let auth = b64.encode(format!("{user}:"));
-        let mut req = format!(
-            "POST /process.Process/Start HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Type: application/connect+json\r\nAuthorization: Basic {auth}\r\n{token}Content-Length: {}\r\n\r\n",
-            body.len(),
-            token = self
-                .token
-                .as_ref()
-                .map_or(String::new(), |t| format!("X-Access-Token: {t}\r\n")),
-        )
-        .into_bytes();
-        req.extend(body);
-        let resp = self.http(req).expect("agent answers");
-        let text_end = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-        let head = String::from_utf8_lossy(&resp[..text_end]).to_lowercase();
-        let raw = if head.contains("transfer-encoding: chunked") {
-            dechunk(&resp[text_end..])
-        } else {
-            resp[text_end..].to_vec()
-        };
-        let mut out = String::new();
-        let mut code = i64::MIN;
-        let mut rest = &raw[..];
-        while rest.len() >= 5 {
-            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-            let v: serde_json::Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
-            if rest[0] == 2 {
-                assert!(v.get("error").is_none(), "stream error: {v}");
-            } else if let Some(d) = v["event"].get("data") {
-                for k in ["stdout", "stderr"] {
-                    if let Some(s) = d.get(k) {
-                        out.push_str(&String::from_utf8_lossy(
-                            &b64.decode(s.as_str().unwrap()).unwrap(),
-                        ));
-                    }
-                }
-            } else if let Some(e) = v["event"].get("end") {
-                code = e.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0);
-            }
-            rest = &rest[5 + len..];
-        }
-        assert!(
-            code != i64::MIN,
-            "no end event for {cmd:?}; response: {}",
-            String::from_utf8_lossy(&resp)
-        );
-        (code, out)
+        let ns = std::fs::File::open(self.net.path()).expect("open the network namespace");
+        let (user, cmd, token) = (user.to_string(), cmd.to_string(), self.token.clone());
+        // A thread of its own in the namespace, with a runtime on that thread only: the
+        // client's sockets are created where it polls them.
+        std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let argv = ["/bin/bash", "-l", "-c", &cmd].map(String::from);
+            let ran = rt
+                .block_on(warren_host::agent::run(
+                    &reqwest::Client::new(),
+                    "127.0.0.1:49983".parse().unwrap(),
+                    token.as_deref(),
+                    Some(&user),
+                    &argv,
+                    None,
+                    usize::MAX,
+                ))
+                // Debug: the cause (the agent's error, the transport's) is in the chain.
+                .unwrap_or_else(|e| panic!("{cmd}: {e:?}"));
+            (
+                ran.exit_code,
+                String::from_utf8_lossy(&ran.output).into_owned(),
+            )
+        })
+        .join()
+        .unwrap()
     }
 
     pub fn run(&self, cmd: &str) -> (i64, String) {
@@ -301,22 +353,6 @@ impl Drop for Running {
             let _ = s.cgroup.kill_all();
             let _ = s.cgroup.remove();
         }
-    }
-}
-
-pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            return out;
-        };
-        let n =
-            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[eol + 2..eol + 2 + n]);
-        b = &b[eol + 4 + n..];
     }
 }
 
