@@ -6,9 +6,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 
-use crate::connect::{Code, RpcError};
 use crate::state::AppState;
 use crate::users::{User, UserDb};
+use warren_proto::connect::{Code, ConnectError};
 
 pub const UNAUTHORIZED_MESSAGE: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
@@ -46,7 +46,7 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
         next.run(req).await
     } else {
         // Read the body first so the client's connection stays usable for its next request.
-        let complete = crate::connect::drain(req.into_body()).await;
+        let complete = warren_proto::server::drain(req.into_body()).await;
         let mut resp = http_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE);
         if !complete {
             resp.headers_mut().insert(
@@ -59,11 +59,11 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
 }
 
 /// The user named by `Authorization: Basic base64("<name>:")`, or `None` when absent.
-pub fn basic_user_name(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
+pub fn basic_user_name(headers: &HeaderMap) -> Result<Option<String>, ConnectError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(None);
     };
-    let bad = || RpcError::new(Code::Unauthenticated, "invalid authorization header");
+    let bad = || ConnectError::new(Code::Unauthenticated, "invalid authorization header");
     let text = value.to_str().map_err(|_| bad())?;
     let Some(encoded) = text
         .strip_prefix("Basic ")
@@ -80,19 +80,18 @@ pub fn basic_user_name(headers: &HeaderMap) -> Result<Option<String>, RpcError> 
 }
 
 /// Looks up a user by name, or the default user when `name` is `None`.
-pub fn lookup_user(state: &AppState, name: Option<&str>) -> Result<User, RpcError> {
+pub fn lookup_user(state: &AppState, name: Option<&str>) -> Result<User, ConnectError> {
     let settings = state.settings();
     let name = name
         .filter(|n| !n.is_empty())
         .unwrap_or(&settings.default_user);
-    UserDb::load()
-        .by_name(name)
-        .cloned()
-        .ok_or_else(|| RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'")))
+    UserDb::load().by_name(name).cloned().ok_or_else(|| {
+        ConnectError::new(Code::Unauthenticated, format!("invalid username: '{name}'"))
+    })
 }
 
 /// The run-as user of an RPC.
-pub fn rpc_user(state: &AppState, headers: &HeaderMap) -> Result<User, RpcError> {
+pub fn rpc_user(state: &AppState, headers: &HeaderMap) -> Result<User, ConnectError> {
     let name = basic_user_name(headers)?;
     lookup_user(state, name.as_deref())
 }

@@ -6,7 +6,6 @@
 //! `docs/agent.md` describes the behaviour in detail.
 
 pub mod auth;
-pub mod connect;
 pub mod fs;
 pub mod http;
 pub mod paths;
@@ -34,7 +33,9 @@ pub fn router(state: AppState) -> Router {
         .route("/envs", get(http::manage::envs))
         .route("/init", post(http::manage::init))
         .route("/metrics", get(http::metrics::metrics))
-        .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE_BYTES))
+        .layer(DefaultBodyLimit::max(
+            warren_proto::server::MAX_MESSAGE_BYTES,
+        ))
         .layer(from_fn_with_state(state.clone(), auth::require_token));
     // /health is open; /files checks the token or a URL signature itself.
     let open = Router::new()

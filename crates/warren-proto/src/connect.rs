@@ -90,6 +90,24 @@ impl Code {
         }
     }
 
+    /// The HTTP status of a unary call that fails with this code (the Connect specification's
+    /// table).
+    pub fn http_status(self) -> u16 {
+        match self {
+            Code::Canceled => 499,
+            Code::Unknown | Code::Internal | Code::DataLoss => 500,
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => 400,
+            Code::DeadlineExceeded => 504,
+            Code::NotFound => 404,
+            Code::AlreadyExists | Code::Aborted => 409,
+            Code::PermissionDenied => 403,
+            Code::ResourceExhausted => 429,
+            Code::Unimplemented => 501,
+            Code::Unavailable => 503,
+            Code::Unauthenticated => 401,
+        }
+    }
+
     /// The code named `name`; the Connect specification has clients read a name they do not
     /// know as `unknown`.
     pub fn from_name(name: &str) -> Code {
@@ -126,6 +144,27 @@ pub struct ConnectError {
     pub code: Code,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+}
+
+impl ConnectError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, message)
+    }
+    pub fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(Code::Unimplemented, message)
+    }
 }
 
 impl std::fmt::Display for ConnectError {

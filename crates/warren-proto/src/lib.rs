@@ -4,8 +4,9 @@
 //! names, enums as strings, 64-bit integers as strings, bytes as base64, defaults omitted,
 //! unknown fields ignored), which is what E2B's SDKs send and expect.
 //!
-//! [`connect`] frames those messages for the wire (Connect protocol, JSON codec), and, with the
-//! `client` feature, [`client`] is the typed client of the agent built on both.
+//! [`connect`] frames those messages for the wire (Connect protocol, JSON codec). With the
+//! `client` feature, [`client`] is the typed client of the agent built on both; with the
+//! `server` feature, [`server`] carries the same framing through axum for the agent.
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +27,9 @@ pub mod connect;
 
 #[cfg(feature = "client")]
 pub mod client;
+
+#[cfg(feature = "server")]
+pub mod server;
 
 mod timestamp;
 

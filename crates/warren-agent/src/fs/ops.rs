@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use warren_proto::filesystem::*;
 
 use super::entry::{entry_from_metadata, entry_info};
-use crate::connect::{Code, RpcError, RpcResult};
 use crate::paths;
 use crate::users::{User, UserDb};
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::server::RpcResult;
 
 /// Who is calling and how their paths resolve.
 #[derive(Debug, Clone)]
@@ -41,13 +42,13 @@ pub fn make_dir(caller: &Caller, req: MakeDirRequest) -> RpcResult<MakeDirRespon
     let path = caller.resolve(&req.path);
     match fs::metadata(&path) {
         Ok(m) if m.is_dir() => {
-            return Err(RpcError::new(
+            return Err(ConnectError::new(
                 Code::AlreadyExists,
                 format!("directory already exists: {}", path.display()),
             ))
         }
         Ok(_) => {
-            return Err(RpcError::invalid_argument(format!(
+            return Err(ConnectError::invalid_argument(format!(
                 "path already exists but it is not a directory: {}",
                 path.display()
             )))
@@ -89,7 +90,7 @@ pub fn remove(caller: &Caller, req: RemoveRequest) -> RpcResult<RemoveResponse> 
     let path = caller.resolve(&req.path);
     // `rm -rf /` is refused by coreutils too; in a sandbox it would only destroy the sandbox.
     if path == Path::new("/") {
-        return Err(RpcError::invalid_argument(
+        return Err(ConnectError::invalid_argument(
             "refusing to remove the root directory",
         ));
     }
@@ -119,7 +120,7 @@ pub fn list_dir(caller: &Caller, req: ListDirRequest) -> RpcResult<ListDirRespon
     // path, as envd does.
     let resolved = fs::canonicalize(&requested).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
-            RpcError::new(
+            ConnectError::new(
                 Code::FailedPrecondition,
                 format!(
                     "cyclic symlink or too many levels of symlinks at {}",
@@ -133,7 +134,7 @@ pub fn list_dir(caller: &Caller, req: ListDirRequest) -> RpcResult<ListDirRespon
     let meta =
         fs::metadata(&resolved).map_err(|e| lookup_error(&e, "directory not found", &requested))?;
     if !meta.is_dir() {
-        return Err(RpcError::invalid_argument(format!(
+        return Err(ConnectError::invalid_argument(format!(
             "path is not a directory: {}",
             requested.display()
         )));
@@ -173,7 +174,7 @@ fn walk(
 /// Pushes the children of `dir` in reverse name order so they pop in name order.
 fn push_children(stack: &mut Vec<Pending>, dir: &Path, shown: &Path, depth: u32) -> RpcResult<()> {
     let read_err = |e: io::Error| {
-        RpcError::internal(format!("error reading directory {}: {e}", shown.display()))
+        ConnectError::internal(format!("error reading directory {}: {e}", shown.display()))
     };
     let iter = match fs::read_dir(dir) {
         Ok(it) => it,
@@ -214,9 +215,9 @@ fn is_absent(e: &io::Error) -> bool {
 
 /// A failed lookup of `path`: `not_found` with `missing` when nothing is there (a file in
 /// place of a parent directory counts as nothing), else as `io_error`.
-fn lookup_error(e: &io::Error, missing: &str, path: &Path) -> RpcError {
+fn lookup_error(e: &io::Error, missing: &str, path: &Path) -> ConnectError {
     if is_absent(e) {
-        RpcError::not_found(format!("{missing}: {}", path.display()))
+        ConnectError::not_found(format!("{missing}: {}", path.display()))
     } else {
         io_error(e, format!("error reading {}", path.display()))
     }
@@ -224,7 +225,7 @@ fn lookup_error(e: &io::Error, missing: &str, path: &Path) -> RpcError {
 
 /// Maps an I/O error to a Connect error whose code follows the error kind; the message is
 /// `what: <os error>`.
-pub fn io_error(e: &io::Error, what: impl std::fmt::Display) -> RpcError {
+pub fn io_error(e: &io::Error, what: impl std::fmt::Display) -> ConnectError {
     use io::ErrorKind as K;
     let code = match e.kind() {
         K::NotFound => Code::NotFound,
@@ -238,7 +239,7 @@ pub fn io_error(e: &io::Error, what: impl std::fmt::Display) -> RpcError {
         }
         _ => Code::Internal,
     };
-    RpcError::new(code, format!("{what}: {e}"))
+    ConnectError::new(code, format!("{what}: {e}"))
 }
 
 #[cfg(test)]

@@ -16,9 +16,10 @@ use warren_proto::filesystem::*;
 use super::ops::{self, Caller};
 use super::watch::{self, EventFeed, WatchOptions};
 use crate::auth::rpc_user;
-use crate::connect::{self, Code, RpcError, RpcResult, StreamSender};
 use crate::process::service::{not_found_method, unary};
 use crate::state::AppState;
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::server::{self, RpcResult, StreamSender};
 
 /// Entry point for `POST /filesystem.Filesystem/{method}`.
 pub async fn rpc(
@@ -119,13 +120,13 @@ async fn create_watcher(
 }
 
 async fn watch_dir(state: AppState, headers: HeaderMap, body: Body) -> Response {
-    let req: WatchDirRequest = match connect::read_single(&headers, body).await {
+    let req: WatchDirRequest = match server::read_single(&headers, body).await {
         Ok(r) => r,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
     let caller = match caller(&state, &headers) {
         Ok(c) => c,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
     let opts = watch_options(
         &caller,
@@ -138,11 +139,11 @@ async fn watch_dir(state: AppState, headers: HeaderMap, body: Body) -> Response 
     // `start` is reported.
     let feed = match watch::subscribe(opts).await {
         Ok(f) => f,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
-    let keepalive = connect::keepalive_interval(&headers);
-    let deadline = connect::timeout(&headers).map(|t| Instant::now() + t);
-    let (sender, resp) = connect::stream_response();
+    let keepalive = server::keepalive_interval(&headers);
+    let deadline = server::timeout(&headers).map(|t| Instant::now() + t);
+    let (sender, resp) = server::stream_response();
     tokio::spawn(async move {
         if send(&sender, Event::Start(StartEvent {})).await {
             forward(sender, feed, keepalive, deadline).await;
@@ -189,7 +190,7 @@ async fn forward(
             }
             _ = tokio::time::sleep_until(deadline_at) => {
                 sender
-                    .finish(Err(RpcError::new(
+                    .finish(Err(ConnectError::new(
                         Code::DeadlineExceeded,
                         "the call's deadline was exceeded",
                     )))

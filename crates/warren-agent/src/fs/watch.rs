@@ -20,8 +20,9 @@ use tokio::task::JoinHandle;
 use warren_proto::filesystem::{EntryInfo, EventType, FilesystemEvent};
 
 use super::entry::entry_info;
-use crate::connect::{Code, RpcError, RpcResult};
 use crate::users::UserDb;
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::server::RpcResult;
 
 /// Most events a polling watcher keeps between two drains; older ones are dropped first.
 pub const MAX_BUFFERED_EVENTS: usize = 10_000;
@@ -45,7 +46,7 @@ impl WatchSlot {
             })
             .map(|_| WatchSlot(()))
             .map_err(|_| {
-                RpcError::new(
+                ConnectError::new(
                     Code::ResourceExhausted,
                     format!(
                         "too many filesystem watchers: at most {MAX_WATCHERS} can be active at \
@@ -130,22 +131,22 @@ fn validate(opts: &WatchOptions) -> RpcResult<()> {
     let root = opts.root.display();
     let meta = std::fs::metadata(&opts.root).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => {
-            RpcError::not_found(format!("path {root} not found"))
+            ConnectError::not_found(format!("path {root} not found"))
         }
-        _ => RpcError::internal(format!("error statting path {root}: {e}")),
+        _ => ConnectError::internal(format!("error statting path {root}: {e}")),
     })?;
     if !meta.is_dir() {
-        return Err(RpcError::invalid_argument(format!(
+        return Err(ConnectError::invalid_argument(format!(
             "path {root} not a directory"
         )));
     }
     if !opts.allow_network_mounts {
         let fs = nix::sys::statfs::statfs(&opts.root).map_err(|e| {
-            RpcError::internal(format!("error checking mount status of {root}: {e}"))
+            ConnectError::internal(format!("error checking mount status of {root}: {e}"))
         })?;
         // f_type is a signed word whose width varies by platform; the magics are 32-bit.
         if is_network_fs(fs.filesystem_type().0 as u32) {
-            return Err(RpcError::invalid_argument(format!(
+            return Err(ConnectError::invalid_argument(format!(
                 "cannot watch path on network filesystem: {root}"
             )));
         }
@@ -153,9 +154,9 @@ fn validate(opts: &WatchOptions) -> RpcResult<()> {
     Ok(())
 }
 
-fn watch_error(what: &str, path: &Path, e: &io::Error) -> RpcError {
+fn watch_error(what: &str, path: &Path, e: &io::Error) -> ConnectError {
     if e.raw_os_error() == Some(libc::ENOSPC) {
-        RpcError::new(
+        ConnectError::new(
             Code::ResourceExhausted,
             format!(
                 "error adding watch on {}: inotify watch limit reached (fs.inotify.max_user_watches)",
@@ -163,7 +164,7 @@ fn watch_error(what: &str, path: &Path, e: &io::Error) -> RpcError {
             ),
         )
     } else {
-        RpcError::internal(format!("{what} {}: {e}", path.display()))
+        ConnectError::internal(format!("{what} {}: {e}", path.display()))
     }
 }
 
@@ -202,7 +203,7 @@ fn register_tree(
             Ok(it) => it,
             Err(e) if vanished(&e) => continue,
             Err(e) => {
-                return Err(RpcError::internal(format!(
+                return Err(ConnectError::internal(format!(
                     "error reading directory {}: {e}",
                     dir.display()
                 )))
@@ -258,7 +259,7 @@ impl DirWatch {
         let (inotify, dirs) = tokio::task::spawn_blocking(move || -> RpcResult<_> {
             validate(&o)?;
             let inotify = Inotify::init()
-                .map_err(|e| RpcError::internal(format!("error creating watcher: {e}")))?;
+                .map_err(|e| ConnectError::internal(format!("error creating watcher: {e}")))?;
             let mut watches = inotify.watches();
             // The root may be a symlink to a directory: follow it (the validation did too).
             let wd = watches
@@ -274,11 +275,11 @@ impl DirWatch {
             Ok((inotify, dirs))
         })
         .await
-        .map_err(|e| RpcError::internal(format!("watcher setup failed: {e}")))??;
+        .map_err(|e| ConnectError::internal(format!("watcher setup failed: {e}")))??;
         let watches = inotify.watches();
         let stream = inotify
             .into_event_stream(vec![0u8; 64 * 1024])
-            .map_err(|e| RpcError::internal(format!("error creating watcher: {e}")))?;
+            .map_err(|e| ConnectError::internal(format!("error creating watcher: {e}")))?;
         Ok(DirWatch {
             opts,
             stream,
@@ -302,15 +303,15 @@ impl DirWatch {
             }
             match self.stream.next().await {
                 Some(Ok(raw)) => self.handle(raw).await?,
-                Some(Err(e)) => return Err(RpcError::internal(format!("watcher error: {e}"))),
-                None => return Err(RpcError::internal("watcher closed unexpectedly")),
+                Some(Err(e)) => return Err(ConnectError::internal(format!("watcher error: {e}"))),
+                None => return Err(ConnectError::internal("watcher closed unexpectedly")),
             }
         }
     }
 
     async fn handle(&mut self, ev: EventOwned) -> RpcResult<()> {
         if ev.mask.contains(EventMask::Q_OVERFLOW) {
-            return Err(RpcError::internal(
+            return Err(ConnectError::internal(
                 "watcher error: inotify event queue overflowed, events were lost",
             ));
         }
@@ -368,7 +369,7 @@ impl DirWatch {
         let reg =
             tokio::task::spawn_blocking(move || register_tree(&mut watches, &root, &rel, true))
                 .await
-                .map_err(|e| RpcError::internal(format!("watcher error: {e}")))??;
+                .map_err(|e| ConnectError::internal(format!("watcher error: {e}")))??;
         self.dirs.extend(reg.dirs);
         for found in reg.found {
             let event = self.event(&found, EventType::Create);
@@ -429,7 +430,7 @@ impl DirWatch {
 /// Subdirectories directly below `root` (not following symlinks).
 fn list_subdirs(root: &Path) -> RpcResult<Vec<PathBuf>> {
     let iter = std::fs::read_dir(root).map_err(|e| {
-        RpcError::internal(format!("error reading directory {}: {e}", root.display()))
+        ConnectError::internal(format!("error reading directory {}: {e}", root.display()))
     })?;
     let mut out: Vec<PathBuf> = iter
         .filter_map(Result::ok)
@@ -452,7 +453,7 @@ impl EventFeed {
         self.rx
             .recv()
             .await
-            .unwrap_or_else(|| Err(RpcError::internal("watcher stopped")))
+            .unwrap_or_else(|| Err(ConnectError::internal("watcher stopped")))
     }
 }
 
@@ -488,7 +489,7 @@ struct Buffer {
     /// Events dropped since the last drain because the buffer was full.
     dropped: u64,
     /// Why the watch stopped, reported once the buffered events are drained.
-    error: Option<RpcError>,
+    error: Option<ConnectError>,
 }
 
 struct Polling {
@@ -578,8 +579,8 @@ impl Watchers {
     }
 }
 
-fn unknown_watcher(id: &str) -> RpcError {
-    RpcError::not_found(format!("watcher with id {id} not found"))
+fn unknown_watcher(id: &str) -> ConnectError {
+    ConnectError::not_found(format!("watcher with id {id} not found"))
 }
 
 #[cfg(test)]

@@ -19,10 +19,11 @@ use warren_proto::process::*;
 use super::spawn::{spawn, SpawnSpec, DEFAULT_PATH};
 use super::table::{not_found_pid, Attach, Output, Proc, ProcEvent};
 use crate::auth::rpc_user;
-use crate::connect::{self, Code, RpcError, RpcResult, StreamSender};
 use crate::paths;
 use crate::state::AppState;
 use crate::users::User;
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::server::{self, RpcResult, StreamSender};
 
 /// Entry point for `POST /process.Process/{method}`.
 pub async fn rpc(
@@ -46,8 +47,8 @@ pub async fn rpc(
 
 /// Unknown procedure: 404 with a Connect `unimplemented` body.
 pub fn not_found_method(service: &str, method: &str) -> Response {
-    let mut resp =
-        RpcError::unimplemented(format!("unknown procedure {service}/{method}")).into_response();
+    let mut resp = ConnectError::unimplemented(format!("unknown procedure {service}/{method}"))
+        .into_response();
     *resp.status_mut() = axum::http::StatusCode::NOT_FOUND;
     resp
 }
@@ -60,17 +61,17 @@ where
     F: FnOnce(Req) -> Fut,
     Fut: std::future::Future<Output = RpcResult<Resp>>,
 {
-    let bytes = match axum::body::to_bytes(body, connect::MAX_MESSAGE_BYTES).await {
+    let bytes = match axum::body::to_bytes(body, server::MAX_MESSAGE_BYTES).await {
         Ok(b) => b,
         Err(e) => {
-            return RpcError::invalid_argument(format!("reading request: {e}")).into_response()
+            return ConnectError::invalid_argument(format!("reading request: {e}")).into_response()
         }
     };
-    let req = match connect::decode_unary(headers, &bytes) {
+    let req = match server::decode_unary(headers, &bytes) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    connect::unary_response(handler(req).await)
+    server::unary_response(handler(req).await)
 }
 
 fn list(state: &AppState) -> ListResponse {
@@ -107,7 +108,7 @@ fn send_signal(state: &AppState, req: SendSignalRequest) -> RpcResult<SendSignal
         Ok(Signal::Sigkill) => UnixSignal::SIGKILL,
         Ok(Signal::Sigterm) => UnixSignal::SIGTERM,
         _ => {
-            return Err(RpcError::unimplemented(format!(
+            return Err(ConnectError::unimplemented(format!(
                 "invalid signal: {}",
                 req.signal
             )))
@@ -136,7 +137,7 @@ fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResu
     let user = rpc_user(state, headers)?;
     let config = req.process.clone().unwrap_or_default();
     if config.cmd.is_empty() {
-        return Err(RpcError::invalid_argument("process.cmd is required"));
+        return Err(ConnectError::invalid_argument("process.cmd is required"));
     }
     let settings = state.settings();
     let cwd = match config.cwd.as_deref() {
@@ -144,7 +145,7 @@ fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResu
         _ => default_cwd(&user, settings.default_workdir.as_deref()),
     };
     if !cwd.is_dir() {
-        return Err(RpcError::invalid_argument(format!(
+        return Err(ConnectError::invalid_argument(format!(
             "cwd '{}' does not exist",
             cwd.display()
         )));
@@ -210,13 +211,13 @@ fn dedup_env(env: Vec<(String, String)>) -> Vec<(String, String)> {
 }
 
 async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
-    let req: StartRequest = match connect::read_single(&headers, body).await {
+    let req: StartRequest = match server::read_single(&headers, body).await {
         Ok(r) => r,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
     let spec = match prepare(&state, &headers, &req) {
         Ok(s) => s,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
     let spawned = match spawn(spec) {
         Ok(s) => s,
@@ -226,7 +227,7 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
                 .as_ref()
                 .map(|p| p.cmd.as_str())
                 .unwrap_or_default();
-            return connect::stream_error(RpcError::invalid_argument(format!(
+            return server::stream_error(ConnectError::invalid_argument(format!(
                 "error starting process '{cmd}': {e}"
             )));
         }
@@ -236,7 +237,7 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
     tracing::debug!(pid = proc.pid, "process started");
 
     // The deadline is also the process's lifetime.
-    let deadline = connect::timeout(&headers).map(|t| Instant::now() + t);
+    let deadline = server::timeout(&headers).map(|t| Instant::now() + t);
     if let Some(at) = deadline {
         let p = proc.clone();
         tokio::spawn(async move {
@@ -246,8 +247,8 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
             }
         });
     }
-    let keepalive = connect::keepalive_interval(&headers);
-    let (sender, resp) = connect::stream_response();
+    let keepalive = server::keepalive_interval(&headers);
+    let (sender, resp) = server::stream_response();
     tokio::spawn(async move {
         if send_event(
             &sender,
@@ -263,17 +264,17 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
 }
 
 async fn connect_stream(state: AppState, headers: HeaderMap, body: Body) -> Response {
-    let req: ConnectRequest = match connect::read_single(&headers, body).await {
+    let req: ConnectRequest = match server::read_single(&headers, body).await {
         Ok(r) => r,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
     let proc = match state.processes.find(req.process.as_ref()) {
         Ok(p) => p,
-        Err(e) => return connect::stream_error(e),
+        Err(e) => return server::stream_error(e),
     };
-    let keepalive = connect::keepalive_interval(&headers);
-    let deadline = connect::timeout(&headers).map(|t| Instant::now() + t);
-    let (sender, resp) = connect::stream_response();
+    let keepalive = server::keepalive_interval(&headers);
+    let deadline = server::timeout(&headers).map(|t| Instant::now() + t);
+    let (sender, resp) = server::stream_response();
     tokio::spawn(async move {
         let start = Event::Start(process_event::StartEvent { pid: proc.pid });
         match proc.attach() {
@@ -331,7 +332,7 @@ async fn forward(
                         return;
                     }
                     None => {
-                        sender.finish(Err(RpcError::internal("process stream closed without an end"))).await;
+                        sender.finish(Err(ConnectError::internal("process stream closed without an end"))).await;
                         return;
                     }
                 };
@@ -347,7 +348,7 @@ async fn forward(
                 idle_until = Instant::now() + keepalive;
             }
             _ = tokio::time::sleep_until(deadline_at) => {
-                sender.finish(Err(RpcError::new(Code::DeadlineExceeded, "the call's deadline was exceeded"))).await;
+                sender.finish(Err(ConnectError::new(Code::DeadlineExceeded, "the call's deadline was exceeded"))).await;
                 return;
             }
             _ = sender.closed() => return,
@@ -358,24 +359,24 @@ async fn forward(
 /// Client-streaming input. The answer comes only once the input has ended (as connect-go
 /// does): answering early makes HTTP/1.1 clients stop sending the rest of their input.
 async fn stream_input(state: AppState, headers: HeaderMap, body: Body) -> Response {
-    if !connect::is_stream_content_type(&headers) {
-        connect::drain(body).await;
-        return connect::stream_error(RpcError::invalid_argument(
+    if !server::is_stream_content_type(&headers) {
+        server::drain(body).await;
+        return server::stream_error(ConnectError::invalid_argument(
             "streaming calls need content type application/connect+json",
         ));
     }
-    let mut reader = connect::EnvelopeReader::new(body.into_data_stream());
+    let mut reader = server::EnvelopeReader::new(body.into_data_stream());
     let result = consume_input(&state, &mut reader).await;
     if result.is_err() {
         // Read off what is left so the connection stays usable.
         while let Ok(Some(_)) = reader.next::<serde::de::IgnoredAny>().await {}
     }
-    connect::stream_complete(result.map(|()| StreamInputResponse {}))
+    server::stream_complete(result.map(|()| StreamInputResponse {}))
 }
 
 async fn consume_input<S, E>(
     state: &AppState,
-    reader: &mut connect::EnvelopeReader<S>,
+    reader: &mut server::EnvelopeReader<S>,
 ) -> RpcResult<()>
 where
     S: futures::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
@@ -389,7 +390,7 @@ where
             }
             Some(InputEvent::Data(d)) => {
                 let proc = target.as_ref().ok_or_else(|| {
-                    RpcError::new(Code::FailedPrecondition, "input before the start event")
+                    ConnectError::new(Code::FailedPrecondition, "input before the start event")
                 })?;
                 if !proc.is_running() {
                     return Err(not_found_pid(proc.pid));
@@ -400,7 +401,7 @@ where
         }
     }
     if target.is_none() {
-        return Err(RpcError::invalid_argument(
+        return Err(ConnectError::invalid_argument(
             "input stream carried no start event",
         ));
     }

@@ -17,7 +17,8 @@ use warren_proto::process::{ProcessConfig, ProcessSelector};
 
 use super::pty::PtyMaster;
 use super::spawn::Spawned;
-use crate::connect::{Code, RpcError, RpcResult};
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::server::RpcResult;
 
 /// How long a finished process stays connectable.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(30);
@@ -124,19 +125,19 @@ impl Proc {
             // The group is gone but its end is not recorded yet (the waiter is about to):
             // to the caller the process no longer exists, as it will after the recording.
             Err(nix::errno::Errno::ESRCH) => Err(not_found_pid(self.pid)),
-            Err(e) => Err(RpcError::internal(format!("error sending signal: {e}"))),
+            Err(e) => Err(ConnectError::internal(format!("error sending signal: {e}"))),
         }
     }
 
     pub async fn write_stdin(&self, data: &[u8]) -> RpcResult<()> {
         if self.pty.is_some() {
-            return Err(RpcError::internal(
+            return Err(ConnectError::internal(
                 "process uses a pty: send input as pty bytes",
             ));
         }
         let mut stdin = self.stdin.lock().await;
         let Some(pipe) = stdin.as_mut() else {
-            return Err(RpcError::internal(
+            return Err(ConnectError::internal(
                 "error writing to stdin: stdin is not open",
             ));
         };
@@ -145,23 +146,23 @@ impl Proc {
             pipe.flush().await
         }
         .await;
-        res.map_err(|e| RpcError::internal(format!("error writing to stdin: {e}")))
+        res.map_err(|e| ConnectError::internal(format!("error writing to stdin: {e}")))
     }
 
     pub async fn write_pty(&self, data: &[u8]) -> RpcResult<()> {
         let Some(pty) = &self.pty else {
-            return Err(RpcError::internal(
+            return Err(ConnectError::internal(
                 "process has no pty: send input as stdin bytes",
             ));
         };
         pty.write_all(data)
             .await
-            .map_err(|e| RpcError::internal(format!("error writing to pty: {e}")))
+            .map_err(|e| ConnectError::internal(format!("error writing to pty: {e}")))
     }
 
     pub async fn close_stdin(&self) -> RpcResult<()> {
         if self.pty.is_some() {
-            return Err(RpcError::internal(
+            return Err(ConnectError::internal(
                 "cannot close stdin of a pty process: send Ctrl+D (0x04) instead",
             ));
         }
@@ -171,16 +172,18 @@ impl Proc {
 
     pub fn resize(&self, cols: u32, rows: u32) -> RpcResult<()> {
         let Some(pty) = &self.pty else {
-            return Err(RpcError::invalid_argument("process has no pty to resize"));
+            return Err(ConnectError::invalid_argument(
+                "process has no pty to resize",
+            ));
         };
         let clamp = |v: u32| v.min(u16::MAX as u32) as u16;
         pty.resize(clamp(cols), clamp(rows))
-            .map_err(|e| RpcError::internal(format!("error resizing pty: {e}")))
+            .map_err(|e| ConnectError::internal(format!("error resizing pty: {e}")))
     }
 }
 
-pub fn not_found_pid(pid: u32) -> RpcError {
-    RpcError::not_found(format!("process with pid {pid} not found"))
+pub fn not_found_pid(pid: u32) -> ConnectError {
+    ConnectError::not_found(format!("process with pid {pid} not found"))
 }
 
 /// Every process the agent started, by pid.
@@ -207,12 +210,11 @@ impl ProcessTable {
                     .collect();
                 // Prefer a running process when a tag was reused.
                 matching.sort_by_key(|p| !p.is_running());
-                matching
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| RpcError::not_found(format!("process with tag {tag} not found")))
+                matching.into_iter().next().ok_or_else(|| {
+                    ConnectError::not_found(format!("process with tag {tag} not found"))
+                })
             }
-            None => Err(RpcError::new(
+            None => Err(ConnectError::new(
                 Code::Unimplemented,
                 "invalid process selector",
             )),
