@@ -31,6 +31,23 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// This error as the runtime's, for a failure while doing `what`: host I/O keeps its
+    /// `io::Error` (a full disk is storage, not a bug); anything else (a QEMU that would not
+    /// start, a VM that died, a tool or QMP command that failed) means the VM cannot be had
+    /// now, with this error as the cause.
+    pub(crate) fn runtime(
+        what: impl Into<String>,
+    ) -> impl FnOnce(Error) -> warren_runtime::RuntimeError {
+        let what = what.into();
+        move |e| match e {
+            Error::Io { op, path, source } => warren_runtime::RuntimeError::Io {
+                what: format!("{what}: {op} {}", path.display()),
+                source,
+            },
+            e => warren_runtime::RuntimeError::unavailable(what, e),
+        }
+    }
+
     pub(crate) fn io(
         op: &'static str,
         path: impl Into<PathBuf>,
@@ -86,4 +103,28 @@ pub(crate) async fn blocking<T: Send + 'static>(
 pub(crate) async fn remove_tree(path: &std::path::Path) {
     let path = path.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_runtime::Category;
+
+    #[test]
+    fn a_full_disk_is_storage_and_a_dead_qemu_is_unavailable() {
+        let full = Error::io("write", "/data/vm/disk.qcow2")(std::io::Error::from_raw_os_error(
+            libc::ENOSPC,
+        ));
+        let e = Error::runtime("checkpoint")(full);
+        assert_eq!(e.category(), Category::StorageFull, "{e:?}");
+        assert!(warren_runtime::chain(&e).starts_with("checkpoint: write /data/vm/disk.qcow2: "));
+
+        let died = Error::VmDied {
+            reason: "exit status: 1".into(),
+            console: String::new(),
+        };
+        let e = Error::runtime("start QEMU")(died);
+        assert_eq!(e.category(), Category::Unavailable, "{e:?}");
+        assert!(warren_runtime::chain(&e).contains("the VM stopped: exit status: 1"));
+    }
 }

@@ -125,6 +125,29 @@ pub fn record_runtime(record: &serde_json::Value) -> Option<&str> {
 /// A cause of any type, kept for the log and the client's message.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// One cause behind several errors (a network pool that did not start fails every sandbox
+/// it would have held): each keeps it as its source.
+#[derive(Debug, Clone)]
+pub struct SharedCause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl SharedCause {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for SharedCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// What a runtime failure means to whoever asked, decided once here and mapped once per
 /// transport (the control plane turns it into its own categories, the server into HTTP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -95,14 +95,16 @@ impl NsRuntime {
         let lock = HostLock::acquire(&cfg.run_dir)?;
         hardening::warn_if_missing();
         // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
-        nix::sys::prctl::set_child_subreaper(true)
-            .map_err(|e| RuntimeError::Failed(format!("become a child subreaper: {e}")))?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| RuntimeError::Io {
+            what: "become a child subreaper".into(),
+            source: e.into(),
+        })?;
         let client = reqwest::Client::builder()
             .no_proxy()
             .build()
-            .map_err(|e| RuntimeError::Failed(format!("http client: {e}")))?;
+            .map_err(|e| RuntimeError::unavailable("http client", e))?;
         let ids = IdRanges::open(&cfg.data_dir.join("ns-id-ranges"), cfg.id_base)
-            .map_err(|e| RuntimeError::Failed(format!("open the id range assignments: {e}")))?;
+            .map_err(RuntimeError::io("open the id range assignments"))?;
         let rt = Arc::new(Self {
             ids,
             ns: ns_config(&cfg),
@@ -127,9 +129,11 @@ impl NsRuntime {
             name.to_string(),
         );
         let templates = self.templates.clone();
+        // Building an image the first time is slow and blocking; keep it off the runtime.
         tokio::task::spawn_blocking(move || templates.root(&name, &data, &dir))
             .await
-            .map_err(|e| RuntimeError::Failed(e.to_string()))?
+            // A panic in the build: a bug.
+            .map_err(|e| RuntimeError::Failed(format!("template task: {e}")))?
     }
 
     /// Kills every sandbox and removes everything this runtime created on the host (network
@@ -141,13 +145,14 @@ impl NsRuntime {
             self.kill(&id).await?;
         }
         let this = Arc::try_unwrap(self)
-            .map_err(|_| RuntimeError::Failed("runtime still in use".into()))?;
+            .map_err(|_| RuntimeError::Conflict("runtime still in use".into()))?;
         if let Some(pool) = this.net.into_inner() {
             pool.shutdown()
                 .await
-                .map_err(|e| RuntimeError::Failed(format!("network pool: {e}")))?;
+                .map_err(|e| RuntimeError::unavailable("stop the network pool", e))?;
         }
-        launch::remove_empty_parents(&this.ns).map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        launch::remove_empty_parents(&this.ns)
+            .map_err(RuntimeError::io("remove the runtime's directories"))?;
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
     }
@@ -204,8 +209,8 @@ impl NsRuntime {
             }
             None => Err((
                 slot,
-                RuntimeError::Failed(
-                    "the sandbox's processes ended while the server was down".into(),
+                RuntimeError::unavailable_now(
+                    "the sandbox's processes ended while the server was down",
                 ),
             )),
         }
@@ -332,7 +337,7 @@ impl SandboxRuntime for NsRuntime {
             .sandbox
             .destroy()
             .await
-            .map_err(|e| RuntimeError::Failed(e.to_string()));
+            .map_err(|e| launch_error(&format!("kill sandbox {id}"), e));
         if let Some(pool) = self.net.get() {
             if let Err(e) = pool.release(live.slot).await {
                 tracing::warn!(sandbox = %id, error = %e, "could not release the network slot");
@@ -423,18 +428,7 @@ impl NsRuntime {
                 spec.id
             )));
         }
-        let image_root = {
-            let (data, run, name) = (
-                self.cfg.data_dir.clone(),
-                self.cfg.templates_dir.clone(),
-                spec.template.clone(),
-            );
-            let templates = self.templates.clone();
-            // Building an image the first time is slow and blocking; keep it off the runtime.
-            tokio::task::spawn_blocking(move || templates.root(&name, &data, &run))
-                .await
-                .map_err(|e| RuntimeError::Failed(e.to_string()))??
-        };
+        let image_root = self.template_root(&spec.template).await?;
         let pool = self.pool().await?;
         // A sandbox resumed from its files keeps its range; anything else gets a new one.
         let fresh_ids = self.ids.get(&ids_holder(&spec.id)).is_none();
@@ -471,10 +465,7 @@ impl NsRuntime {
         let out = RuntimeSandbox {
             id: spec.id.clone(),
             agent: SocketAddr::V4(slot.agent_endpoint()),
-            record: warren_runtime::tag_record(
-                "ns",
-                serde_json::to_value(&record).map_err(|e| RuntimeError::Failed(e.to_string()))?,
-            ),
+            record: tagged(&record)?,
         };
         self.live.lock().await.insert(
             spec.id,
@@ -510,8 +501,8 @@ impl NsRuntime {
                 self.paused_fs.lock().await.insert(r.id.clone());
                 Ok(r.clone())
             } else {
-                Err(RuntimeError::Failed(
-                    "the saved filesystem of the paused sandbox is missing".into(),
+                Err(RuntimeError::unavailable_now(
+                    "the saved filesystem of the paused sandbox is missing",
                 ))
             };
             out.push((r.id, result));
@@ -544,11 +535,15 @@ impl NsRuntime {
                 slots.into_iter()
             }
             Err(e) => {
-                let why = format!("network pool did not start: {e}");
-                tracing::error!("{why}");
+                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
+                let cause = warren_runtime::SharedCause::new(e);
                 return parsed
                     .into_iter()
-                    .map(|(r, _)| (r.id, Err(RuntimeError::Failed(why.clone()))))
+                    .map(|(r, _)| {
+                        let e =
+                            RuntimeError::unavailable("network pool did not start", cause.clone());
+                        (r.id, Err(e))
+                    })
                     .collect();
             }
         };
@@ -557,12 +552,15 @@ impl NsRuntime {
             let Some(rec) = rec else {
                 out.push((
                     r.id,
+                    // Records are this runtime's own, written by `create`: a bug or a
+                    // damaged store.
                     Err(RuntimeError::Failed("unreadable runtime record".into())),
                 ));
                 continue;
             };
             let result = match slots.next() {
                 Some(slot) => self.take_back(&mut live, &r, &rec, slot).await,
+                // The pool answers every adoption it was asked for.
                 None => Err(RuntimeError::Failed("no slot result".into())),
             };
             let result = match result {
@@ -602,9 +600,10 @@ impl NsRuntime {
             },
             Err(e) => {
                 let _ = launch::remove_sandbox(&self.ns, &r.id);
-                Err(RuntimeError::Failed(format!(
-                    "the sandbox's network could not be kept: {e}"
-                )))
+                Err(RuntimeError::unavailable(
+                    "the sandbox's network could not be kept",
+                    e,
+                ))
             }
         }
     }
@@ -622,9 +621,8 @@ impl NsRuntime {
             paused: Some(PauseMode::Filesystem),
             ..rec
         };
-        let record = serde_json::to_value(&rec).ok()?;
         Some(RuntimeSandbox {
-            record: warren_runtime::tag_record("ns", record),
+            record: tagged(&rec).ok()?,
             ..r.clone()
         })
     }
@@ -637,7 +635,10 @@ impl NsRuntime {
             if e.kind() == std::io::ErrorKind::StorageFull {
                 RuntimeError::Exhausted(e.to_string())
             } else {
-                RuntimeError::Failed(format!("assign a host id range: {e}"))
+                RuntimeError::Io {
+                    what: "assign a host id range".into(),
+                    source: e,
+                }
             }
         })
     }
@@ -664,6 +665,25 @@ impl NsRuntime {
 }
 
 /// Name of a sandbox's id range assignment.
+/// `record` as this runtime's tagged JSON. A plain struct always encodes: failing is a bug.
+fn tagged(record: &Record) -> Result<serde_json::Value, RuntimeError> {
+    let value = serde_json::to_value(record)
+        .map_err(|e| RuntimeError::Failed(format!("encode the runtime record: {e}")))?;
+    Ok(warren_runtime::tag_record("ns", value))
+}
+
+/// A launcher failure while doing `what`: host I/O keeps its `io::Error` (a full disk is
+/// storage), anything else means the sandbox could not be handled now.
+fn launch_error(what: &str, e: launch::LaunchError) -> RuntimeError {
+    match e {
+        launch::LaunchError::Io { what: step, source } => RuntimeError::Io {
+            what: format!("{what}: {step}"),
+            source,
+        },
+        e => RuntimeError::unavailable(what, e),
+    }
+}
+
 fn ids_holder(id: &str) -> String {
     format!("sandbox-{id}")
 }
@@ -690,5 +710,34 @@ async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
                 Some(nix::sys::wait::WaitPidFlag::WNOHANG),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_runtime::Category;
+
+    #[test]
+    fn a_full_disk_in_the_launcher_is_storage_with_its_cause() {
+        let e = launch_error(
+            "kill sandbox a",
+            launch::LaunchError::Io {
+                what: "remove the upper layer".into(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            },
+        );
+        assert_eq!(e.category(), Category::StorageFull, "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn a_sandbox_that_did_not_start_is_unavailable_with_its_cause() {
+        let e = launch_error("kill sandbox a", launch::LaunchError::Init("no pid".into()));
+        assert_eq!(e.category(), Category::Unavailable, "{e:?}");
+        assert_eq!(
+            warren_runtime::chain(&e),
+            "kill sandbox a: sandbox did not start: no pid"
+        );
     }
 }

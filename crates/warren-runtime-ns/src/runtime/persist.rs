@@ -202,10 +202,7 @@ impl NsRuntime {
         Ok(RuntimeSandbox {
             id: id.to_string(),
             agent: h.agent,
-            record: warren_runtime::tag_record(
-                "ns",
-                serde_json::to_value(&record).map_err(|e| RuntimeError::Failed(e.to_string()))?,
-            ),
+            record: super::tagged(&record)?,
         })
     }
 
@@ -244,11 +241,7 @@ impl NsRuntime {
             RuntimeSandbox {
                 id,
                 agent: h.agent,
-                record: warren_runtime::tag_record(
-                    "ns",
-                    serde_json::to_value(&h.record)
-                        .map_err(|e| RuntimeError::Failed(e.to_string()))?,
-                ),
+                record: super::tagged(&h.record)?,
             },
             ResumeKind::Memory,
         ))

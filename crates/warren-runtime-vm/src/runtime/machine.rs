@@ -78,23 +78,6 @@ pub fn limits(memory_mb: u32, cpus: u32) -> Limits {
     }
 }
 
-/// `e` and its sources (`start qemu-system-x86_64: Permission denied`): the runtime's errors
-/// become strings, which would drop the chain.
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-fn failed(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Failed(e.to_string())
-}
-
 /// Starts a fork's QEMU as `spec` says (in its slot's netns, laid out for a VM), in its own
 /// cgroup `<cgroup_parent>/<name>`, waiting for the incoming snapshot. The returned pending
 /// fork still has to be completed.
@@ -110,12 +93,12 @@ pub async fn spawn(
         name,
         limits(snapshot.meta.memory_mb, snapshot.meta.cpus),
     )
-    .map_err(|e| failed(format!("cgroup: {e}")))?;
+    .map_err(RuntimeError::io(format!("create the cgroup of {name}")))?;
     let pending = match Pending::spawn(snapshot, spec).await {
         Ok(p) => p,
         Err(e) => {
             let _ = cgroup.remove();
-            return Err(failed(with_causes(&e)));
+            return Err(crate::Error::runtime("start QEMU")(e));
         }
     };
     if let Some(pid) = pending.child.id() {

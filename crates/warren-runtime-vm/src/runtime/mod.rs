@@ -126,6 +126,7 @@ pub struct VmRuntime {
     _lock: HostLock,
 }
 
+/// A bug or an unexpected state, in words (what is neither I/O nor a missing resource).
 fn failed(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Failed(e.to_string())
 }
@@ -158,7 +159,8 @@ impl VmRuntime {
         tracing::info!(accel = accel.accel.as_str(), reason = %accel.reason, "vm accelerator");
         if settings.unprivileged {
             let n = u32::try_from(cfg.net.pool_size).unwrap_or(u32::MAX);
-            uids::check_free(settings.vm_uid_base, n).map_err(failed)?;
+            // Host configuration that clashes: this host cannot run VMs until it is fixed.
+            uids::check_free(settings.vm_uid_base, n).map_err(RuntimeError::unavailable_now)?;
         }
         // VM directories (disks, logs) live on the data disk, root's alone: QEMU sees only
         // what its jail binds. The links to template disks stay next to the template
@@ -169,13 +171,13 @@ impl VmRuntime {
             cfg.run_dir.join("vm/links"),
         ] {
             crate::snapshot::private_dir(&d)
-                .map_err(|e| failed(format!("the vm runtime's directories: {e}")))?;
+                .map_err(crate::Error::runtime("the vm runtime's directories"))?;
         }
         let lock = HostLock::acquire(&cfg.run_dir)?;
         let client = reqwest::Client::builder()
             .no_proxy()
             .build()
-            .map_err(|e| failed(format!("http client: {e}")))?;
+            .map_err(|e| RuntimeError::unavailable("http client", e))?;
         Ok(Arc::new_cyclic(|this| Self {
             cfg,
             settings,
@@ -303,6 +305,7 @@ impl VmRuntime {
             snapshots::inputs(&t, &data, &dir, &settings, accel, &dns)
         })
         .await
+        // A panic while resolving the inputs: a bug.
         .map_err(failed)??;
         if let Some(s) = snapshots::existing(&inputs) {
             return Ok(s);
@@ -467,7 +470,7 @@ impl VmRuntime {
             match Arc::try_unwrap(this) {
                 Ok(t) => break t,
                 Err(_) if tokio::time::Instant::now() > deadline => {
-                    return Err(failed("runtime still in use"));
+                    return Err(RuntimeError::Conflict("runtime still in use".into()));
                 }
                 Err(a) => {
                     this = a;
@@ -478,7 +481,7 @@ impl VmRuntime {
         if let Some(pool) = this.net.into_inner() {
             pool.shutdown()
                 .await
-                .map_err(|e| failed(format!("network pool: {e}")))?;
+                .map_err(|e| RuntimeError::unavailable("stop the network pool", e))?;
         }
         let _ = warren_host::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
         crate::error::remove_tree(&vms_dir(&this.cfg)).await;
@@ -506,7 +509,10 @@ impl VmRuntime {
                 if !spec.allow_internet_access {
                     if let Err(e) = pool.set_internet_access(&mut w.slot, false).await {
                         self.discard_warm(w).await;
-                        return Err(failed(format!("network slot: {e}")));
+                        return Err(RuntimeError::unavailable(
+                            "cut the network slot's internet access",
+                            e,
+                        ));
                     }
                 }
                 w
@@ -651,6 +657,7 @@ impl VmRuntime {
             agent,
             record: warren_runtime::tag_record(
                 "vm",
+                // A plain struct always encodes: failing is a bug.
                 serde_json::to_value(&record).map_err(failed)?,
             ),
         })

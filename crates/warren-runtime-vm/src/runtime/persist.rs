@@ -50,7 +50,7 @@ impl VmRuntime {
         let token = machine::read_token(&m.dir);
         match warren_host::agent::run_as_root(&self.client, agent, token.as_deref(), script).await {
             Ok(0) => Ok(()),
-            Ok(code) => Err(failed(format!(
+            Ok(code) => Err(RuntimeError::unavailable_now(format!(
                 "stopping or continuing the guest's processes exited with {code}"
             ))),
             Err(e) => Err(RuntimeError::unavailable(
@@ -166,7 +166,9 @@ impl VmRuntime {
             .cloned()
             .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
         if let Some(reason) = m.exit.borrow().clone() {
-            return Err(failed(format!("sandbox {id} has ended: {reason}")));
+            return Err(RuntimeError::Conflict(format!(
+                "sandbox {id} has ended: {reason}"
+            )));
         }
         Ok(m)
     }
@@ -198,7 +200,7 @@ impl VmRuntime {
             .map(|s| s.netns_path());
         let parent = dest.parent().ok_or_else(|| failed("checkpoint path"))?;
         crate::snapshot::private_dir(parent)
-            .map_err(|e| failed(format!("create the checkpoint directory: {e}")))?;
+            .map_err(crate::Error::runtime("create the checkpoint directory"))?;
         let staging = warren_host::durable::sibling(dest, "partial");
         crate::error::remove_tree(&staging).await;
         let (backing, backing_format) = self.backing_of(&m.name).ok_or_else(|| {
@@ -219,7 +221,7 @@ impl VmRuntime {
         };
         if let Err(e) = checkpoint::capture(&qmp, &spec, &staging).await {
             crate::error::remove_tree(&staging).await;
-            return Err(failed(format!("checkpoint: {e}")));
+            return Err(crate::Error::runtime("checkpoint")(e));
         }
         let started = std::time::Instant::now();
         let mut continued = Ok(());
@@ -243,11 +245,9 @@ impl VmRuntime {
         );
         match installed {
             Ok(bytes) => {
-                continued.map_err(|e| {
-                    failed(format!(
-                        "the snapshot was saved but the sandbox did not continue: {e}"
-                    ))
-                })?;
+                continued.map_err(crate::Error::runtime(
+                    "the snapshot was saved but the sandbox did not continue",
+                ))?;
                 Ok(bytes)
             }
             Err(e) => {

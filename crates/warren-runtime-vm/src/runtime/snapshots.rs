@@ -16,10 +16,6 @@ use warren_runtime::RuntimeError;
 
 use super::VmSettings;
 
-fn failed(what: &str) -> impl Fn(crate::Error) -> RuntimeError + '_ {
-    move |e| RuntimeError::Failed(format!("{what}: {e}"))
-}
-
 /// The boot inputs of a template, resolved (downloaded and built where needed).
 pub struct Inputs {
     pub spec: TemplateSpec,
@@ -43,13 +39,15 @@ pub fn inputs(
         data_dir,
         &mut warren_template::StderrProgress::new(),
     )
-    .map_err(|e| RuntimeError::Failed(format!("template {template}: {e}")))?;
-    let kernel = crate::kernel::ensure(data_dir).map_err(failed("guest kernel"))?;
+    .map_err(|e| warren_host::image_error(template, e))?;
+    let kernel = crate::kernel::ensure(data_dir).map_err(crate::Error::runtime("guest kernel"))?;
     let initrd = crate::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
-        .map_err(failed("initramfs"))?;
+        .map_err(crate::Error::runtime("initramfs"))?;
     let append = crate::qemu::kernel_cmdline(accel::host_tsc_khz(), template, dns);
-    let agent = std::fs::read(&settings.agent_bin)
-        .map_err(|e| RuntimeError::Failed(format!("read {}: {e}", settings.agent_bin.display())))?;
+    let agent = std::fs::read(&settings.agent_bin).map_err(RuntimeError::io(format!(
+        "read {}",
+        settings.agent_bin.display()
+    )))?;
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
     h.update(b"warren-vm-snapshot-3\0");
@@ -109,7 +107,10 @@ pub async fn make(
     spec.run_as = run_as;
     let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
         .await
-        .map_err(|e| RuntimeError::Failed(format!("template snapshot: {e}")))?;
+        .map_err(crate::Error::runtime(format!(
+            "snapshot template {}",
+            inputs.key
+        )))?;
     // Deleting older snapshots frees RAM-sized files: on the blocking pool.
     let current = inputs.dir.clone();
     let _ = tokio::task::spawn_blocking(move || remove_older(&current)).await;
