@@ -67,6 +67,9 @@ pub struct Config {
     pub min_free_inodes: u64,
     /// Killed and failed sandboxes are forgotten this long after their end time.
     pub ended_retention: Duration,
+    /// Ceilings on what a template build may ask for (`cpuCount`, `memoryMB`).
+    pub max_template_cpu: u32,
+    pub max_template_memory_mb: u32,
 }
 
 impl Default for Config {
@@ -93,6 +96,8 @@ impl Default for Config {
             min_free_bytes: 1024 * 1024 * 1024,
             min_free_inodes: 50_000,
             ended_retention: Duration::from_secs(7 * 24 * 3600),
+            max_template_cpu: 8,
+            max_template_memory_mb: 16 * 1024,
         }
     }
 }
@@ -177,6 +182,7 @@ pub(crate) struct Inner {
     eol_failures: StdMutex<HashMap<String, u32>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
+    pub(crate) builds: crate::builds::BuildState,
 }
 
 /// The control plane. Cheap to clone.
@@ -223,15 +229,30 @@ impl Control {
                 eol_failures: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
+                builds: crate::builds::BuildState::new()?,
             }),
         };
         control.recover().await?;
+        control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         Ok(control)
     }
 
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// Ids of live sandboxes running on one of `images` (runtime template keys).
+    pub(crate) async fn sandboxes_on(&self, images: &[String]) -> Vec<String> {
+        let live: Vec<Entry> = lock(&self.inner.live).values().cloned().collect();
+        let mut out = Vec::new();
+        for e in live {
+            let sb = e.lock().await;
+            if !sb.state.is_gone() && images.contains(&sb.template) {
+                out.push(sb.id.clone());
+            }
+        }
+        out
     }
 
     /// Stops the background tasks (sandboxes keep running; a restart reattaches them).
@@ -428,20 +449,31 @@ impl Control {
                     from_snapshot: Some(snap.key),
                 }
             }
-            None => Plan {
-                template,
-                cpu_count: cfg.cpu_count,
-                memory_mb: cfg.memory_mb,
-                disk_mb: cfg.disk_mb,
-                allow_internet_access: req.allow_internet_access.unwrap_or(true),
-                env_vars: req.env_vars,
-                metadata: req.metadata,
-                lifecycle: req.lifecycle,
-                network: req.network,
-                team: team_of(&req.team),
-                timeout,
-                from_snapshot: None,
-            },
+            None => {
+                // A template built here runs on the image of the build its tag names; its
+                // resources are the template's.
+                let (image, built) = self
+                    .resolve_template(&template, Some(&team_of(&req.team)))
+                    .await?;
+                let (cpu_count, memory_mb, disk_mb) = match &built {
+                    Some(t) => (t.cpu_count, t.memory_mb, t.disk_mb),
+                    None => (cfg.cpu_count, cfg.memory_mb, cfg.disk_mb),
+                };
+                Plan {
+                    template: image,
+                    cpu_count,
+                    memory_mb,
+                    disk_mb,
+                    allow_internet_access: req.allow_internet_access.unwrap_or(true),
+                    env_vars: req.env_vars,
+                    metadata: req.metadata,
+                    lifecycle: req.lifecycle,
+                    network: req.network,
+                    team: team_of(&req.team),
+                    timeout,
+                    from_snapshot: None,
+                }
+            }
         };
         self.create_planned(plan).await
     }

@@ -9,6 +9,8 @@
 
 #![forbid(unsafe_code)]
 
+mod build_spec;
+mod builds;
 mod control;
 mod error;
 mod expiry;
@@ -21,8 +23,17 @@ mod recover;
 mod secrets;
 mod snapshots;
 mod store;
+mod templates;
 mod tenant;
 
+pub use build_spec::{
+    is_files_hash, valid_account, BuildSource, BuildSpec, RawStep, RegistryAuth, Step, StepKind,
+    E2B_BASE_IMAGE,
+};
+pub use builds::{
+    BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
+    Registered, TemplateBuilder, UploadLink, MAX_LOG_PAGE,
+};
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use error::{ControlError, StoreError};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
@@ -31,5 +42,9 @@ pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use templates::{
+    Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
+    DEFAULT_TAG,
+};
 pub use tenant::Tenant;
 pub use warren_runtime::{Capabilities, PauseMode};

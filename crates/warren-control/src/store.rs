@@ -7,6 +7,7 @@ use crate::error::StoreError;
 use crate::keys::ApiKey;
 use crate::model::{Sandbox, SandboxState};
 use crate::snapshots::Snapshot;
+use crate::templates::{Build, BuildStatus, LogEntry, Template};
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -55,6 +56,37 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(u64, u64), StoreError>;
     /// Forgets a snapshot; `false` if there was none with this id.
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Records a template, replacing the record with the same id. Fails if another template
+    /// holds its alias.
+    async fn put_template(&self, template: &Template) -> Result<(), StoreError>;
+    async fn get_template(&self, id: &str) -> Result<Option<Template>, StoreError>;
+    async fn template_by_alias(&self, alias: &str) -> Result<Option<Template>, StoreError>;
+    /// Every template, in no particular order.
+    async fn templates(&self) -> Result<Vec<Template>, StoreError>;
+    /// Forgets a template with its builds and their logs; `false` if there was none.
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError>;
+    /// Records a build, replacing the record with the same id.
+    async fn put_build(&self, build: &Build) -> Result<(), StoreError>;
+    async fn get_build(&self, id: &str) -> Result<Option<Build>, StoreError>;
+    /// Every build of a template.
+    async fn builds_of(&self, template_id: &str) -> Result<Vec<Build>, StoreError>;
+    /// Every build in `status`.
+    async fn builds_in(&self, status: BuildStatus) -> Result<Vec<Build>, StoreError>;
+    /// Appends log entries to a build's log, the first of them at position `first`.
+    async fn append_build_logs(
+        &self,
+        build_id: &str,
+        first: usize,
+        entries: &[LogEntry],
+    ) -> Result<(), StoreError>;
+    /// At most `limit` log entries of a build from position `offset` on, in order.
+    async fn build_logs(
+        &self,
+        build_id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<LogEntry>, StoreError>;
 
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError>;
     /// The non-revoked key with this SHA-256 hash.

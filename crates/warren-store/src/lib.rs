@@ -11,6 +11,7 @@
 mod migrations;
 mod seal;
 mod snapshots;
+mod templates;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -577,6 +578,78 @@ impl Store for SqliteStore {
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with(move |c| snapshots::delete(c, &id)).await
+    }
+
+    async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
+        let t = t.clone();
+        self.with(move |c| templates::put_template(c, &t)).await
+    }
+
+    async fn get_template(&self, id: &str) -> Result<Option<warren_control::Template>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| templates::get_template(c, &id)).await
+    }
+
+    async fn template_by_alias(
+        &self,
+        alias: &str,
+    ) -> Result<Option<warren_control::Template>, StoreError> {
+        let alias = alias.to_string();
+        self.with(move |c| templates::template_by_alias(c, &alias))
+            .await
+    }
+
+    async fn templates(&self) -> Result<Vec<warren_control::Template>, StoreError> {
+        self.with(templates::templates).await
+    }
+
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| templates::delete_template(c, &id)).await
+    }
+
+    async fn put_build(&self, b: &warren_control::Build) -> Result<(), StoreError> {
+        let b = b.clone();
+        self.with(move |c| templates::put_build(c, &b)).await
+    }
+
+    async fn get_build(&self, id: &str) -> Result<Option<warren_control::Build>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| templates::get_build(c, &id)).await
+    }
+
+    async fn builds_of(&self, template_id: &str) -> Result<Vec<warren_control::Build>, StoreError> {
+        let id = template_id.to_string();
+        self.with(move |c| templates::builds_of(c, &id)).await
+    }
+
+    async fn builds_in(
+        &self,
+        status: warren_control::BuildStatus,
+    ) -> Result<Vec<warren_control::Build>, StoreError> {
+        self.with(move |c| templates::builds_in(c, status)).await
+    }
+
+    async fn append_build_logs(
+        &self,
+        build_id: &str,
+        first: usize,
+        entries: &[warren_control::LogEntry],
+    ) -> Result<(), StoreError> {
+        let (id, entries) = (build_id.to_string(), entries.to_vec());
+        self.with(move |c| templates::append_logs(c, &id, first, &entries))
+            .await
+    }
+
+    async fn build_logs(
+        &self,
+        build_id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<warren_control::LogEntry>, StoreError> {
+        let id = build_id.to_string();
+        self.with(move |c| templates::logs(c, &id, offset, limit))
+            .await
     }
 
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError> {

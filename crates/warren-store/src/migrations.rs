@@ -82,4 +82,30 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         CREATE INDEX snapshots_sandbox_created
             ON snapshots(sandbox_id, created_at_us, id, bytes, name);",
     ),
+    (
+        6,
+        // Templates built here, their builds and the builds' logs. What is queried (id,
+        // alias, team, status, position) has columns; the rest of a record is one JSON
+        // document, so new fields need no migration.
+        "CREATE TABLE templates (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            alias TEXT UNIQUE,
+            doc TEXT NOT NULL
+        );
+        CREATE TABLE builds (
+            id TEXT PRIMARY KEY NOT NULL,
+            template_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX builds_template ON builds(template_id);
+        CREATE INDEX builds_status ON builds(status);
+        CREATE TABLE build_logs (
+            build_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            doc TEXT NOT NULL,
+            PRIMARY KEY (build_id, seq)
+        );",
+    ),
 ];

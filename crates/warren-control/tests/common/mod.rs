@@ -190,10 +190,105 @@ pub struct MemStore {
     pub snapshots: Mutex<HashMap<String, Snapshot>>,
     /// `snapshots()` (every record at once) fails: proves a path pages or sums instead.
     pub refuse_full_scans: Mutex<bool>,
+    pub templates: Mutex<HashMap<String, warren_control::Template>>,
+    pub builds: Mutex<HashMap<String, warren_control::Build>>,
+    pub build_logs: Mutex<HashMap<String, Vec<warren_control::LogEntry>>>,
 }
 
 #[async_trait]
 impl Store for MemStore {
+    async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
+        let mut all = self.templates.lock().unwrap();
+        if all
+            .values()
+            .any(|o| o.id != t.id && o.alias.is_some() && o.alias == t.alias)
+        {
+            return Err(StoreError::Backend("alias taken".into()));
+        }
+        all.insert(t.id.clone(), t.clone());
+        Ok(())
+    }
+    async fn get_template(&self, id: &str) -> Result<Option<warren_control::Template>, StoreError> {
+        Ok(self.templates.lock().unwrap().get(id).cloned())
+    }
+    async fn template_by_alias(
+        &self,
+        alias: &str,
+    ) -> Result<Option<warren_control::Template>, StoreError> {
+        Ok(self
+            .templates
+            .lock()
+            .unwrap()
+            .values()
+            .find(|t| t.alias.as_deref() == Some(alias))
+            .cloned())
+    }
+    async fn templates(&self) -> Result<Vec<warren_control::Template>, StoreError> {
+        Ok(self.templates.lock().unwrap().values().cloned().collect())
+    }
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        self.builds
+            .lock()
+            .unwrap()
+            .retain(|_, b| b.template_id != id);
+        Ok(self.templates.lock().unwrap().remove(id).is_some())
+    }
+    async fn put_build(&self, b: &warren_control::Build) -> Result<(), StoreError> {
+        self.builds.lock().unwrap().insert(b.id.clone(), b.clone());
+        Ok(())
+    }
+    async fn get_build(&self, id: &str) -> Result<Option<warren_control::Build>, StoreError> {
+        Ok(self.builds.lock().unwrap().get(id).cloned())
+    }
+    async fn builds_of(&self, template_id: &str) -> Result<Vec<warren_control::Build>, StoreError> {
+        Ok(self
+            .builds
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|b| b.template_id == template_id)
+            .cloned()
+            .collect())
+    }
+    async fn builds_in(
+        &self,
+        status: warren_control::BuildStatus,
+    ) -> Result<Vec<warren_control::Build>, StoreError> {
+        Ok(self
+            .builds
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|b| b.status == status)
+            .cloned()
+            .collect())
+    }
+    async fn append_build_logs(
+        &self,
+        build_id: &str,
+        first: usize,
+        entries: &[warren_control::LogEntry],
+    ) -> Result<(), StoreError> {
+        let mut logs = self.build_logs.lock().unwrap();
+        let log = logs.entry(build_id.to_string()).or_default();
+        log.truncate(first);
+        log.extend_from_slice(entries);
+        Ok(())
+    }
+    async fn build_logs(
+        &self,
+        build_id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<warren_control::LogEntry>, StoreError> {
+        Ok(self
+            .build_logs
+            .lock()
+            .unwrap()
+            .get(build_id)
+            .map(|l| l.iter().skip(offset).take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
     async fn insert_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
         self.sandboxes
             .lock()
