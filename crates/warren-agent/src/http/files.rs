@@ -180,33 +180,7 @@ async fn serve_file(
 ) -> Result<Response> {
     let caller = authenticate(state, query, headers, Operation::Read)?;
     let path = caller.resolve(caller.query.path.as_deref().unwrap_or(""));
-    // Opened with the caller's identity, so the kernel decides what the caller may read
-    // (through symlinks too); the descriptor's metadata then describes exactly what is served.
-    let opened = {
-        let path = path.clone();
-        identity::run_as(&caller.user, move || {
-            let file = std::fs::File::open(&path)?;
-            let meta = file.metadata()?;
-            Ok::<_, io::Error>((file, meta))
-        })
-        .await
-        .and_then(|r| r)
-    };
-    let (file, meta) = match opened {
-        Ok(o) => o,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(Failure::new(
-                StatusCode::NOT_FOUND,
-                format!("path '{}' does not exist", path.display()),
-            ))
-        }
-        Err(e) => {
-            return Err(Failure::io(
-                &format!("error opening file '{}'", path.display()),
-                &e,
-            ))
-        }
-    };
+    let (file, meta) = open_as(&caller.user, &path).await?;
     if meta.is_dir() {
         return Err(Failure::bad_request(format!(
             "path '{}' is a directory",
@@ -220,15 +194,7 @@ async fn serve_file(
         )
     })?;
     let mtime = meta.modified().ok().and_then(unix_secs);
-    let mut builder = Response::builder()
-        .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_DISPOSITION, content_disposition(&path))
-        .header(header::VARY, "Accept-Encoding");
-    if let Some(secs) = mtime {
-        if let Ok(v) = HeaderValue::from_str(&http_date(secs)) {
-            builder = builder.header(header::LAST_MODIFIED, v);
-        }
-    }
+    let builder = download_headers(&path, mtime);
     if let Some(status) = precondition(headers, mtime) {
         if status == StatusCode::NOT_MODIFIED {
             return builder.status(status).body(Body::empty()).map_err(internal);
@@ -240,50 +206,109 @@ async fn serve_file(
     // are streamed to their end without a length, and so without ranges.
     let len = (meta.is_file() && meta.len() > 0).then_some(meta.len());
     let wants_range = headers.contains_key(header::RANGE);
-    let range = match len {
-        Some(len) if wants_range && if_range_holds(headers, mtime) => {
+    let range = requested_range(headers, len, mtime);
+    if let (RangeOutcome::Unsatisfiable, Some(len)) = (range, len) {
+        return Ok(range_not_satisfiable(len));
+    }
+    let file = tokio::fs::File::from_std(file);
+
+    // Like upstream, a Range request is always answered in identity so byte offsets mean
+    // something; Accept-Encoding is advisory.
+    if coding == Coding::Gzip && !wants_range {
+        return gzip_body(builder, file);
+    }
+    match len {
+        Some(len) => sized_body(builder, file, len, range).await,
+        None => builder
+            .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
+            .map_err(internal),
+    }
+}
+
+/// Opens `path` with the caller's identity, so the kernel decides what the caller may read
+/// (through symlinks too); the descriptor's metadata then describes exactly what is served.
+async fn open_as(user: &User, path: &Path) -> Result<(std::fs::File, std::fs::Metadata)> {
+    let opened = {
+        let path = path.to_path_buf();
+        identity::run_as(user, move || {
+            let file = std::fs::File::open(&path)?;
+            let meta = file.metadata()?;
+            Ok::<_, io::Error>((file, meta))
+        })
+        .await
+        .and_then(|r| r)
+    };
+    opened.map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("path '{}' does not exist", path.display()),
+        ),
+        _ => Failure::io(&format!("error opening file '{}'", path.display()), &e),
+    })
+}
+
+/// The headers every download carries, whatever its body.
+fn download_headers(path: &Path, mtime: Option<u64>) -> axum::http::response::Builder {
+    let mut builder = Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_DISPOSITION, content_disposition(path))
+        .header(header::VARY, "Accept-Encoding");
+    if let Some(secs) = mtime {
+        if let Ok(v) = HeaderValue::from_str(&http_date(secs)) {
+            builder = builder.header(header::LAST_MODIFIED, v);
+        }
+    }
+    builder
+}
+
+/// The part of a file of length `len` the request asks for (`Range`, unless `If-Range` says
+/// the file changed); a file of unknown length is always served whole.
+fn requested_range(headers: &HeaderMap, len: Option<u64>, mtime: Option<u64>) -> RangeOutcome {
+    match len {
+        Some(len) if headers.contains_key(header::RANGE) && if_range_holds(headers, mtime) => {
             match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
                 Some(spec) => parse_range(spec, len),
                 None => RangeOutcome::Full,
             }
         }
         _ => RangeOutcome::Full,
-    };
-    if let (RangeOutcome::Unsatisfiable, Some(len)) = (range, len) {
-        let mut resp = Failure::new(
-            StatusCode::RANGE_NOT_SATISFIABLE,
-            format!("requested range not satisfiable (file size {len})"),
-        )
-        .into_response();
-        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
-            resp.headers_mut().insert(header::CONTENT_RANGE, v);
-        }
-        return Ok(resp);
     }
+}
 
-    let mut file = tokio::fs::File::from_std(file);
-
-    // Like upstream, a Range request is always answered in identity so byte offsets mean
-    // something; Accept-Encoding is advisory.
-    if coding == Coding::Gzip && !wants_range {
-        // The fastest level: inside a sandbox CPU is scarcer than bandwidth, and the default
-        // level caps downloads at ~30 MiB/s.
-        let encoder = GzipEncoder::with_quality(
-            BufReader::with_capacity(CHUNK, file),
-            async_compression::Level::Fastest,
-        );
-        return builder
-            .header(header::CONTENT_ENCODING, "gzip")
-            .body(Body::from_stream(ReaderStream::with_capacity(
-                encoder, CHUNK,
-            )))
-            .map_err(internal);
+fn range_not_satisfiable(len: u64) -> Response {
+    let mut resp = Failure::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        format!("requested range not satisfiable (file size {len})"),
+    )
+    .into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+        resp.headers_mut().insert(header::CONTENT_RANGE, v);
     }
-    let Some(len) = len else {
-        return builder
-            .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
-            .map_err(internal);
-    };
+    resp
+}
+
+fn gzip_body(builder: axum::http::response::Builder, file: tokio::fs::File) -> Result<Response> {
+    // The fastest level: inside a sandbox CPU is scarcer than bandwidth, and the default
+    // level caps downloads at ~30 MiB/s.
+    let encoder = GzipEncoder::with_quality(
+        BufReader::with_capacity(CHUNK, file),
+        async_compression::Level::Fastest,
+    );
+    builder
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Body::from_stream(ReaderStream::with_capacity(
+            encoder, CHUNK,
+        )))
+        .map_err(internal)
+}
+
+/// A file of known length `len`, whole or the one range asked for, with its length.
+async fn sized_body(
+    mut builder: axum::http::response::Builder,
+    mut file: tokio::fs::File,
+    len: u64,
+    range: RangeOutcome,
+) -> Result<Response> {
     builder = builder.header(header::ACCEPT_RANGES, "bytes");
     let count = match range {
         RangeOutcome::Partial(start, end) => {
@@ -343,7 +368,7 @@ pub async fn upload(
             // Rejected before the body was read: read it off (if small) so the client's
             // connection stays usable, else tell it the connection closes.
             if let Some(unread) = body {
-                if !crate::connect::drain(unread).await {
+                if !warren_proto::server::drain(unread).await {
                     resp.headers_mut().insert(
                         header::CONNECTION,
                         axum::http::HeaderValue::from_static("close"),
