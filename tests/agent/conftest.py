@@ -35,7 +35,7 @@ import requests
 
 from e2b import AsyncSandbox, Sandbox
 
-from _helpers import q
+from _helpers import q, require
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_AGENT_BIN = REPO_ROOT / "target" / "debug" / "warren-agent"
@@ -164,8 +164,11 @@ def secured_agent() -> Iterator[Agent]:
     if url and token:
         yield Agent(url=url.rstrip("/"), token=token)
         return
-    if os.environ.get("WARREN_AGENT_URL"):
-        pytest.skip("WARREN_AGENT_URL is set without WARREN_AGENT_SECURED_URL/_ACCESS_TOKEN")
+    # An agent elsewhere (WARREN_AGENT_URL) comes with its secured twin, or these tests cannot run.
+    require(
+        "WARREN_AGENT_SECURED_URL and WARREN_AGENT_ACCESS_TOKEN next to WARREN_AGENT_URL",
+        not os.environ.get("WARREN_AGENT_URL"),
+    )
     a = _start_agent(token="tok-" + secrets.token_hex(16))
     try:
         yield a

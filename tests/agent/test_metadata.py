@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import io
 
-import pytest
-
 from e2b import Sandbox
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
-from _helpers import q
+from _helpers import q, require
 
 META = {"author": "alice", "Project": "Warren", "empty-ish": "v 1.0 (beta)"}
 EXPECTED = {"author": "alice", "project": "Warren", "empty-ish": "v 1.0 (beta)"}
@@ -30,8 +28,8 @@ def test_metadata_in_get_info_and_list(sandbox: Sandbox, workdir: str):
 
 def xattr(sandbox: Sandbox, code: str) -> str:
     """Runs a python3 one-liner where the agent runs (to read/set xattrs out of band)."""
-    if not sandbox.commands.run("command -v python3 || true").stdout.strip():
-        pytest.skip("python3 is not installed where the agent runs")
+    found = sandbox.commands.run("command -v python3 || true").stdout.strip()
+    require("python3 where the agent runs (to read and set xattrs out of band)", bool(found))
     return sandbox.commands.run("python3 -c " + q("import os; " + code)).stdout
 
 

@@ -187,14 +187,14 @@ mod tests {
 
     #[tokio::test]
     async fn run_as_takes_the_users_identity() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED run_as_takes_the_users_identity: needs root");
+        if !warren_testkit::require("root", warren_testkit::is_root()) {
             return;
         }
-        let Some(user) = crate::users::UserDb::load().by_name("user").cloned() else {
-            eprintln!("SKIPPED run_as_takes_the_users_identity: no `user` account");
+        let user = crate::users::UserDb::load().by_name("user").cloned();
+        if !warren_testkit::require("an account named `user` (useradd -m user)", user.is_some()) {
             return;
-        };
+        }
+        let user = user.expect("checked above");
         let root = scratch();
         std::fs::create_dir(&root).unwrap();
         // World-writable, so the user may create inside it.
