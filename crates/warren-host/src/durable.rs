@@ -61,13 +61,20 @@ pub fn discard_dir(dir: &std::path::Path) {
     }
 }
 
-/// Runs blocking file work off the async workers.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(std::io::Error::other)?
+/// Runs blocking work (file trees, copies, a process that must run synchronously) on the
+/// blocking pool instead of an async worker. A panic in `f` comes back as `E`.
+pub async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<tokio::task::JoinError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await?
+}
+
+/// [`remove_tree`] on the blocking pool, for async callers.
+pub async fn remove_tree_async(path: &Path) -> io::Result<()> {
+    let path = path.to_path_buf();
+    blocking(move || remove_tree(&path)).await
 }
 
 /// Makes the directory `staging` durable (every file and directory fsynced) and renames it to

@@ -26,6 +26,20 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
+/// Records handed to `reattach`, each with its runtime's own record parsed (`None` when it
+/// cannot be: a damaged store, or a record of another release).
+pub fn parse_records<R: serde::de::DeserializeOwned>(
+    records: Vec<warren_runtime::RuntimeSandbox>,
+) -> Vec<(warren_runtime::RuntimeSandbox, Option<R>)> {
+    records
+        .into_iter()
+        .map(|r| {
+            let rec = serde_json::from_value::<R>(r.record.clone()).ok();
+            (r, rec)
+        })
+        .collect()
+}
+
 /// Free bytes and inodes of the filesystem holding `dir` (both runtimes save there).
 pub fn headroom(dir: &std::path::Path) -> Option<warren_runtime::Headroom> {
     match nix::sys::statvfs::statvfs(dir) {

@@ -88,21 +88,17 @@ fn checked(
     Ok(out)
 }
 
-/// Runs blocking work (a tree deletion, a file copy, a process that must run synchronously)
-/// on the blocking pool instead of an async worker.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Invalid(format!("blocking task failed: {e}")))?
+/// Work run on the blocking pool ([`warren_host::durable::blocking`]) that panicked.
+impl From<tokio::task::JoinError> for Error {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Error::Invalid(format!("blocking task failed: {e}"))
+    }
 }
 
 /// Deletes the tree at `path` (if any) on the blocking pool; errors are ignored, as every
 /// caller removes leftovers.
 pub(crate) async fn remove_tree(path: &std::path::Path) {
-    let path = path.to_path_buf();
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+    let _ = warren_host::durable::remove_tree_async(path).await;
 }
 
 #[cfg(test)]

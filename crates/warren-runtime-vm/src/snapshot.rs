@@ -19,9 +19,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::accel::Accel;
-use crate::error::{blocking, remove_tree, run, run_async, Error, Result};
+use crate::error::{remove_tree, run, run_async, Error, Result};
 use crate::qemu::{self, VmConfig};
 use crate::qmp::Qmp;
+use warren_host::durable::blocking;
 
 /// How long a VM booting from a disk-only checkpoint may take until its agent listens.
 const COLD_BOOT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -603,7 +604,7 @@ impl Pending {
                     .map_err(|e| Error::Invalid(e.to_string()))?;
                 let source = spec.dir.join(SOURCE_META);
                 std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
-                Ok(match &spec.backing_link {
+                Ok::<_, Error>(match &spec.backing_link {
                     Some(link) => {
                         let _ = std::fs::remove_file(link);
                         if let Some(parent) = link.parent() {

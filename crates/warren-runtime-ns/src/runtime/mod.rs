@@ -483,13 +483,7 @@ impl NsRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
-            .into_iter()
-            .map(|r| {
-                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
-                (r, rec)
-            })
-            .collect();
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         // Sandboxes paused with only their files have nothing running to take back.
         let (fs_paused, parsed): (Vec<_>, Vec<_>) = parsed.into_iter().partition(|(_, rec)| {
             rec.as_ref()

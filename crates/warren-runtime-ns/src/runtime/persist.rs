@@ -106,8 +106,7 @@ impl NsRuntime {
                         && reattached.iter().any(|(i, r)| i == id && r.is_ok())));
             if !claimed {
                 tracing::info!(sandbox = %id, "removing a saved filesystem no paused sandbox owns");
-                let path = entry.path();
-                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+                let _ = warren_host::durable::remove_tree_async(&entry.path()).await;
             }
         }
     }

@@ -22,13 +22,7 @@ impl VmRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = records
-            .into_iter()
-            .map(|r| {
-                let rec = serde_json::from_value::<Record>(r.record.clone()).ok();
-                (r, rec)
-            })
-            .collect();
+        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         let mut out = Vec::new();
         let (paused, running): (Vec<_>, Vec<_>) = parsed
             .into_iter()
