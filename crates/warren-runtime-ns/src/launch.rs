@@ -178,32 +178,86 @@ async fn prepare_writable(spec: &LaunchSpec, dir: &Path) -> Result<(), LaunchErr
     Ok(())
 }
 
+/// How long nsinit may take for each of its two steps (creating its user namespace; building
+/// the sandbox up to the agent's exec).
+const NSINIT_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts nsinit for the prepared sandbox directory and walks it through its handshake:
+/// its user namespace gets the sandbox's id range, joins the cgroup and gets the image as its
+/// lower layer, then the go byte and the token; returns once PID 1 is about to exec the agent.
 async fn start(
     cfg: &NsConfig,
     spec: &LaunchSpec,
     dir: &Path,
     cg: SandboxCgroup,
 ) -> Result<Sandbox, LaunchError> {
-    // Staging may copy the agent (and waits on a lock while another launch copies it).
-    let agent_bin = {
-        let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || crate::stage::agent(&cfg))
-            .await
-            .map_err(|e| LaunchError::Init(e.to_string()))?
-            .map_err(io("stage the agent binary"))?
-    };
     let init = InitConfig {
         sandbox_id: spec.id.clone(),
         sandbox_dir: dir.to_path_buf(),
         writable_bytes: spec.writable_bytes,
-        agent_bin,
+        agent_bin: stage_agent(cfg).await?,
         agent_args: spec.agent_args.clone(),
         resolv_conf: spec.resolv_conf.clone(),
         id_base: spec.id_base,
         confinement: cfg.confinement,
         nested_namespaces: spec.nested_namespaces,
     };
-    let json = serde_json::to_string(&init).map_err(|e| LaunchError::Init(e.to_string()))?;
+    let Spawned {
+        shim,
+        shim_pid,
+        sync_w,
+        status_r,
+    } = spawn_nsinit(cfg, spec, dir, &init)?;
+    let mut sbx = Sandbox {
+        id: spec.id.clone(),
+        pid1: 0,
+        cgroup: cg,
+        dir: dir.to_path_buf(),
+        id_base: spec.id_base,
+        shim: Some(shim),
+    };
+    let reports = wait_for_user_ns(status_r).await?;
+    enter_sandbox(spec, dir, shim_pid, &sbx.cgroup)?;
+    // The go byte, then the token; closing the pipe ends the token.
+    let mut go = b"1".to_vec();
+    go.extend_from_slice(spec.access_token.as_deref().unwrap_or("").as_bytes());
+    fs::File::from(sync_w)
+        .write_all(&go)
+        .map_err(io("signal nsinit"))?;
+    let (pid1, result) = wait_for_ready(reports, dir).await?;
+    sbx.pid1 = pid1.unwrap_or(0);
+    result.map(|()| sbx)
+}
+
+/// The agent binary as sandboxes see it. Staging may copy the agent (and waits on a lock
+/// while another launch copies it).
+async fn stage_agent(cfg: &NsConfig) -> Result<PathBuf, LaunchError> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || crate::stage::agent(&cfg))
+        .await
+        .map_err(|e| LaunchError::Init(e.to_string()))?
+        .map_err(io("stage the agent binary"))
+}
+
+/// A started nsinit and our ends of its pipes.
+struct Spawned {
+    shim: tokio::process::Child,
+    shim_pid: u32,
+    /// The go byte and the token go here.
+    sync_w: OwnedFd,
+    /// nsinit's reports (see [`Report`]) come from here.
+    status_r: OwnedFd,
+}
+
+/// Starts nsinit in the sandbox's network namespace with `init` as its configuration, its
+/// pipes on [`SYNC_FD`] and [`STATUS_FD`] and its stderr in `nsinit.log`.
+fn spawn_nsinit(
+    cfg: &NsConfig,
+    spec: &LaunchSpec,
+    dir: &Path,
+    init: &InitConfig,
+) -> Result<Spawned, LaunchError> {
+    let json = serde_json::to_string(init).map_err(|e| LaunchError::Init(e.to_string()))?;
     let netns: OwnedFd = fs::File::open(&spec.netns)
         .map_err(io(format!("open {}", spec.netns.display())))?
         .into();
@@ -243,54 +297,64 @@ async fn start(
     let shim_pid = shim
         .id()
         .ok_or_else(|| LaunchError::Init("nsinit exited at once".into()))?;
-    let mut sbx = Sandbox {
-        id: spec.id.clone(),
-        pid1: 0,
-        cgroup: cg,
-        dir: dir.to_path_buf(),
-        id_base: spec.id_base,
-        shim: Some(shim),
-    };
+    Ok(Spawned {
+        shim,
+        shim_pid,
+        sync_w,
+        status_r,
+    })
+}
 
+/// Waits for nsinit's first report: its user namespace exists (and waits for its id map).
+async fn wait_for_user_ns(status_r: OwnedFd) -> Result<BufReader<fs::File>, LaunchError> {
     let mut reports = BufReader::new(fs::File::from(status_r));
     let first = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         let r = reports.read_line(&mut line).map(|_| line);
         (reports, r)
     });
-    let (reports, first) = tokio::time::timeout(Duration::from_secs(30), first)
+    let (reports, first) = tokio::time::timeout(NSINIT_STEP_TIMEOUT, first)
         .await
         .map_err(|_| LaunchError::Init("nsinit did not create its user namespace in time".into()))?
         .map_err(|e| LaunchError::Init(e.to_string()))?;
     match first.as_deref().ok().and_then(Report::parse) {
-        Some(Report::UserNs) => {}
-        Some(Report::Error(m)) => return Err(LaunchError::Init(m)),
-        other => {
-            return Err(LaunchError::Init(format!(
-                "unexpected report from nsinit: {other:?}"
-            )))
-        }
+        Some(Report::UserNs) => Ok(reports),
+        Some(Report::Error(m)) => Err(LaunchError::Init(m)),
+        other => Err(LaunchError::Init(format!(
+            "unexpected report from nsinit: {other:?}"
+        ))),
     }
+}
+
+/// From the host, into nsinit's new user namespace: the sandbox's id range as its id maps,
+/// the sandbox's cgroup, and the template image (host root's files shown as the sandbox's
+/// root) as its lower layer.
+fn enter_sandbox(
+    spec: &LaunchSpec,
+    dir: &Path,
+    shim_pid: u32,
+    cgroup: &SandboxCgroup,
+) -> Result<(), LaunchError> {
     let map = format!("0 {} {ID_COUNT}\n", spec.id_base);
     fs::write(format!("/proc/{shim_pid}/uid_map"), &map).map_err(io("write uid_map"))?;
     fs::write(format!("/proc/{shim_pid}/gid_map"), &map).map_err(io("write gid_map"))?;
-    sbx.cgroup.add(shim_pid).map_err(io("join cgroup"))?;
-    // The template image, with host root's files shown as the sandbox's root.
+    cgroup.add(shim_pid).map_err(io("join cgroup"))?;
     let userns: OwnedFd = fs::File::open(format!("/proc/{shim_pid}/ns/user"))
         .map_err(io("open the sandbox's user namespace"))?
         .into();
     crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(
         format!("id-mapped mount of {}", spec.image_root.display()),
-    ))?;
-    // The go byte, then the token; closing the pipe ends the token.
-    let mut go = b"1".to_vec();
-    go.extend_from_slice(spec.access_token.as_deref().unwrap_or("").as_bytes());
-    fs::File::from(sync_w)
-        .write_all(&go)
-        .map_err(io("signal nsinit"))?;
+    ))
+}
 
+/// Waits for nsinit's remaining reports: PID 1's host pid, then `ready` (PID 1 is about to
+/// exec the agent) or why it failed, with nsinit's log.
+async fn wait_for_ready(
+    reports: BufReader<fs::File>,
+    dir: &Path,
+) -> Result<(Option<u32>, Result<(), LaunchError>), LaunchError> {
     let reports = tokio::task::spawn_blocking(move || read_reports(reports));
-    let outcome = tokio::time::timeout(Duration::from_secs(30), reports).await;
+    let outcome = tokio::time::timeout(NSINIT_STEP_TIMEOUT, reports).await;
     // The sandbox has its own copy of the image mount (its mount namespace is private by now,
     // or the start failed); the host's copy is no longer needed either way.
     let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
@@ -299,18 +363,15 @@ async fn start(
         Ok(Err(e)) => return Err(LaunchError::Init(format!("status reader: {e}"))),
         Err(_) => return Err(LaunchError::Init("timed out".into())),
     };
-    sbx.pid1 = pid1.unwrap_or(0);
-    match result {
-        Ok(()) => Ok(sbx),
-        Err(msg) => {
-            let log = fs::read_to_string(dir.join("nsinit.log")).unwrap_or_default();
-            Err(LaunchError::Init(format!(
-                "{msg}{}{}",
-                if log.is_empty() { "" } else { "; log: " },
-                log.trim()
-            )))
-        }
-    }
+    let result = result.map_err(|msg| {
+        let log = fs::read_to_string(dir.join("nsinit.log")).unwrap_or_default();
+        LaunchError::Init(format!(
+            "{msg}{}{}",
+            if log.is_empty() { "" } else { "; log: " },
+            log.trim()
+        ))
+    });
+    Ok((pid1, result))
 }
 
 /// Reads nsinit's reports until `ready` or a failure.
