@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
 use serde_json::{json, Value};
 
-const STREAM: &str = "application/connect+json";
+const STREAM: &str = warren_proto::connect::STREAM_CONTENT_TYPE;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().http1_only().build().unwrap()

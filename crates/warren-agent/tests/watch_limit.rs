@@ -4,42 +4,74 @@
 
 mod common;
 
-use common::{basic, envelope, Agent, EnvelopeStream};
-use serde_json::{json, Value};
+use common::Agent;
+use warren_proto::client::{AgentClient, CallOptions, Error, EventStream};
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::filesystem::watch_dir_response::Event;
+use warren_proto::filesystem::{
+    CreateWatcherRequest, CreateWatcherResponse, RemoveWatcherRequest, RemoveWatcherResponse,
+    WatchDirRequest, WatchDirResponse,
+};
 
 /// The agent's `MAX_WATCHERS`.
 const LIMIT: usize = 32;
 
-async fn rpc(agent: &Agent, method: &str, msg: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(agent.url(&format!("/filesystem.Filesystem/{method}")))
-        .header("content-type", "application/json")
-        .header("connect-protocol-version", "1")
-        .header("authorization", basic("root"))
-        .body(serde_json::to_vec(&msg).unwrap())
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+fn client(agent: &Agent) -> AgentClient {
+    AgentClient::new(reqwest::Client::new(), agent.base.clone())
 }
 
-async fn create(agent: &Agent, dir: &str) -> (u16, Value) {
-    rpc(agent, "CreateWatcher", json!({"path": dir})).await
+fn as_root() -> CallOptions {
+    CallOptions::new().user("root")
+}
+
+/// The agent's own error; anything else (transport, HTTP) fails the test.
+fn rpc_error(e: Error) -> ConnectError {
+    e.rpc()
+        .cloned()
+        .unwrap_or_else(|| panic!("not an RPC error: {e:?}"))
+}
+
+async fn create(agent: &Agent, dir: &str) -> Result<String, ConnectError> {
+    let req = CreateWatcherRequest {
+        path: dir.into(),
+        ..Default::default()
+    };
+    client(agent)
+        .unary::<_, CreateWatcherResponse>("filesystem.Filesystem/CreateWatcher", &req, &as_root())
+        .await
+        .map(|r| r.watcher_id)
+        .map_err(rpc_error)
+}
+
+async fn remove(agent: &Agent, watcher_id: String) {
+    client(agent)
+        .unary::<_, RemoveWatcherResponse>(
+            "filesystem.Filesystem/RemoveWatcher",
+            &RemoveWatcherRequest { watcher_id },
+            &as_root(),
+        )
+        .await
+        .unwrap();
 }
 
 /// Opens a `WatchDir` stream and returns its first message (start event, or the end-of-stream
 /// error) with the stream, which keeps the watch alive while held.
-async fn watch_dir(agent: &Agent, dir: &str) -> (Value, EnvelopeStream) {
-    let resp = reqwest::Client::new()
-        .post(agent.url("/filesystem.Filesystem/WatchDir"))
-        .header("content-type", "application/connect+json")
-        .header("authorization", basic("root"))
-        .body(envelope(0, &json!({"path": dir})))
-        .send()
+async fn watch_dir(
+    agent: &Agent,
+    dir: &str,
+) -> (
+    Result<Option<WatchDirResponse>, ConnectError>,
+    EventStream<WatchDirResponse>,
+) {
+    let req = WatchDirRequest {
+        path: dir.into(),
+        ..Default::default()
+    };
+    let mut stream = client(agent)
+        .server_stream("filesystem.Filesystem/WatchDir", &req, &as_root())
         .await
         .unwrap();
-    let mut stream = EnvelopeStream::new(resp);
-    let (_, first) = stream.next().await.expect("a first message");
+    let first = stream.next().await.map_err(rpc_error);
     (first, stream)
 }
 
@@ -51,45 +83,39 @@ async fn watchers_are_capped_with_a_clear_error_and_freed_on_removal() {
 
     // One streaming watcher and the rest polling: both kinds count.
     let (first, stream) = watch_dir(&agent, &dir).await;
-    assert!(first.get("start").is_some(), "{first}");
+    let first = first.unwrap().expect("a first message");
+    assert!(matches!(first.event, Some(Event::Start(_))), "{first:?}");
     let mut ids = Vec::new();
     for _ in 1..LIMIT {
-        let (status, body) = create(&agent, &dir).await;
-        assert_eq!(status, 200, "{body}");
-        ids.push(body["watcherId"].as_str().unwrap().to_string());
+        ids.push(create(&agent, &dir).await.unwrap());
     }
 
-    let (status, err) = create(&agent, &dir).await;
-    assert_eq!(
-        (status, err["code"].as_str()),
-        (429, Some("resource_exhausted")),
+    let err = create(&agent, &dir).await.unwrap_err();
+    assert_eq!(err.code, Code::ResourceExhausted, "{err}");
+    assert!(
+        err.message.contains("too many filesystem watchers")
+            && err.message.contains(&LIMIT.to_string()),
         "{err}"
     );
-    let message = err["message"].as_str().unwrap();
-    assert!(
-        message.contains("too many filesystem watchers") && message.contains(&LIMIT.to_string()),
-        "{message}"
-    );
     let (end, _) = watch_dir(&agent, &dir).await;
-    assert_eq!(end["error"]["code"], "resource_exhausted", "{end}");
+    assert_eq!(end.unwrap_err().code, Code::ResourceExhausted);
 
     // Removing a polling watcher frees its place...
-    let (status, body) = rpc(&agent, "RemoveWatcher", json!({"watcherId": ids.pop()})).await;
-    assert_eq!(status, 200, "{body}");
-    let (status, body) = create(&agent, &dir).await;
-    assert_eq!(status, 200, "{body}");
+    remove(&agent, ids.pop().unwrap()).await;
+    ids.push(create(&agent, &dir).await.unwrap());
     // ...and so does closing a stream (the agent notices once it next writes to it, so poll
     // until a place opens rather than assume when).
     drop(stream);
     let mut freed = false;
     for _ in 0..200 {
-        let (status, body) = create(&agent, &dir).await;
-        if status == 200 {
-            freed = true;
-            ids.push(body["watcherId"].as_str().unwrap().to_string());
-            break;
+        match create(&agent, &dir).await {
+            Ok(id) => {
+                freed = true;
+                ids.push(id);
+                break;
+            }
+            Err(e) => assert_eq!(e.code, Code::ResourceExhausted, "{e}"),
         }
-        assert_eq!(body["code"], "resource_exhausted", "{body}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(

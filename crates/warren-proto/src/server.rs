@@ -364,6 +364,9 @@ mod tests {
         let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
         assert_eq!(&body[..], br#"{"code":"not_found","message":"gone"}"#);
 
+        let resp = ConnectError::new(Code::ResourceExhausted, "too many").into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+
         let resp = stream_error(ConnectError::internal("boom"));
         assert_eq!(resp.status(), StatusCode::OK);
         let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();

@@ -7,6 +7,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warren_proto::connect;
+
 /// A running `warren-agent` on a loopback port, killed on drop.
 pub struct Agent {
     child: Child,
@@ -84,58 +86,45 @@ impl Drop for Agent {
     }
 }
 
-/// One Connect envelope.
+/// One Connect envelope around a JSON message, framed by the codec the agent and the typed
+/// client share. The message stays JSON on purpose: these tests also send what the typed
+/// messages cannot express (wrong types, unknown fields).
 pub fn envelope(flags: u8, json: &serde_json::Value) -> Vec<u8> {
     let payload = serde_json::to_vec(json).unwrap();
-    let mut out = vec![flags];
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(&payload);
-    out
+    connect::encode_frame(flags, &payload).unwrap()
 }
 
 /// Splits a complete streamed body into (flags, message) pairs.
-pub fn parse_envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
-    let mut out = Vec::new();
-    while body.len() >= 5 {
-        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        assert!(body.len() >= 5 + len, "truncated envelope");
-        let v = serde_json::from_slice(&body[5..5 + len]).unwrap();
-        out.push((body[0], v));
-        body = &body[5 + len..];
-    }
-    assert!(body.is_empty(), "trailing bytes after envelopes");
-    out
+pub fn parse_envelopes(body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    connect::decode_all(body, usize::MAX)
+        .expect("whole envelopes")
+        .into_iter()
+        .map(|(flags, payload)| (flags, serde_json::from_slice(&payload).unwrap()))
+        .collect()
 }
 
 /// Incremental envelope decoder over a streaming response.
 pub struct EnvelopeStream {
     resp: reqwest::Response,
-    buf: Vec<u8>,
+    decoder: connect::Decoder,
 }
 
 impl EnvelopeStream {
     pub fn new(resp: reqwest::Response) -> Self {
         Self {
             resp,
-            buf: Vec::new(),
+            decoder: connect::Decoder::new(usize::MAX),
         }
     }
 
     /// Next (flags, message); `None` when the body ends.
     pub async fn next(&mut self) -> Option<(u8, serde_json::Value)> {
         loop {
-            if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if self.buf.len() >= 5 + len {
-                    let flags = self.buf[0];
-                    let v = serde_json::from_slice(&self.buf[5..5 + len]).unwrap();
-                    self.buf.drain(..5 + len);
-                    return Some((flags, v));
-                }
+            if let Some((flags, payload)) = self.decoder.next_raw().expect("an envelope") {
+                return Some((flags, serde_json::from_slice(&payload).unwrap()));
             }
             match self.resp.chunk().await.unwrap() {
-                Some(c) => self.buf.extend_from_slice(&c),
+                Some(c) => self.decoder.push(&c),
                 None => return None,
             }
         }
