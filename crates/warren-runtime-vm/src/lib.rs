@@ -21,6 +21,7 @@ pub mod flatten;
 pub mod initramfs;
 pub mod jail;
 pub mod kernel;
+mod pidfd;
 pub mod qemu;
 pub mod qmp;
 mod runtime;

@@ -152,7 +152,8 @@ pub fn watch_child(
     rx
 }
 
-/// Watches a QEMU of an earlier server run (not our child) by polling its pid.
+/// Watches a QEMU of an earlier server run (not our child): woken by its pidfd when it
+/// exits; its pid is polled only where the kernel has no pidfds.
 pub fn watch_pid(
     pid: u32,
     cgroup: SandboxCgroup,
@@ -161,13 +162,28 @@ pub fn watch_pid(
 ) -> watch::Receiver<Option<String>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        while qemu::is_our_qemu(pid, &dir) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_pid_exit(pid, &dir).await;
         let _ = tx.send(Some(exit_reason("status unknown", &cgroup, &dir)));
         on_exit();
     });
     rx
+}
+
+/// Returns once QEMU `pid` of VM directory `dir` is gone (or the pid is no longer that QEMU).
+async fn wait_pid_exit(pid: u32, dir: &std::path::Path) {
+    // The pidfd first, then the check: a pid reused after the check cannot be watched.
+    let waited = match crate::pidfd::PidFd::open(pid) {
+        Ok(fd) if qemu::is_our_qemu(pid, dir) => fd.exited().await,
+        Ok(_) => return,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = waited {
+        tracing::warn!(pid, error = %e, "no pidfd for QEMU; polling its pid");
+        while qemu::is_our_qemu(pid, dir) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 impl Machine {
