@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{basic, user_ids, Agent};
+use common::{user_ids, Agent};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use warren_proto::client::{AgentClient, CallOptions};
+use warren_proto::connect::{Code, ConnectError};
+use warren_proto::filesystem::{MakeDirRequest, MakeDirResponse, MoveRequest, MoveResponse};
 
 /// A root-owned directory (0755) with a root-owned file (0600) in it: what `user` must not touch.
 struct RootTree {
@@ -124,17 +126,21 @@ async fn upload_multipart(agent: &Agent, path: &Path, user: &str) -> (StatusCode
     (resp.status(), resp.text().await.unwrap())
 }
 
-async fn rpc(agent: &Agent, method: &str, msg: Value, user: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(agent.url(&format!("/filesystem.Filesystem/{method}")))
-        .header("content-type", "application/json")
-        .header("connect-protocol-version", "1")
-        .header("authorization", basic(user))
-        .body(serde_json::to_vec(&msg).unwrap())
-        .send()
+/// A unary filesystem call as `user`, through the typed client; the agent's error, if any.
+async fn rpc<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+    agent: &Agent,
+    procedure: &'static str,
+    msg: &Req,
+    user: &str,
+) -> Result<Resp, ConnectError> {
+    AgentClient::new(reqwest::Client::new(), agent.base.clone())
+        .unary(procedure, msg, &CallOptions::new().user(user))
         .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+        .map_err(|e| {
+            e.rpc()
+                .cloned()
+                .unwrap_or_else(|| panic!("not an RPC error: {e:?}"))
+        })
 }
 
 #[tokio::test]
@@ -188,27 +194,30 @@ async fn a_symlinked_directory_gives_no_way_into_a_root_directory() {
         let (status, body) = upload(&agent, &link.0.join(rel), "user", b"x").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{rel}: {body}");
     }
-    let (status, err) = rpc(
+    let err = rpc::<_, MakeDirResponse>(
         &agent,
-        "MakeDir",
-        json!({"path": link.0.join("made/here")}),
+        "filesystem.Filesystem/MakeDir",
+        &MakeDirRequest {
+            path: link.0.join("made/here").display().to_string(),
+        },
         "user",
     )
-    .await;
-    assert_eq!(
-        (status, err["code"].as_str()),
-        (403, Some("permission_denied")),
-        "{err}"
-    );
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, Code::PermissionDenied, "{err}");
     let (uid, _) = user_ids("user");
-    let (status, err) = rpc(
+    let err = rpc::<_, MoveResponse>(
         &agent,
-        "Move",
-        json!({"source": tree.secret(), "destination": format!("/tmp/warren-stolen-{uid}")}),
+        "filesystem.Filesystem/Move",
+        &MoveRequest {
+            source: tree.secret().display().to_string(),
+            destination: format!("/tmp/warren-stolen-{uid}"),
+        },
         "user",
     )
-    .await;
-    assert_eq!(status, 403, "{err}");
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, Code::PermissionDenied, "{err}");
     assert_eq!(tree.listing(), before, "the root-owned tree changed");
 }
 
