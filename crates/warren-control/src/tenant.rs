@@ -40,6 +40,24 @@ impl Control {
 }
 
 impl Tenant {
+    /// The key's team.
+    pub fn team(&self) -> &str {
+        &self.team
+    }
+
+    /// Whose records this key sees: its team's, or everyone's (`None`) for an admin key.
+    pub fn team_filter(&self) -> Option<&str> {
+        match self.scope {
+            Scope::All => None,
+            Scope::Team(ref t) => Some(t),
+        }
+    }
+
+    /// The control plane behind this view (for operations that take a team filter).
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+
     /// The sandbox `id` if this key may see it.
     async fn own(&self, id: &str) -> Result<Sandbox, ControlError> {
         let sb = self.control.get(id).await?;

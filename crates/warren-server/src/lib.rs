@@ -17,6 +17,7 @@ pub mod openapi;
 mod persistence;
 pub mod proxy;
 mod routes;
+mod templates;
 pub mod types;
 
 use std::sync::Arc;
@@ -93,7 +94,32 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .route("/snapshots", get(persistence::list_snapshots))
         .route(
             "/templates/{template_id}",
-            delete(persistence::delete_snapshot),
+            delete(templates::delete_template),
+        )
+        .route(
+            "/templates",
+            get(templates::list_templates),
+        )
+        .route("/v3/templates", post(templates::register_build))
+        .route(
+            "/templates/{template_id}/files/{hash}",
+            get(templates::upload_link),
+        )
+        .route(
+            "/v2/templates/{template_id}/builds/{build_id}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{template_id}/builds/{build_id}/status",
+            get(templates::build_status),
+        )
+        .route(
+            "/templates/aliases/{alias}",
+            get(templates::alias_info),
+        )
+        .route(
+            "/v2/templates/{template_id}",
+            axum::routing::patch(templates::set_public),
         )
         .fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(config.body_limit))
@@ -103,5 +129,15 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         ))
         .layer(middleware::from_fn(normalize::json_errors))
         .with_state(state.clone());
+    // Uploads carry no API key (their signed URL authenticates them) and may be far larger
+    // than an API body: they skip the API's body limit; the builder enforces its own.
+    let uploads = Router::new()
+        .route(
+            "/templates/{template_id}/files/{hash}/upload",
+            axum::routing::put(templates::upload_files),
+        )
+        .layer(middleware::from_fn(normalize::json_errors))
+        .with_state(state.clone());
+    let api = uploads.merge(api);
     api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
 }

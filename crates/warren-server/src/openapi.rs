@@ -9,7 +9,7 @@ use crate::types::{
     ListedSandbox, NetworkConfig, NetworkInfo, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo,
     SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
 };
-use crate::{persistence, routes};
+use crate::{persistence, routes, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +26,7 @@ use crate::{persistence, routes};
         persistence::pause_sandbox,
         persistence::create_snapshot,
         persistence::list_snapshots,
-        persistence::delete_snapshot,
+        templates::delete_template,
         persistence::fork_sandbox,
     ),
     components(schemas(

@@ -102,21 +102,6 @@ pub(crate) async fn list_snapshots(
     Ok((headers, Json(items)))
 }
 
-/// Deletes a snapshot (SDKs delete snapshots through the template route).
-#[utoipa::path(
-    delete, path = "/templates/{templateID}", params(("templateID" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)),
-    security(("api_key" = []))
-)]
-pub(crate) async fn delete_snapshot(
-    Authed(me): Authed,
-    Path(id): Path<String>,
-) -> ApiResult<StatusCode> {
-    me.delete_snapshot(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
 /// Forks a running sandbox into `count` children; each child succeeds or fails on its own.
 #[utoipa::path(
     post, path = "/sandboxes/{sandboxID}/fork", request_body = ForkSandbox,

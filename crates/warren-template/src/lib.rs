@@ -29,6 +29,7 @@
 
 pub mod agent_layer;
 mod build;
+mod built;
 mod catalog;
 mod command;
 mod erofs;
@@ -41,6 +42,10 @@ mod recipe;
 mod steps;
 
 pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
+pub use built::{
+    built_dir, built_template, commit_built, is_built_key, remove_built, BuiltConfig, BuiltTemplate,
+    TEMPLATE_FILE,
+};
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
 pub use catalog::{recipe, start_command, StartCommand, TEMPLATES};
 pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};

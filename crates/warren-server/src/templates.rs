@@ -1,0 +1,536 @@
+//! Template build handlers (E2B's v2 builder protocol, `e2b-compat-wave2.md` §1): extract,
+//! call one control-plane operation, map the result.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use warren_control::{
+    BuildRequest, BuildSource, BuildSpec, Build, LogEntry, RawStep, RegistryAuth, Template,
+};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, Authed};
+use crate::types::ErrorBody;
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct NewBuild {
+    name: Option<String>,
+    /// Deprecated spelling of `name`.
+    alias: Option<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    cpu_count: Option<u32>,
+    #[serde(rename = "memoryMB")]
+    memory_mb: Option<u32>,
+    min_free_disk_mb: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Registered {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "buildID")]
+    build_id: String,
+    public: bool,
+    names: Vec<String>,
+    tags: Vec<String>,
+    aliases: Vec<String>,
+}
+
+fn names_of(t: &Template) -> Vec<String> {
+    t.alias
+        .iter()
+        .map(|a| format!("{}/{a}", t.team))
+        .collect()
+}
+
+/// `POST /v3/templates`: registers a build (202, exactly, as the Python SDK demands).
+pub(crate) async fn register_build(
+    Authed(me): Authed,
+    ApiJson(body): ApiJson<NewBuild>,
+) -> ApiResult<impl IntoResponse> {
+    let name = body.name.or(body.alias).unwrap_or_default();
+    let r = me
+        .control()
+        .register_build(
+            me.team(),
+            BuildRequest {
+                name,
+                tags: body.tags,
+                cpu_count: body.cpu_count,
+                memory_mb: body.memory_mb,
+                min_free_disk_mb: body.min_free_disk_mb,
+            },
+        )
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Registered {
+            names: names_of(&r.template),
+            aliases: r.template.alias.iter().cloned().collect(),
+            template_id: r.template.id,
+            build_id: r.build_id,
+            public: r.template.public,
+            tags: r.tags,
+        }),
+    ))
+}
+
+#[derive(Debug, Serialize)]
+struct UploadLink {
+    present: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+}
+
+/// The absolute base URL the caller reached us at (upload URLs must be absolute).
+fn base_url(headers: &HeaderMap) -> String {
+    let host = headers
+        .get("x-forwarded-host")
+        .or_else(|| headers.get(axum::http::header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost");
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| *s == "https" || *s == "http")
+        .unwrap_or("http");
+    format!("{scheme}://{host}")
+}
+
+/// `GET /templates/{templateID}/files/{hash}`: whether a COPY's files are here (201).
+pub(crate) async fn upload_link(
+    Authed(me): Authed,
+    headers: HeaderMap,
+    Path((template_id, hash)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    let link = me
+        .control()
+        .upload_link(me.team_filter(), &template_id, &hash)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(UploadLink {
+            present: link.present,
+            url: link
+                .path_and_query
+                .map(|p| format!("{}{p}", base_url(&headers))),
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct UploadQuery {
+    team: String,
+    expires: i64,
+    token: String,
+}
+
+/// `PUT /templates/{templateID}/files/{hash}/upload?team=&expires=&token=`: the upload itself.
+/// It carries no API key: the signed query authenticates it.
+pub(crate) async fn upload_files(
+    State(st): State<AppState>,
+    Path((template_id, hash)): Path<(String, String)>,
+    query: Result<Query<UploadQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    let Query(q) = query.map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the upload URL lacks team, expires or token",
+        )
+    })?;
+    let stream = body
+        .into_data_stream()
+        .map_err(|e| std::io::Error::other(e.to_string()));
+    let reader = tokio_util::io::StreamReader::new(stream);
+    st.control
+        .accept_upload(
+            &template_id,
+            &hash,
+            &q.team,
+            q.expires,
+            &q.token,
+            Box::new(reader),
+        )
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct WireStep {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    force: bool,
+    files_hash: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum WireRegistry {
+    Registry {
+        username: String,
+        password: String,
+    },
+    Aws {
+        #[serde(rename = "awsAccessKeyId")]
+        access_key_id: String,
+        #[serde(rename = "awsSecretAccessKey")]
+        secret_access_key: String,
+        #[serde(rename = "awsRegion")]
+        region: String,
+    },
+    Gcp {
+        #[serde(rename = "serviceAccountJson")]
+        service_account_json: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StartBuild {
+    #[serde(default)]
+    steps: Vec<WireStep>,
+    #[serde(default)]
+    force: bool,
+    from_image: Option<String>,
+    from_template: Option<String>,
+    from_image_registry: Option<WireRegistry>,
+    start_cmd: Option<String>,
+    ready_cmd: Option<String>,
+}
+
+impl StartBuild {
+    fn into_spec(self) -> Result<BuildSpec, ApiError> {
+        let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, m);
+        let registry = self.from_image_registry.map(|r| match r {
+            WireRegistry::Registry { username, password } => {
+                RegistryAuth::Basic { username, password }
+            }
+            WireRegistry::Aws {
+                access_key_id,
+                secret_access_key,
+                region,
+            } => RegistryAuth::Aws {
+                access_key_id,
+                secret_access_key,
+                region,
+            },
+            WireRegistry::Gcp {
+                service_account_json,
+            } => RegistryAuth::Gcp {
+                service_account_json,
+            },
+        });
+        let source = match (self.from_template, self.from_image) {
+            (Some(t), None) if !t.trim().is_empty() => BuildSource::Template(t),
+            (None, Some(i)) if !i.trim().is_empty() => BuildSource::Image {
+                reference: i.trim().to_string(),
+                registry,
+            },
+            (Some(_), Some(_)) => return Err(bad("give fromImage or fromTemplate, not both")),
+            _ => return Err(bad("fromImage or fromTemplate is required")),
+        };
+        let mut steps = Vec::with_capacity(self.steps.len());
+        for (i, s) in self.steps.into_iter().enumerate() {
+            let raw = RawStep {
+                kind: s.kind,
+                args: s.args,
+                force: s.force,
+                files_hash: s.files_hash,
+            };
+            steps.push(raw.parse(i + 1)?);
+        }
+        Ok(BuildSpec {
+            source,
+            steps,
+            force: self.force,
+            start_cmd: self.start_cmd.filter(|c| !c.trim().is_empty()),
+            ready_cmd: self.ready_cmd.filter(|c| !c.trim().is_empty()),
+        })
+    }
+}
+
+/// `POST /v2/templates/{templateID}/builds/{buildID}`: starts a registered build (202).
+pub(crate) async fn start_build(
+    Authed(me): Authed,
+    Path((template_id, build_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<StartBuild>,
+) -> ApiResult<StatusCode> {
+    let spec = body.into_spec()?;
+    me.control()
+        .start_build(me.team_filter(), &template_id, &build_id, spec)
+        .await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StatusQuery {
+    logs_offset: Option<usize>,
+    limit: Option<usize>,
+    level: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireLog {
+    timestamp: String,
+    message: String,
+    level: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<String>,
+}
+
+fn wire_log(e: LogEntry) -> WireLog {
+    WireLog {
+        timestamp: e.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        message: e.message,
+        level: e.level.as_str(),
+        step: e.step,
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireReason {
+    message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<String>,
+    log_entries: Vec<WireLog>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BuildInfo {
+    logs: Vec<String>,
+    log_entries: Vec<WireLog>,
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "buildID")]
+    build_id: String,
+    status: &'static str,
+    // Omitted, never null: the Python SDK cannot parse a null reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<WireReason>,
+}
+
+/// `GET /templates/{templateID}/builds/{buildID}/status?logsOffset=`: status and log page.
+pub(crate) async fn build_status(
+    Authed(me): Authed,
+    Path((template_id, build_id)): Path<(String, String)>,
+    Query(q): Query<StatusQuery>,
+) -> ApiResult<impl IntoResponse> {
+    let min_level = match q.level.as_deref() {
+        None | Some("") => None,
+        Some(l) => Some(warren_control::LogLevel::parse(l).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "level must be debug, info, warn or error",
+            )
+        })?),
+    };
+    let page = me
+        .control()
+        .build_status(
+            me.team_filter(),
+            &template_id,
+            &build_id,
+            q.logs_offset.unwrap_or(0),
+            q.limit,
+        )
+        .await?;
+    let keep = |e: &LogEntry| min_level.is_none_or(|l| e.level >= l);
+    let build = page.build;
+    Ok(Json(BuildInfo {
+        logs: Vec::new(),
+        log_entries: page
+            .entries
+            .into_iter()
+            .filter(keep)
+            .map(wire_log)
+            .collect(),
+        template_id: build.template_id,
+        build_id: build.id,
+        status: build.status.as_str(),
+        reason: build.reason.map(|r| WireReason {
+            message: r.message,
+            step: r.step,
+            log_entries: page.reason_entries.into_iter().map(wire_log).collect(),
+        }),
+    }))
+}
+
+#[derive(Debug, Serialize)]
+struct AliasInfo {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    public: bool,
+}
+
+/// `GET /templates/aliases/{alias}`: 200 for the caller's (or a public) template, 403 for
+/// another team's, 404 when there is none (what `Template.exists` reads).
+pub(crate) async fn alias_info(
+    State(st): State<AppState>,
+    Authed(me): Authed,
+    Path(alias): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let cfg = st.control.config();
+    let name = alias.trim();
+    if cfg.template_names.iter().any(|n| n == name) {
+        return Ok(Json(AliasInfo {
+            template_id: name.to_string(),
+            public: true,
+        }));
+    }
+    match me.control().find_template(name, None).await? {
+        Some(t) if me.team_filter().is_none_or(|team| team == t.team) || t.public => {
+            let tag = warren_control::TemplateName::parse(name)
+                .ok()
+                .and_then(|n| n.tag)
+                .unwrap_or_else(|| warren_control::DEFAULT_TAG.to_string());
+            if !t.tags.contains_key(&tag) && tag != warren_control::DEFAULT_TAG {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("template '{name}' has no tag '{tag}'"),
+                ));
+            }
+            Ok(Json(AliasInfo {
+                template_id: t.id,
+                public: t.public,
+            }))
+        }
+        Some(_) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("template '{name}' belongs to another team"),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template '{name}' not found"),
+        )),
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedTemplate {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "buildID")]
+    build_id: String,
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u32,
+    public: bool,
+    aliases: Vec<String>,
+    names: Vec<String>,
+    created_at: String,
+    updated_at: String,
+    created_by: Option<()>,
+    last_spawned_at: Option<String>,
+    spawn_count: u64,
+    build_count: u32,
+    envd_version: String,
+    build_status: &'static str,
+}
+
+fn listed(t: Template, latest: Option<Build>, envd: &str) -> ListedTemplate {
+    let ts = |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    ListedTemplate {
+        build_id: latest.as_ref().map(|b| b.id.clone()).unwrap_or_default(),
+        build_status: latest.as_ref().map_or("waiting", |b| b.status.as_str()),
+        names: names_of(&t),
+        aliases: t.alias.iter().cloned().collect(),
+        template_id: t.id,
+        cpu_count: t.cpu_count,
+        memory_mb: t.memory_mb,
+        disk_size_mb: t.disk_mb,
+        public: t.public,
+        created_at: ts(t.created_at),
+        updated_at: ts(t.updated_at),
+        created_by: None,
+        last_spawned_at: t.last_spawned_at.map(ts),
+        spawn_count: t.spawn_count,
+        build_count: t.build_count,
+        envd_version: envd.to_string(),
+    }
+}
+
+/// `GET /templates`: the caller's templates (and public ones).
+pub(crate) async fn list_templates(
+    State(st): State<AppState>,
+    Authed(me): Authed,
+) -> ApiResult<impl IntoResponse> {
+    let envd = st.control.config().envd_version.clone();
+    let mut out = Vec::new();
+    for t in me.control().list_templates(me.team_filter()).await? {
+        let latest = me.control().latest_build(&t).await?;
+        out.push(listed(t, latest, &envd));
+    }
+    Ok(Json(out))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Publish {
+    public: bool,
+}
+
+/// `PATCH /v2/templates/{templateID}` (and v1): publishes or unpublishes.
+pub(crate) async fn set_public(
+    Authed(me): Authed,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<Publish>,
+) -> ApiResult<impl IntoResponse> {
+    let t = me
+        .control()
+        .set_template_public(me.team_filter(), &id, body.public)
+        .await?;
+    let mut out = BTreeMap::new();
+    out.insert("names", names_of(&t));
+    Ok(Json(out))
+}
+
+/// Deletes a snapshot (the SDKs delete snapshots through this route) or a template built
+/// here (refused while sandboxes or snapshots use it).
+#[utoipa::path(
+    delete, path = "/templates/{templateID}", params(("templateID" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "Sandboxes or snapshots use it", body = ErrorBody),
+              (status = 500, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn delete_template(
+    Authed(me): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    match me.delete_snapshot(&id).await {
+        Ok(()) => return Ok(StatusCode::NO_CONTENT),
+        Err(warren_control::ControlError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if me.control().delete_template(me.team_filter(), &id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template '{id}' not found"),
+        ))
+    }
+}
