@@ -16,6 +16,7 @@
 pub mod accel;
 mod cachelock;
 pub mod checkpoint;
+mod console;
 mod error;
 pub mod flatten;
 pub mod initramfs;

@@ -542,23 +542,7 @@ async fn wait_console(
     child: &mut tokio::process::Child,
     timeout: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read(&files.console).unwrap_or_default();
-        if String::from_utf8_lossy(&text).contains(AGENT_READY) {
-            return Ok(());
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(files.died(format!("QEMU exited during boot ({status})")));
-        }
-        if Instant::now() > deadline {
-            return Err(files.died(format!(
-                "the guest agent did not start within {}s",
-                timeout.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::console::wait_for(files, child, AGENT_READY, timeout).await
 }
 
 /// A fork whose QEMU runs and waits for its incoming state.
