@@ -342,6 +342,17 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         )))
     }
 
+    /// Writes sandbox `id`'s root filesystem (its template's image with everything the
+    /// sandbox changed, without the agent) to `out` as an erofs image: what a template build
+    /// keeps. The sandbox should be idle; it keeps running.
+    async fn export_rootfs(&self, id: &str, out: &std::path::Path) -> Result<(), RuntimeError> {
+        let _ = (id, out);
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime cannot export a sandbox's filesystem (template builds need it)",
+            self.name()
+        )))
+    }
+
     /// Deletes a snapshot; deleting an unknown key is `NotFound`.
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         Err(RuntimeError::NotFound(key.to_string()))
