@@ -168,37 +168,13 @@ pub fn kernel_cmdline(tsc_khz: u64, hostname: &str, dns: &[std::net::Ipv4Addr]) 
 /// [`VmConfig::jail`], jailed. stdout and stderr go to `log`; the manager creates the console
 /// file and binds the QMP socket, and QEMU inherits both as descriptors.
 pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::process::Child> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(log)
-        .map_err(Error::io("open", log))?;
-    let err = out.try_clone().map_err(Error::io("open", log))?;
-    // Every descriptor the child reads sits above the numbers it dup2s onto (see
-    // `jail::FD_FLOOR`): with many VMs the manager's descriptors pass 100.
-    let high = |fd: std::os::fd::OwnedFd, what: &Path| {
-        crate::jail::above_floor(fd).map_err(Error::io("move the descriptor of", what))
-    };
-    let console = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&cfg.console_log)
-        .map_err(Error::io("open", &cfg.console_log))?;
-    let console = high(console.into(), &cfg.console_log)?;
-    let _ = std::fs::remove_file(&cfg.qmp_socket);
-    let qmp = std::os::unix::net::UnixListener::bind(&cfg.qmp_socket)
-        .map_err(Error::io("bind", &cfg.qmp_socket))?;
-    let qmp = high(qmp.into(), &cfg.qmp_socket)?;
-    let ns = match netns {
-        Some(p) => Some(high(
-            std::fs::File::open(p).map_err(Error::io("open", p))?.into(),
-            p,
-        )?),
-        None => None,
-    };
+    let Handed {
+        out,
+        err,
+        console,
+        qmp,
+        ns,
+    } = Handed::open(cfg, netns, log)?;
     let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
     let (qmp_fd, console_fd) = (qmp.as_raw_fd(), console.as_raw_fd());
     // Everything the child needs after fork is prepared here: no allocation happens there.
@@ -225,8 +201,8 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         .stderr(err)
         .kill_on_drop(false);
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range, and the
-    // jail's: see `Prepared::enter`) on descriptors and buffers that stay valid in the parent
+    // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range via
+    // `cloexec_all_but_handed`, and the jail's: see `Prepared::enter`) on descriptors and buffers that stay valid in the parent
     // until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
@@ -251,23 +227,7 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
             if libc::dup2(qmp_fd, QMP_FD) < 0 || libc::dup2(console_fd, CONSOLE_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // Descriptors the manager inherited without close-on-exec (a lock held by
-            // whoever started it, ...) must not live on in a QEMU that outlives it: mark
-            // all but stdio and the three handed over close-on-exec.
-            let flags = libc::CLOSE_RANGE_CLOEXEC as libc::c_long;
-            let last = libc::c_long::from(u32::MAX);
-            libc::syscall(
-                libc::SYS_close_range,
-                3 as libc::c_long,
-                TAP_FD as libc::c_long - 1,
-                flags,
-            );
-            libc::syscall(
-                libc::SYS_close_range,
-                CONSOLE_FD as libc::c_long + 1,
-                last,
-                flags,
-            );
+            cloexec_all_but_handed();
             if let Some(j) = &jail {
                 j.enter()?;
             }
@@ -281,6 +241,83 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
     .map_err(Error::io("start", &cfg.qemu))?;
     drop((ns, qmp, console));
     Ok(child)
+}
+
+/// What a QEMU is handed as descriptors: its log (stdout and stderr), the console file, the
+/// bound QMP socket and the network namespace to enter (when given).
+struct Handed {
+    out: std::fs::File,
+    err: std::fs::File,
+    console: std::os::fd::OwnedFd,
+    qmp: std::os::fd::OwnedFd,
+    ns: Option<std::os::fd::OwnedFd>,
+}
+
+impl Handed {
+    fn open(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(log)
+            .map_err(Error::io("open", log))?;
+        let err = out.try_clone().map_err(Error::io("open", log))?;
+        // Every descriptor the child reads sits above the numbers it dup2s onto (see
+        // `jail::FD_FLOOR`): with many VMs the manager's descriptors pass 100.
+        let high = |fd: std::os::fd::OwnedFd, what: &Path| {
+            crate::jail::above_floor(fd).map_err(Error::io("move the descriptor of", what))
+        };
+        let console = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&cfg.console_log)
+            .map_err(Error::io("open", &cfg.console_log))?;
+        let console = high(console.into(), &cfg.console_log)?;
+        let _ = std::fs::remove_file(&cfg.qmp_socket);
+        let qmp = std::os::unix::net::UnixListener::bind(&cfg.qmp_socket)
+            .map_err(Error::io("bind", &cfg.qmp_socket))?;
+        let qmp = high(qmp.into(), &cfg.qmp_socket)?;
+        let ns = match netns {
+            Some(p) => Some(high(
+                std::fs::File::open(p).map_err(Error::io("open", p))?.into(),
+                p,
+            )?),
+            None => None,
+        };
+        Ok(Self {
+            out,
+            err,
+            console,
+            qmp,
+            ns,
+        })
+    }
+}
+
+/// Descriptors the manager inherited without close-on-exec (a lock held by whoever started
+/// it, ...) must not live on in a QEMU that outlives it: marks all but stdio and the three
+/// handed over close-on-exec. Async-signal-safe, for use between fork and exec.
+fn cloexec_all_but_handed() {
+    let flags = libc::CLOSE_RANGE_CLOEXEC as libc::c_long;
+    let last = libc::c_long::from(u32::MAX);
+    // SAFETY: close_range takes numbers only and touches no memory; marking descriptors
+    // close-on-exec cannot invalidate anything the child uses before exec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_long,
+            TAP_FD as libc::c_long - 1,
+            flags,
+        );
+        libc::syscall(
+            libc::SYS_close_range,
+            CONSOLE_FD as libc::c_long + 1,
+            last,
+            flags,
+        );
+    }
 }
 
 /// Moves descriptor `fd` to number `target`, inheritable across exec, closing `fd`. When `fd`
