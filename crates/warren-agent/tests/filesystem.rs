@@ -8,7 +8,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::{json, to_value, Value};
+use warren_proto::filesystem::{
+    CreateWatcherRequest, GetWatcherEventsRequest, ListDirRequest, MakeDirRequest, MoveRequest,
+    RemoveRequest, RemoveWatcherRequest, StatRequest, WatchDirRequest,
+};
 
 const STREAM: &str = warren_proto::connect::STREAM_CONTENT_TYPE;
 
@@ -43,8 +48,68 @@ impl Drop for Scratch {
     }
 }
 
+fn stat(path: impl Into<String>) -> StatRequest {
+    StatRequest { path: path.into() }
+}
+
+fn make_dir(path: impl Into<String>) -> MakeDirRequest {
+    MakeDirRequest { path: path.into() }
+}
+
+fn remove(path: impl Into<String>) -> RemoveRequest {
+    RemoveRequest { path: path.into() }
+}
+
+fn list_dir(path: impl Into<String>, depth: u32) -> ListDirRequest {
+    ListDirRequest {
+        path: path.into(),
+        depth,
+    }
+}
+
+fn move_to(source: impl Into<String>, destination: impl Into<String>) -> MoveRequest {
+    MoveRequest {
+        source: source.into(),
+        destination: destination.into(),
+    }
+}
+
+fn watch_dir(path: impl Into<String>, recursive: bool, include_entry: bool) -> WatchDirRequest {
+    WatchDirRequest {
+        path: path.into(),
+        recursive,
+        include_entry,
+        ..Default::default()
+    }
+}
+
+fn create_watcher(path: impl Into<String>, recursive: bool) -> CreateWatcherRequest {
+    CreateWatcherRequest {
+        path: path.into(),
+        recursive,
+        ..Default::default()
+    }
+}
+
+fn watcher_events(watcher_id: impl Into<String>) -> GetWatcherEventsRequest {
+    GetWatcherEventsRequest {
+        watcher_id: watcher_id.into(),
+    }
+}
+
+fn remove_watcher(watcher_id: impl Into<String>) -> RemoveWatcherRequest {
+    RemoveWatcherRequest {
+        watcher_id: watcher_id.into(),
+    }
+}
+
 /// A unary call as `user` (None: the agent's default user, `user`).
-async fn call(agent: &Agent, method: &str, msg: Value, user: Option<&str>) -> (u16, Value) {
+async fn call(
+    agent: &Agent,
+    method: &str,
+    msg: impl Serialize,
+    user: Option<&str>,
+) -> (u16, Value) {
     call_raw(agent, method, serde_json::to_vec(&msg).unwrap(), user).await
 }
 
@@ -63,13 +128,17 @@ async fn call_raw(agent: &Agent, method: &str, body: Vec<u8>, user: Option<&str>
     (status, resp.json().await.unwrap())
 }
 
-async fn root_call(agent: &Agent, method: &str, msg: Value) -> Value {
+async fn root_call(agent: &Agent, method: &str, msg: impl Serialize) -> Value {
     let (status, body) = call(agent, method, msg, Some("root")).await;
     assert_eq!(status, 200, "{method}: {body}");
     body
 }
 
-async fn open_watch(agent: &Agent, msg: Value, headers: &[(&str, &str)]) -> EnvelopeStream {
+async fn open_watch(
+    agent: &Agent,
+    msg: WatchDirRequest,
+    headers: &[(&str, &str)],
+) -> EnvelopeStream {
     let mut req = client()
         .post(agent.url("/filesystem.Filesystem/WatchDir"))
         .header("content-type", STREAM)
@@ -167,7 +236,7 @@ async fn stat_files_dirs_symlinks_and_missing() {
     xattr::set(dir.path("a.txt"), "user.e2b.owner-note", b"hi").unwrap();
     xattr::set(dir.path("a.txt"), "user.other", b"not ours").unwrap();
 
-    let e = &root_call(&agent, "Stat", json!({"path": dir.s("a.txt")})).await["entry"];
+    let e = &root_call(&agent, "Stat", stat(dir.s("a.txt"))).await["entry"];
     assert_eq!(e["name"], "a.txt");
     assert_eq!(e["type"], "FILE_TYPE_FILE");
     assert_eq!(e["path"], dir.s("a.txt"));
@@ -181,12 +250,12 @@ async fn stat_files_dirs_symlinks_and_missing() {
     assert!(e.get("isSymlink").is_none());
     assert_eq!(e["metadata"], json!({"owner-note": "hi"}));
 
-    let d = &root_call(&agent, "Stat", json!({"path": dir.s("d")})).await["entry"];
+    let d = &root_call(&agent, "Stat", stat(dir.s("d"))).await["entry"];
     assert_eq!(d["type"], "FILE_TYPE_DIRECTORY");
     assert_eq!(d["permissions"], "drwxr-xr-x");
     assert_eq!(d["mode"], 493);
 
-    let l = &root_call(&agent, "Stat", json!({"path": dir.s("link")})).await["entry"];
+    let l = &root_call(&agent, "Stat", stat(dir.s("link"))).await["entry"];
     assert_eq!(
         l["type"], "FILE_TYPE_FILE",
         "a symlink reports its target's type"
@@ -196,19 +265,13 @@ async fn stat_files_dirs_symlinks_and_missing() {
     assert_eq!(l["mode"], 420, "mode of the target");
     assert_eq!(l["name"], "link");
 
-    let g = &root_call(&agent, "Stat", json!({"path": dir.s("dangling")})).await["entry"];
+    let g = &root_call(&agent, "Stat", stat(dir.s("dangling"))).await["entry"];
     assert!(
         g.get("type").is_none(),
         "dangling link: unspecified type (omitted): {g}"
     );
 
-    let (status, err) = call(
-        &agent,
-        "Stat",
-        json!({"path": dir.s("missing")}),
-        Some("root"),
-    )
-    .await;
+    let (status, err) = call(&agent, "Stat", stat(dir.s("missing")), Some("root")).await;
     assert_eq!(status, 404);
     assert_eq!(err["code"], "not_found");
     assert!(
@@ -217,12 +280,12 @@ async fn stat_files_dirs_symlinks_and_missing() {
     );
 
     // No user header: the default user `user`, and "~" is its home.
-    let (status, home) = call(&agent, "Stat", json!({"path": "~"}), None).await;
+    let (status, home) = call(&agent, "Stat", stat("~"), None).await;
     assert_eq!(status, 200, "{home}");
     assert_eq!(home["entry"]["path"], "/home/user");
     assert_eq!(home["entry"]["type"], "FILE_TYPE_DIRECTORY");
 
-    let (status, err) = call(&agent, "Stat", json!({"path": "/"}), Some("nosuchuser")).await;
+    let (status, err) = call(&agent, "Stat", stat("/"), Some("nosuchuser")).await;
     assert_eq!(
         (status, err["code"].as_str()),
         (401, Some("unauthenticated"))
@@ -251,28 +314,23 @@ async fn list_dir_depths_and_errors() {
     };
     let rel = |names: &[&str]| -> Vec<String> { names.iter().map(|n| dir.s(n)).collect() };
 
-    let one = root_call(&agent, "ListDir", json!({"path": dir.s(""), "depth": 1})).await;
+    let one = root_call(&agent, "ListDir", list_dir(dir.s(""), 1)).await;
     assert_eq!(paths(&one), rel(&["a", "b.txt", "link-to-a"]));
     let link_entry = &one["entries"][2];
     assert_eq!(link_entry["type"], "FILE_TYPE_DIRECTORY");
     assert_eq!(link_entry["symlinkTarget"], dir.s("a"));
 
-    let zero = root_call(&agent, "ListDir", json!({"path": dir.s("")})).await;
+    let zero = root_call(&agent, "ListDir", list_dir(dir.s(""), 0)).await;
     assert_eq!(paths(&zero), paths(&one), "depth 0 means 1");
 
-    let two = root_call(&agent, "ListDir", json!({"path": dir.s(""), "depth": 2})).await;
+    let two = root_call(&agent, "ListDir", list_dir(dir.s(""), 2)).await;
     assert_eq!(
         paths(&two),
         rel(&["a", "a/inner.txt", "a/sub", "b.txt", "link-to-a"])
     );
 
     // A symlinked directory is listed, with paths under the requested (link) path.
-    let via_link = root_call(
-        &agent,
-        "ListDir",
-        json!({"path": dir.s("link-to-a"), "depth": 2}),
-    )
-    .await;
+    let via_link = root_call(&agent, "ListDir", list_dir(dir.s("link-to-a"), 2)).await;
     assert_eq!(
         paths(&via_link),
         rel(&[
@@ -282,46 +340,23 @@ async fn list_dir_depths_and_errors() {
         ])
     );
 
-    let empty = root_call(
-        &agent,
-        "ListDir",
-        json!({"path": dir.s("a/sub/deep.txt/..")}),
-    )
-    .await;
+    let empty = root_call(&agent, "ListDir", list_dir(dir.s("a/sub/deep.txt/.."), 0)).await;
     assert_eq!(
         paths(&empty),
         rel(&["a/sub/deep.txt"]),
         "paths are cleaned lexically"
     );
 
-    let (status, err) = call(
-        &agent,
-        "ListDir",
-        json!({"path": dir.s("b.txt")}),
-        Some("root"),
-    )
-    .await;
+    let (status, err) = call(&agent, "ListDir", list_dir(dir.s("b.txt"), 0), Some("root")).await;
     assert_eq!(
         (status, err["code"].as_str()),
         (400, Some("invalid_argument"))
     );
-    let (status, err) = call(
-        &agent,
-        "ListDir",
-        json!({"path": dir.s("nope")}),
-        Some("root"),
-    )
-    .await;
+    let (status, err) = call(&agent, "ListDir", list_dir(dir.s("nope"), 0), Some("root")).await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
     std::os::unix::fs::symlink(dir.path("loop2"), dir.path("loop1")).unwrap();
     std::os::unix::fs::symlink(dir.path("loop1"), dir.path("loop2")).unwrap();
-    let (status, err) = call(
-        &agent,
-        "ListDir",
-        json!({"path": dir.s("loop1")}),
-        Some("root"),
-    )
-    .await;
+    let (status, err) = call(&agent, "ListDir", list_dir(dir.s("loop1"), 0), Some("root")).await;
     assert_eq!(
         (status, err["code"].as_str()),
         (400, Some("failed_precondition"))
@@ -334,44 +369,26 @@ async fn make_dir_move_and_remove() {
     let dir = Scratch::new();
 
     // Nested creation as `user`: every new directory belongs to the user.
-    let (status, made) = call(
-        &agent,
-        "MakeDir",
-        json!({"path": dir.s("x/y/z")}),
-        Some("user"),
-    )
-    .await;
+    let (status, made) = call(&agent, "MakeDir", make_dir(dir.s("x/y/z")), Some("user")).await;
     assert_eq!(status, 200, "{made}");
     assert_eq!(made["entry"]["path"], dir.s("x/y/z"));
     assert_eq!(made["entry"]["name"], "z");
     assert_eq!(made["entry"]["type"], "FILE_TYPE_DIRECTORY");
     for p in ["x", "x/y", "x/y/z"] {
-        let e = &root_call(&agent, "Stat", json!({"path": dir.s(p)})).await["entry"];
+        let e = &root_call(&agent, "Stat", stat(dir.s(p))).await["entry"];
         assert_eq!(
             (e["owner"].as_str(), e["group"].as_str()),
             (Some("user"), Some("user")),
             "{p}"
         );
     }
-    let (status, err) = call(
-        &agent,
-        "MakeDir",
-        json!({"path": dir.s("x/y")}),
-        Some("user"),
-    )
-    .await;
+    let (status, err) = call(&agent, "MakeDir", make_dir(dir.s("x/y")), Some("user")).await;
     assert_eq!(
         (status, err["code"].as_str()),
         (409, Some("already_exists"))
     );
     write(&dir.path("f.txt"), "data", 0o600);
-    let (status, err) = call(
-        &agent,
-        "MakeDir",
-        json!({"path": dir.s("f.txt")}),
-        Some("user"),
-    )
-    .await;
+    let (status, err) = call(&agent, "MakeDir", make_dir(dir.s("f.txt")), Some("user")).await;
     assert_eq!(
         (status, err["code"].as_str()),
         (400, Some("invalid_argument"))
@@ -381,7 +398,7 @@ async fn make_dir_move_and_remove() {
     let moved = root_call(
         &agent,
         "Move",
-        json!({"source": dir.s("f.txt"), "destination": dir.s("new/parent/g.txt")}),
+        move_to(dir.s("f.txt"), dir.s("new/parent/g.txt")),
     )
     .await;
     assert_eq!(moved["entry"]["path"], dir.s("new/parent/g.txt"));
@@ -395,7 +412,7 @@ async fn make_dir_move_and_remove() {
     let (status, err) = call(
         &agent,
         "Move",
-        json!({"source": dir.s("f.txt"), "destination": dir.s("h.txt")}),
+        move_to(dir.s("f.txt"), dir.s("h.txt")),
         Some("root"),
     )
     .await;
@@ -403,16 +420,16 @@ async fn make_dir_move_and_remove() {
 
     // Remove is rm -rf: trees go, missing paths are fine.
     assert_eq!(
-        root_call(&agent, "Remove", json!({"path": dir.s("x")})).await,
+        root_call(&agent, "Remove", remove(dir.s("x"))).await,
         json!({})
     );
     assert!(!dir.path("x").exists());
     assert_eq!(
-        root_call(&agent, "Remove", json!({"path": dir.s("x")})).await,
+        root_call(&agent, "Remove", remove(dir.s("x"))).await,
         json!({})
     );
     std::os::unix::fs::symlink(dir.path("new"), dir.path("link")).unwrap();
-    root_call(&agent, "Remove", json!({"path": dir.s("link")})).await;
+    root_call(&agent, "Remove", remove(dir.s("link"))).await;
     assert!(
         dir.path("new/parent/g.txt").exists(),
         "removing a link keeps its target"
@@ -436,13 +453,8 @@ async fn watch_dir_reports_changes() {
     let agent = Agent::start();
     let dir = Scratch::new();
     let before = inotify_fds(&agent);
-    let mut plain = open_watch(&agent, json!({"path": dir.s("")}), &[]).await;
-    let mut with_entries = open_watch(
-        &agent,
-        json!({"path": dir.s(""), "includeEntry": true}),
-        &[],
-    )
-    .await;
+    let mut plain = open_watch(&agent, watch_dir(dir.s(""), false, false), &[]).await;
+    let mut with_entries = open_watch(&agent, watch_dir(dir.s(""), false, true), &[]).await;
     assert_eq!(inotify_fds(&agent), before + 2);
 
     write(&dir.path("f.txt"), "hello", 0o644);
@@ -487,12 +499,7 @@ async fn watch_dir_entries_for_existing_files() {
     let agent = Agent::start();
     let dir = Scratch::new();
     write(&dir.path("keep.txt"), "", 0o644);
-    let mut stream = open_watch(
-        &agent,
-        json!({"path": dir.s(""), "includeEntry": true}),
-        &[],
-    )
-    .await;
+    let mut stream = open_watch(&agent, watch_dir(dir.s(""), false, true), &[]).await;
     std::fs::write(dir.path("keep.txt"), "more").unwrap();
     let events = expect_events(&mut stream, &[("keep.txt", "EVENT_TYPE_WRITE")]).await;
     let entry = &find(&events, "keep.txt", "EVENT_TYPE_WRITE")["entry"];
@@ -506,7 +513,7 @@ async fn recursive_watch_follows_new_subdirectories() {
     let agent = Agent::start();
     let dir = Scratch::new();
     std::fs::create_dir(dir.path("existing")).unwrap();
-    let mut stream = open_watch(&agent, json!({"path": dir.s(""), "recursive": true}), &[]).await;
+    let mut stream = open_watch(&agent, watch_dir(dir.s(""), true, false), &[]).await;
 
     write(&dir.path("existing/a.txt"), "x", 0o644);
     expect_events(&mut stream, &[("existing/a.txt", "EVENT_TYPE_CREATE")]).await;
@@ -568,7 +575,7 @@ async fn watch_dir_keepalive_and_deadline() {
     let started = Instant::now();
     let mut stream = open_watch(
         &agent,
-        json!({"path": dir.s("")}),
+        watch_dir(dir.s(""), false, false),
         &[
             ("keepalive-ping-interval", "1"),
             ("connect-timeout-ms", "2500"),
@@ -607,7 +614,7 @@ async fn watch_dir_validation_errors_travel_in_the_stream() {
             .post(agent.url("/filesystem.Filesystem/WatchDir"))
             .header("content-type", STREAM)
             .header("authorization", basic("root"))
-            .body(envelope(0, &json!({"path": path})))
+            .body(envelope(0, &watch_dir(path, false, false)))
             .send()
             .await
             .unwrap();
@@ -632,7 +639,7 @@ async fn poll_until(agent: &Agent, id: &str, name: &str, ty: &str) -> Vec<Value>
             Instant::now() < deadline,
             "no {ty} for {name} in {events:?}"
         );
-        let got = root_call(agent, "GetWatcherEvents", json!({"watcherId": id})).await;
+        let got = root_call(agent, "GetWatcherEvents", watcher_events(id)).await;
         events.extend(got["events"].as_array().cloned().unwrap_or_default());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -644,12 +651,7 @@ async fn polling_watchers() {
     let agent = Agent::start();
     let dir = Scratch::new();
     let before = inotify_fds(&agent);
-    let created = root_call(
-        &agent,
-        "CreateWatcher",
-        json!({"path": dir.s(""), "recursive": true}),
-    )
-    .await;
+    let created = root_call(&agent, "CreateWatcher", create_watcher(dir.s(""), true)).await;
     let id = created["watcherId"].as_str().unwrap().to_string();
     assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
     assert_eq!(inotify_fds(&agent), before + 1);
@@ -663,36 +665,34 @@ async fn polling_watchers() {
     find(&events, "sub/a.txt", "EVENT_TYPE_CREATE");
     // Drained: nothing new until something happens.
     assert_eq!(
-        root_call(&agent, "GetWatcherEvents", json!({"watcherId": id})).await,
+        root_call(&agent, "GetWatcherEvents", watcher_events(&id)).await,
         json!({})
     );
 
     assert_eq!(
-        root_call(&agent, "RemoveWatcher", json!({"watcherId": id})).await,
+        root_call(&agent, "RemoveWatcher", remove_watcher(&id)).await,
         json!({})
     );
     wait_for_inotify_fds(&agent, before).await;
-    for method in ["GetWatcherEvents", "RemoveWatcher"] {
-        let (status, err) = call(&agent, method, json!({"watcherId": id}), Some("root")).await;
+    let after_removal = [
+        ("GetWatcherEvents", to_value(watcher_events(&id)).unwrap()),
+        ("RemoveWatcher", to_value(remove_watcher(&id)).unwrap()),
+    ];
+    for (method, msg) in after_removal {
+        let (status, err) = call(&agent, method, msg, Some("root")).await;
         assert_eq!(
             (status, err["code"].as_str()),
             (404, Some("not_found")),
             "{method}"
         );
     }
-    let (status, err) = call(
-        &agent,
-        "GetWatcherEvents",
-        json!({"watcherId": "nope"}),
-        None,
-    )
-    .await;
+    let (status, err) = call(&agent, "GetWatcherEvents", watcher_events("nope"), None).await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
 
     let (status, err) = call(
         &agent,
         "CreateWatcher",
-        json!({"path": dir.s("missing")}),
+        create_watcher(dir.s("missing"), false),
         Some("root"),
     )
     .await;

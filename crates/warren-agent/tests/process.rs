@@ -6,7 +6,14 @@ use std::time::Duration;
 
 use base64::Engine;
 use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
+use serde::Serialize;
 use serde_json::{json, Value};
+use warren_proto::client::pid as by_pid;
+use warren_proto::process::{
+    process_input, process_selector, pty, stream_input_request, CloseStdinRequest, ConnectRequest,
+    ListRequest, ProcessConfig, ProcessInput, ProcessSelector, Pty, SendInputRequest,
+    SendSignalRequest, Signal, StartRequest, StreamInputRequest, UpdateRequest,
+};
 
 const STREAM: &str = warren_proto::connect::STREAM_CONTENT_TYPE;
 
@@ -24,7 +31,7 @@ fn b64(v: &Value) -> Vec<u8> {
 async fn stream_call(
     agent: &Agent,
     method: &str,
-    msg: Value,
+    msg: impl Serialize,
     headers: &[(&str, &str)],
 ) -> Vec<(u8, Value)> {
     let mut req = client()
@@ -41,7 +48,7 @@ async fn stream_call(
     parse_envelopes(&resp.bytes().await.unwrap())
 }
 
-async fn unary(agent: &Agent, method: &str, msg: Value) -> (u16, Value) {
+async fn unary(agent: &Agent, method: &str, msg: impl Serialize) -> (u16, Value) {
     let resp = client()
         .post(agent.url(&format!("/process.Process/{method}")))
         .header("content-type", "application/json")
@@ -53,8 +60,50 @@ async fn unary(agent: &Agent, method: &str, msg: Value) -> (u16, Value) {
     (status, resp.json().await.unwrap())
 }
 
-fn bash(cmd: &str) -> Value {
-    json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}, "stdin": false})
+fn command(cmd: &str, args: &[&str]) -> ProcessConfig {
+    ProcessConfig {
+        cmd: cmd.into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn bash(cmd: &str) -> StartRequest {
+    StartRequest {
+        process: Some(command("/bin/bash", &["-l", "-c", cmd])),
+        stdin: Some(false),
+        ..Default::default()
+    }
+}
+
+fn by_tag(tag: &str) -> Option<ProcessSelector> {
+    Some(ProcessSelector {
+        selector: Some(process_selector::Selector::Tag(tag.into())),
+    })
+}
+
+fn input(pid: u32, input: process_input::Input) -> SendInputRequest {
+    SendInputRequest {
+        process: by_pid(pid),
+        input: Some(ProcessInput { input: Some(input) }),
+    }
+}
+
+fn sigkill(pid: u32) -> SendSignalRequest {
+    SendSignalRequest {
+        process: by_pid(pid),
+        signal: Signal::Sigkill.into(),
+    }
+}
+
+fn size(cols: u32, rows: u32) -> Pty {
+    Pty {
+        size: Some(pty::Size { cols, rows }),
+    }
+}
+
+fn stream_input(event: stream_input_request::Event) -> StreamInputRequest {
+    StreamInputRequest { event: Some(event) }
 }
 
 /// Collected output of a finished `Start`.
@@ -131,7 +180,8 @@ async fn runs_as_the_requested_user_with_a_login_environment() {
     let agent = Agent::start();
     let script = "id -un; echo $HOME; echo $USER; pwd; echo $FOO; echo $E2B_SANDBOX";
     let mut msg = bash(script);
-    msg["process"]["envs"] = json!({"FOO": "bar"});
+    let config = msg.process.as_mut().unwrap();
+    config.envs.insert("FOO".into(), "bar".into());
     let run = collect(stream_call(&agent, "Start", msg.clone(), &[]).await);
     let out = String::from_utf8(run.stdout).unwrap();
     let home = out.lines().nth(1).unwrap().to_string();
@@ -149,11 +199,11 @@ async fn runs_as_the_requested_user_with_a_login_environment() {
 async fn cwd_is_honoured_and_a_missing_cwd_is_invalid_argument() {
     let agent = Agent::start();
     let mut msg = bash("pwd");
-    msg["process"]["cwd"] = json!("/tmp");
+    msg.process.as_mut().unwrap().cwd = Some("/tmp".into());
     let run = collect(stream_call(&agent, "Start", msg.clone(), &[]).await);
     assert_eq!(run.stdout, b"/tmp\n");
 
-    msg["process"]["cwd"] = json!("/does/not/exist");
+    msg.process.as_mut().unwrap().cwd = Some("/does/not/exist".into());
     let envs = stream_call(&agent, "Start", msg, &[]).await;
     assert_eq!(envs.len(), 1);
     assert_eq!(envs[0].0, 2);
@@ -178,7 +228,10 @@ async fn unknown_user_and_bad_command_fail_in_the_trailer() {
     let envs = stream_call(
         &agent,
         "Start",
-        json!({"process": {"cmd": "/no/such/binary"}}),
+        StartRequest {
+            process: Some(command("/no/such/binary", &[])),
+            ..Default::default()
+        },
         &[],
     )
     .await;
@@ -207,7 +260,7 @@ async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
     assert_eq!(trailer["error"]["code"], "deadline_exceeded");
     // The process is gone: nothing is left running.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, list) = unary(&agent, "List", json!({})).await;
+    let (_, list) = unary(&agent, "List", ListRequest {}).await;
     assert!(list.get("processes").is_none(), "no process left: {list}");
 }
 
@@ -232,8 +285,15 @@ async fn keepalives_are_sent_when_idle() {
 async fn background_process_list_connect_input_signal() {
     let agent = Agent::start();
     // A tagged process with stdin that echoes each line back.
-    let msg = json!({"process": {"cmd": "/bin/bash", "args": ["-c", "while read l; do echo got:$l; done; echo eof"]},
-                     "tag": "echoer", "stdin": true});
+    let msg = StartRequest {
+        process: Some(command(
+            "/bin/bash",
+            &["-c", "while read l; do echo got:$l; done; echo eof"],
+        )),
+        tag: Some("echoer".into()),
+        stdin: Some(true),
+        ..Default::default()
+    };
     let resp = client()
         .post(agent.url("/process.Process/Start"))
         .header("content-type", STREAM)
@@ -243,9 +303,9 @@ async fn background_process_list_connect_input_signal() {
         .unwrap();
     let mut start_stream = EnvelopeStream::new(resp);
     let (_, first) = start_stream.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
 
-    let (status, list) = unary(&agent, "List", json!({})).await;
+    let (status, list) = unary(&agent, "List", ListRequest {}).await;
     assert_eq!(status, 200);
     let procs = list["processes"].as_array().unwrap();
     let me = procs.iter().find(|p| p["pid"] == pid).expect("listed");
@@ -256,7 +316,12 @@ async fn background_process_list_connect_input_signal() {
     let resp = client()
         .post(agent.url("/process.Process/Connect"))
         .header("content-type", STREAM)
-        .body(envelope(0, &json!({"process": {"tag": "echoer"}})))
+        .body(envelope(
+            0,
+            &ConnectRequest {
+                process: by_tag("echoer"),
+            },
+        ))
         .send()
         .await
         .unwrap();
@@ -264,11 +329,10 @@ async fn background_process_list_connect_input_signal() {
     let (_, first) = connected.next().await.unwrap();
     assert_eq!(first["event"]["start"]["pid"], pid);
 
-    let input = base64::engine::general_purpose::STANDARD.encode("hello\n");
     let (status, _) = unary(
         &agent,
         "SendInput",
-        json!({"process": {"pid": pid}, "input": {"stdin": input}}),
+        input(pid, process_input::Input::Stdin(b"hello\n".to_vec())),
     )
     .await;
     assert_eq!(status, 200);
@@ -279,15 +343,39 @@ async fn background_process_list_connect_input_signal() {
 
     // Client-streaming input, in order, on one chunked request body.
     let frames: Vec<Vec<u8>> = vec![
-        envelope(0, &json!({"start": {"process": {"pid": pid}}})),
         envelope(
             0,
-            &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("a\n")}}}),
+            &stream_input(stream_input_request::Event::Start(
+                stream_input_request::StartEvent {
+                    process: by_pid(pid),
+                },
+            )),
         ),
-        envelope(0, &json!({"keepalive": {}})),
         envelope(
             0,
-            &json!({"data": {"input": {"stdin": base64::engine::general_purpose::STANDARD.encode("b\n")}}}),
+            &stream_input(stream_input_request::Event::Data(
+                stream_input_request::DataEvent {
+                    input: Some(ProcessInput {
+                        input: Some(process_input::Input::Stdin(b"a\n".to_vec())),
+                    }),
+                },
+            )),
+        ),
+        envelope(
+            0,
+            &stream_input(stream_input_request::Event::Keepalive(
+                stream_input_request::KeepAlive {},
+            )),
+        ),
+        envelope(
+            0,
+            &stream_input(stream_input_request::Event::Data(
+                stream_input_request::DataEvent {
+                    input: Some(ProcessInput {
+                        input: Some(process_input::Input::Stdin(b"b\n".to_vec())),
+                    }),
+                },
+            )),
         ),
     ];
     let body = reqwest::Body::wrap_stream(futures::stream::iter(
@@ -311,7 +399,14 @@ async fn background_process_list_connect_input_signal() {
     assert_eq!(seen, b"got:a\ngot:b\n");
 
     // Closing stdin ends the loop; the process exits normally.
-    let (status, _) = unary(&agent, "CloseStdin", json!({"process": {"pid": pid}})).await;
+    let (status, _) = unary(
+        &agent,
+        "CloseStdin",
+        CloseStdinRequest {
+            process: by_pid(pid),
+        },
+    )
+    .await;
     assert_eq!(status, 200);
     let mut tail = Vec::new();
     let mut end = Value::Null;
@@ -331,16 +426,19 @@ async fn background_process_list_connect_input_signal() {
     assert_eq!(end["exited"], true);
 
     // A finished process stays connectable: start + stored end.
-    let envs = stream_call(&agent, "Connect", json!({"process": {"pid": pid}}), &[]).await;
+    let envs = stream_call(
+        &agent,
+        "Connect",
+        ConnectRequest {
+            process: by_pid(pid),
+        },
+        &[],
+    )
+    .await;
     assert_eq!(envs.len(), 3, "{envs:?}");
     assert_eq!(envs[1].1["event"]["end"]["exited"], true);
     // But it is no longer running.
-    let (status, err) = unary(
-        &agent,
-        "SendSignal",
-        json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
-    )
-    .await;
+    let (status, err) = unary(&agent, "SendSignal", sigkill(pid)).await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
 }
 
@@ -357,7 +455,7 @@ async fn sigkill_reaches_the_whole_process_group() {
         .unwrap();
     let mut s = EnvelopeStream::new(resp);
     let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
     let (_, out) = s.next().await.unwrap();
     let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"]))
         .unwrap()
@@ -366,12 +464,7 @@ async fn sigkill_reaches_the_whole_process_group() {
         .unwrap();
     assert!(std::path::Path::new(&format!("/proc/{child}")).exists());
 
-    let (status, _) = unary(
-        &agent,
-        "SendSignal",
-        json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
-    )
-    .await;
+    let (status, _) = unary(&agent, "SendSignal", sigkill(pid)).await;
     assert_eq!(status, 200);
     let mut end = Value::Null;
     while let Some((flags, m)) = s.next().await {
@@ -396,13 +489,9 @@ async fn sigkill_reaches_the_whole_process_group() {
         .await
         .expect("grandchild killed");
 
-    let (status, err) = unary(
-        &agent,
-        "SendSignal",
-        json!({"process": {"pid": 999_999}, "signal": "SIGNAL_SIGKILL"}),
-    )
-    .await;
+    let (status, err) = unary(&agent, "SendSignal", sigkill(999_999)).await;
     assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
+    // Written out: typed messages omit a default enum, and the agent must read its name too.
     let (status, err) = unary(
         &agent,
         "SendSignal",
@@ -415,8 +504,14 @@ async fn sigkill_reaches_the_whole_process_group() {
 #[tokio::test]
 async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     let agent = Agent::start();
-    let msg = json!({"process": {"cmd": "/bin/bash", "args": ["--norc", "--noprofile", "-i"], "envs": {"TERM": "xterm", "PS1": "$ "}},
-                     "pty": {"size": {"cols": 100, "rows": 30}}});
+    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
+    config.envs.insert("TERM".into(), "xterm".into());
+    config.envs.insert("PS1".into(), "$ ".into());
+    let msg = StartRequest {
+        process: Some(config),
+        pty: Some(size(100, 30)),
+        ..Default::default()
+    };
     let resp = client()
         .post(agent.url("/process.Process/Start"))
         .header("content-type", STREAM)
@@ -426,7 +521,7 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
         .unwrap();
     let mut s = EnvelopeStream::new(resp);
     let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
 
     async fn until(s: &mut EnvelopeStream, needle: &str) -> String {
         let mut seen = String::new();
@@ -446,11 +541,10 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     }
 
     let send = |text: &str| {
-        let input = base64::engine::general_purpose::STANDARD.encode(text);
         unary(
             &agent,
             "SendInput",
-            json!({"process": {"pid": pid}, "input": {"pty": input}}),
+            input(pid, process_input::Input::Pty(text.as_bytes().to_vec())),
         )
     };
     let (status, _) = send("tty; stty size\n").await;
@@ -461,7 +555,10 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     let (status, _) = unary(
         &agent,
         "Update",
-        json!({"process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}}),
+        UpdateRequest {
+            process: by_pid(pid),
+            pty: Some(size(120, 40)),
+        },
     )
     .await;
     assert_eq!(status, 200);
@@ -472,11 +569,18 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     let (status, _) = unary(
         &agent,
         "SendInput",
-        json!({"process": {"pid": pid}, "input": {"stdin": "eA=="}}),
+        input(pid, process_input::Input::Stdin(b"x".to_vec())),
     )
     .await;
     assert_eq!(status, 500);
-    let (status, _) = unary(&agent, "CloseStdin", json!({"process": {"pid": pid}})).await;
+    let (status, _) = unary(
+        &agent,
+        "CloseStdin",
+        CloseStdinRequest {
+            process: by_pid(pid),
+        },
+    )
+    .await;
     assert_eq!(status, 500);
 
     send("exit 7\n").await;
@@ -522,13 +626,26 @@ async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
     let (s, v) = unary(
         &agent,
         "SendInput",
-        json!({"process": {"tag": "ghost"}, "input": {"stdin": ""}}),
+        SendInputRequest {
+            process: by_tag("ghost"),
+            input: Some(ProcessInput {
+                input: Some(process_input::Input::Stdin(Vec::new())),
+            }),
+        },
     )
     .await;
     assert_eq!((s, v["code"].as_str()), (404, Some("not_found")));
-    let (s, v) = unary(&agent, "CloseStdin", json!({})).await;
+    let (s, v) = unary(&agent, "CloseStdin", CloseStdinRequest { process: None }).await;
     assert_eq!((s, v["code"].as_str()), (501, Some("unimplemented")));
-    let envs = stream_call(&agent, "Connect", json!({"process": {"pid": 424242}}), &[]).await;
+    let envs = stream_call(
+        &agent,
+        "Connect",
+        ConnectRequest {
+            process: by_pid(424242),
+        },
+        &[],
+    )
+    .await;
     assert_eq!(envs[0].1["error"]["code"], "not_found");
     // A garbage envelope (huge declared length) and a truncated one.
     for body in [
@@ -548,6 +665,7 @@ async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
         assert!(envs[0].1["error"]["code"].is_string());
     }
     // Wrong type for a field.
+    // Written out: a message of the wrong shape, which no typed message can be.
     let envs = stream_call(&agent, "Start", json!({"process": {"cmd": 5}}), &[]).await;
     assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
     // Still healthy and serving.

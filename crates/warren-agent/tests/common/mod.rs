@@ -86,11 +86,11 @@ impl Drop for Agent {
     }
 }
 
-/// One Connect envelope around a JSON message, framed by the codec the agent and the typed
-/// client share. The message stays JSON on purpose: these tests also send what the typed
-/// messages cannot express (wrong types, unknown fields).
-pub fn envelope(flags: u8, json: &serde_json::Value) -> Vec<u8> {
-    let payload = serde_json::to_vec(json).unwrap();
+/// One Connect envelope around a message, framed by the codec the agent and the typed client
+/// share. Any JSON is accepted, not only the typed messages: these tests also send what the
+/// typed messages cannot express (wrong types, explicit defaults).
+pub fn envelope<T: serde::Serialize + ?Sized>(flags: u8, msg: &T) -> Vec<u8> {
+    let payload = serde_json::to_vec(msg).unwrap();
     connect::encode_frame(flags, &payload).unwrap()
 }
 
