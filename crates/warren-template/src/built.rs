@@ -161,7 +161,13 @@ mod tests {
     #[test]
     fn built_keys_never_look_like_catalog_names() {
         assert!(is_built_key("b0123456789abcdef01234567"));
-        for k in ["base", "code-interpreter-v1", "b0123", "B0123456789abcdef01234567", "b0123456789abcdef0123456z"] {
+        for k in [
+            "base",
+            "code-interpreter-v1",
+            "b0123",
+            "B0123456789abcdef01234567",
+            "b0123456789abcdef0123456z",
+        ] {
             assert!(!is_built_key(k), "{k}");
         }
     }

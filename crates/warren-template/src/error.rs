@@ -55,6 +55,10 @@ pub enum ImageError {
         tail: String,
     },
 
+    /// Layers that cannot be packed into an image (see [`crate::pack_layers`]).
+    #[error("cannot pack layers: {0}")]
+    Pack(String),
+
     /// The recipe is not something we can or should build.
     #[error("invalid image recipe: {0}")]
     InvalidRecipe(String),

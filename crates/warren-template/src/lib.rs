@@ -37,16 +37,17 @@ mod error;
 mod fsutil;
 mod interp;
 mod manifest;
+mod pack;
 mod progress;
 mod recipe;
 mod steps;
 
 pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
-pub use built::{
-    built_dir, built_template, commit_built, is_built_key, remove_built, BuiltConfig, BuiltTemplate,
-    TEMPLATE_FILE,
-};
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
+pub use built::{
+    built_dir, built_template, commit_built, is_built_key, remove_built, BuiltConfig,
+    BuiltTemplate, TEMPLATE_FILE,
+};
 pub use catalog::{recipe, start_command, StartCommand, TEMPLATES};
 pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};
 pub use error::{ImageError, Result};
@@ -54,6 +55,7 @@ pub use interp::{
     code_interpreter_start_argv, CODE_INTERPRETER_TEMPLATE, INTERP_LIB_DIR, INTERP_PORT,
 };
 pub use manifest::{Manifest, IMAGE_FILE, MANIFEST_FILE};
+pub use pack::pack_layers;
 pub use progress::{BuildPhase, BuildProgress, SilentProgress, StderrProgress};
 pub use recipe::{
     host_debian_arch, Compression, PostStep, Recipe, DEBIAN_MIRROR, FORMAT_VERSION, SHORT_HASH_LEN,
