@@ -319,8 +319,11 @@ impl VmRuntime {
             });
         }
         let dir = self.paused_dir(&id);
-        let checkpoint = Snapshot::open(&dir)
-            .ok_or_else(|| failed(format!("the checkpoint of paused sandbox {id} is missing")))?;
+        let checkpoint = Snapshot::open(&dir).ok_or_else(|| {
+            RuntimeError::unavailable_now(format!(
+                "the checkpoint of paused sandbox {id} is missing"
+            ))
+        })?;
         let spec = CreateSpec {
             from_snapshot: None,
             ..spec

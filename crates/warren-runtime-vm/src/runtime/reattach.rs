@@ -32,7 +32,9 @@ impl VmRuntime {
                 self.paused.lock().await.insert(r.id.clone());
                 Ok(r.clone())
             } else {
-                Err(failed("the paused sandbox's checkpoint is gone"))
+                Err(RuntimeError::unavailable_now(
+                    "the paused sandbox's checkpoint is gone",
+                ))
             };
             out.push((r.id, result));
         }
@@ -59,14 +61,19 @@ impl VmRuntime {
                 slots.into_iter()
             }
             Err(e) => {
-                let why = format!("network pool did not start: {e}");
-                tracing::error!("{why}");
-                out.extend(running.into_iter().map(|(r, _)| (r.id, Err(failed(&why)))));
+                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
+                let cause = warren_runtime::SharedCause::new(e);
+                out.extend(running.into_iter().map(|(r, _)| {
+                    let e = RuntimeError::unavailable("network pool did not start", cause.clone());
+                    (r.id, Err(e))
+                }));
                 return out;
             }
         };
         for (r, rec) in running {
             let Some(rec) = rec else {
+                // Records are this runtime's own, written by `create`: a bug or a damaged
+                // store.
                 out.push((r.id, Err(failed("unreadable runtime record"))));
                 continue;
             };
@@ -82,10 +89,12 @@ impl VmRuntime {
                         })
                         .await;
                     }
-                    Err(failed(format!(
-                        "the sandbox's network could not be kept: {e}"
-                    )))
+                    Err(RuntimeError::unavailable(
+                        "the sandbox's network could not be kept",
+                        e,
+                    ))
                 }
+                // The pool answers every adoption it was asked for.
                 None => Err(failed("no slot result")),
             };
             out.push((r.id, result));
@@ -112,20 +121,24 @@ impl VmRuntime {
                         tracing::warn!(sandbox = %r.id, state = %s, "continuing a VM left stopped");
                         match q.execute("cont", json!({})).await {
                             Ok(_) => Ok(q),
-                            Err(e) => Err(format!("the VM was {s} and cannot continue: {e}")),
+                            Err(e) => Err(crate::Error::runtime(format!(
+                                "the VM was {s} and cannot continue"
+                            ))(e)),
                         }
                     }
-                    Ok(s) => Err(format!("the VM is {s}")),
-                    Err(e) => Err(e.to_string()),
+                    Ok(s) => Err(RuntimeError::unavailable_now(format!("the VM is {s}"))),
+                    Err(e) => Err(crate::Error::runtime("ask the VM its state")(e)),
                 },
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(crate::Error::runtime("connect to the VM's QMP socket")(e)),
             }
         } else {
-            Err("the VM's QEMU ended while the server was down".into())
+            Err(RuntimeError::unavailable_now(
+                "the VM's QEMU ended while the server was down",
+            ))
         };
         let qmp = match qmp {
             Ok(q) => q,
-            Err(why) => {
+            Err(e) => {
                 {
                     // Kills a process and deletes its directory: on the blocking pool.
                     let (dir, parent) = (dir.clone(), self.cgroup_parent());
@@ -135,7 +148,7 @@ impl VmRuntime {
                 }
                 self.remove_links(&rec.name);
                 self.release_slot(slot).await;
-                return Err(failed(why));
+                return Err(e);
             }
         };
         let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
