@@ -106,6 +106,68 @@ fn stream_input(event: stream_input_request::Event) -> StreamInputRequest {
     StreamInputRequest { event: Some(event) }
 }
 
+/// Opens a server stream and reads its first message, the start event: the stream and the pid.
+async fn open_stream(agent: &Agent, method: &str, msg: &impl Serialize) -> (EnvelopeStream, u32) {
+    let resp = client()
+        .post(agent.url(&format!("/process.Process/{method}")))
+        .header("content-type", STREAM)
+        .body(envelope(0, msg))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = EnvelopeStream::new(resp);
+    let (_, first) = stream.next().await.unwrap();
+    let pid = first["event"]["start"]["pid"]
+        .as_u64()
+        .expect("a start event first");
+    (stream, pid as u32)
+}
+
+/// A `StreamInput` request's envelopes: the start naming `pid`, then each chunk of stdin, with
+/// a keepalive after the first.
+fn stdin_frames(pid: u32, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+    let start = stream_input_request::StartEvent {
+        process: by_pid(pid),
+    };
+    let mut frames = vec![envelope(
+        0,
+        &stream_input(stream_input_request::Event::Start(start)),
+    )];
+    for (i, chunk) in chunks.iter().enumerate() {
+        let data = stream_input_request::DataEvent {
+            input: Some(ProcessInput {
+                input: Some(process_input::Input::Stdin(chunk.to_vec())),
+            }),
+        };
+        frames.push(envelope(
+            0,
+            &stream_input(stream_input_request::Event::Data(data)),
+        ));
+        if i == 0 {
+            let keepalive =
+                stream_input_request::Event::Keepalive(stream_input_request::KeepAlive {});
+            frames.push(envelope(0, &stream_input(keepalive)));
+        }
+    }
+    frames
+}
+
+/// Sends `frames` as one chunked `StreamInput` body; the answer's envelopes.
+async fn stream_input_call(agent: &Agent, frames: Vec<Vec<u8>>) -> Vec<(u8, Value)> {
+    let body = reqwest::Body::wrap_stream(futures::stream::iter(
+        frames.into_iter().map(Ok::<_, std::io::Error>),
+    ));
+    let resp = client()
+        .post(agent.url("/process.Process/StreamInput"))
+        .header("content-type", STREAM)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    parse_envelopes(&resp.bytes().await.unwrap())
+}
+
 /// Collected output of a finished `Start`.
 struct Run {
     stdout: Vec<u8>,
@@ -294,16 +356,7 @@ async fn background_process_list_connect_input_signal() {
         stdin: Some(true),
         ..Default::default()
     };
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut start_stream = EnvelopeStream::new(resp);
-    let (_, first) = start_stream.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
+    let (mut start_stream, pid) = open_stream(&agent, "Start", &msg).await;
 
     let (status, list) = unary(&agent, "List", ListRequest {}).await;
     assert_eq!(status, 200);
@@ -313,21 +366,11 @@ async fn background_process_list_connect_input_signal() {
     assert_eq!(me["config"]["cmd"], "/bin/bash");
 
     // A second stream attached by tag sees output produced from now on.
-    let resp = client()
-        .post(agent.url("/process.Process/Connect"))
-        .header("content-type", STREAM)
-        .body(envelope(
-            0,
-            &ConnectRequest {
-                process: by_tag("echoer"),
-            },
-        ))
-        .send()
-        .await
-        .unwrap();
-    let mut connected = EnvelopeStream::new(resp);
-    let (_, first) = connected.next().await.unwrap();
-    assert_eq!(first["event"]["start"]["pid"], pid);
+    let connect = ConnectRequest {
+        process: by_tag("echoer"),
+    };
+    let (mut connected, connected_pid) = open_stream(&agent, "Connect", &connect).await;
+    assert_eq!(connected_pid, pid);
 
     let (status, _) = unary(
         &agent,
@@ -342,54 +385,7 @@ async fn background_process_list_connect_input_signal() {
     }
 
     // Client-streaming input, in order, on one chunked request body.
-    let frames: Vec<Vec<u8>> = vec![
-        envelope(
-            0,
-            &stream_input(stream_input_request::Event::Start(
-                stream_input_request::StartEvent {
-                    process: by_pid(pid),
-                },
-            )),
-        ),
-        envelope(
-            0,
-            &stream_input(stream_input_request::Event::Data(
-                stream_input_request::DataEvent {
-                    input: Some(ProcessInput {
-                        input: Some(process_input::Input::Stdin(b"a\n".to_vec())),
-                    }),
-                },
-            )),
-        ),
-        envelope(
-            0,
-            &stream_input(stream_input_request::Event::Keepalive(
-                stream_input_request::KeepAlive {},
-            )),
-        ),
-        envelope(
-            0,
-            &stream_input(stream_input_request::Event::Data(
-                stream_input_request::DataEvent {
-                    input: Some(ProcessInput {
-                        input: Some(process_input::Input::Stdin(b"b\n".to_vec())),
-                    }),
-                },
-            )),
-        ),
-    ];
-    let body = reqwest::Body::wrap_stream(futures::stream::iter(
-        frames.into_iter().map(Ok::<_, std::io::Error>),
-    ));
-    let resp = client()
-        .post(agent.url("/process.Process/StreamInput"))
-        .header("content-type", STREAM)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let envs = parse_envelopes(&resp.bytes().await.unwrap());
+    let envs = stream_input_call(&agent, stdin_frames(pid, &[b"a\n", b"b\n"])).await;
     assert_eq!(envs, vec![(0, json!({})), (2, json!({}))]);
     let mut seen = Vec::new();
     while seen.len() < b"got:a\ngot:b\n".len() {
