@@ -109,7 +109,7 @@ async fn start_with_user_cwd_env_and_token() {
 }
 
 #[tokio::test]
-async fn pty_input_resize_connect_and_signal() {
+async fn pty_input_resize_and_connect() {
     let agent = Agent::start();
     let client = agent_client(&agent);
     let process = client.process();
@@ -191,7 +191,14 @@ async fn pty_input_resize_connect_and_signal() {
         }
     }
     assert!(saw_end, "the connected stream saw the end too");
+}
 
+#[tokio::test]
+async fn signal_by_pid_then_a_typed_not_found() {
+    let agent = Agent::start();
+    let client = agent_client(&agent);
+    let process = client.process();
+    let opts = CallOptions::new().user("root");
     // SIGKILL by pid ends a long command; the listing no longer has it afterwards.
     let mut stream = process.start(&bash("sleep 60"), &opts).await.unwrap();
     let pid = match event(stream.next().await.unwrap().unwrap()) {
