@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use warren_proto::connect;
 
+pub mod process;
+
 /// A running `warren-agent` on a loopback port, killed on drop.
 pub struct Agent {
     child: Child,
