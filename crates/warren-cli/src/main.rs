@@ -79,6 +79,10 @@ enum Command {
         /// URLs without an expiration, or expiring later, are refused. Default: no limit.
         #[arg(long, value_name = "SECONDS")]
         signed_url_max_age: Option<std::num::NonZeroU64>,
+        /// Largest upload of a template build's COPY files, in MiB (compressed, and again
+        /// once unpacked).
+        #[arg(long, value_name = "MIB", default_value_t = 4096)]
+        max_upload_mb: u64,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -138,9 +142,11 @@ fn main() -> std::process::ExitCode {
                 max_sandboxes,
                 domain,
                 signed_url_max_age,
+                max_upload_mb,
             } => serve::run(serve::ServeArgs {
                 listen,
                 data_dir,
+                max_upload_mb,
                 runtime,
                 max_sandboxes,
                 domain,

@@ -15,6 +15,8 @@ use crate::{RuntimeKind, KEY_FILE};
 pub struct ServeArgs {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Largest upload of a template build's COPY files, in MiB (compressed and unpacked).
+    pub max_upload_mb: u64,
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
     pub domain: Option<String>,
@@ -87,6 +89,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let control = Control::start(store, runtime.clone(), config)
         .await
         .context("recovering sandboxes")?;
+    // Template builds run in build sandboxes of this same runtime.
+    control.set_builder(Arc::new(warren_build::Builder::new(
+        runtime.clone(),
+        warren_build::BuilderConfig {
+            data_dir: args.data_dir.clone(),
+            max_upload_bytes: args.max_upload_mb.saturating_mul(1024 * 1024),
+        },
+    )));
     // The base template is what every SDK asks for by default: have it ready before taking
     // requests (its image built with visible progress on the very first start; for the vm
     // runtime its boot snapshot too, so no create ever boots a kernel). After recovery: the

@@ -18,6 +18,8 @@ struct Init<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     access_token: Option<&'a str>,
     default_user: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_workdir: Option<&'a str>,
     timestamp: String,
     /// Fresh random bytes (hex) for the guest kernel's random pool: sandboxes restored from
     /// one snapshot would otherwise start with the same random state.
@@ -30,7 +32,8 @@ struct Init<'a> {
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init`, which sets
 /// `access_token`. `current_token` authenticates the request to an agent that already has
 /// one (restored from another sandbox's memory, or resumed). `signed_url_max_age` is the
-/// host's [`crate::HostConfig::signed_url_max_age`].
+/// host's [`crate::HostConfig::signed_url_max_age`]; `launch` gives the template's default
+/// user and working directory.
 pub async fn wait_and_init(
     client: &reqwest::Client,
     agent: SocketAddr,
@@ -39,6 +42,7 @@ pub async fn wait_and_init(
     current_token: Option<&str>,
     signed_url_max_age: Option<NonZeroU64>,
     timeout: Duration,
+    launch: &warren_template::Launch,
 ) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
     let health = format!("http://{agent}/health");
@@ -51,7 +55,7 @@ pub async fn wait_and_init(
         {
             Ok(r) if r.status().as_u16() == 204 => break,
             _ if Instant::now() > deadline => {
-                return Err(RuntimeError::unavailable_now(format!(
+                return Err(RuntimeError::Failed(format!(
                     "agent at {agent} did not become ready"
                 )))
             }
@@ -61,7 +65,8 @@ pub async fn wait_and_init(
     let body = Init {
         env_vars,
         access_token,
-        default_user: "user",
+        default_user: &launch.default_user,
+        default_workdir: launch.default_workdir.as_deref(),
         timestamp: chrono::Utc::now().to_rfc3339(),
         random_seed: random_seed()?,
         signed_url_max_age_secs: signed_url_max_age.map_or(0, NonZeroU64::get),
@@ -124,11 +129,19 @@ pub async fn run_start_command(
     access_token: Option<&str>,
     cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
-    let stream = start(client, agent, access_token, None, &cmd.argv, Some(&cmd.cwd))
-        .await
-        .map_err(|e| RuntimeError::unavailable("template start command", e))?;
+    let stream = start(
+        client,
+        agent,
+        access_token,
+        cmd.user.as_deref(),
+        &cmd.argv,
+        cmd.cwd.as_deref(),
+        &cmd.env,
+    )
+    .await
+    .map_err(|e| RuntimeError::unavailable("template start command", e))?;
     drop(stream);
-    wait_ready(client, agent, cmd).await
+    wait_ready(client, agent, access_token, cmd).await
 }
 
 /// Runs `script` with `/bin/sh` as root in the sandbox and waits for its end; returns its
@@ -172,7 +185,16 @@ pub async fn run(
     cwd: Option<&str>,
     keep: usize,
 ) -> Result<Ran, RunError> {
-    let mut stream = start(client, agent, access_token, user, argv, cwd).await?;
+    let mut stream = start(
+        client,
+        agent,
+        access_token,
+        user,
+        argv,
+        cwd,
+        &BTreeMap::new(),
+    )
+    .await?;
     stream.set_max_message(MAX_EVENT);
     let mut output = Vec::new();
     while let Some(msg) = stream.next().await? {
@@ -205,6 +227,7 @@ async fn start(
     user: Option<&str>,
     argv: &[String],
     cwd: Option<&str>,
+    env: &BTreeMap<String, String>,
 ) -> Result<EventStream<StartResponse>, RunError> {
     let Some((program, args)) = argv.split_first() else {
         return Err(RunError::EmptyCommand);
@@ -213,7 +236,7 @@ async fn start(
         process: Some(ProcessConfig {
             cmd: program.clone(),
             args: args.to_vec(),
-            envs: Default::default(),
+            envs: env.clone().into_iter().collect(),
             cwd: cwd.map(str::to_string),
         }),
         stdin: Some(false),
@@ -243,31 +266,60 @@ async fn start(
     }
 }
 
-/// Polls `GET http://<sandbox>:<ready_port><ready_path>` until it answers 200.
+/// Waits until the service's readiness check passes: its HTTP check answers 200, or its
+/// ready command exits 0 (tried again with a growing pause, up to a second), or at once
+/// for a service with no check.
 pub async fn wait_ready(
     client: &reqwest::Client,
     agent: SocketAddr,
+    access_token: Option<&str>,
     cmd: &warren_template::StartCommand,
 ) -> Result<(), RuntimeError> {
-    let url = format!("http://{}:{}{}", agent.ip(), cmd.ready_port, cmd.ready_path);
     let deadline = Instant::now() + cmd.ready_timeout;
+    let mut pause = Duration::from_millis(20);
     loop {
-        match client
-            .get(&url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-        {
-            Ok(r) if r.status().is_success() => return Ok(()),
-            _ if Instant::now() > deadline => {
-                return Err(RuntimeError::unavailable_now(format!(
-                    "template service on port {} did not become ready within {:?}",
-                    cmd.ready_port, cmd.ready_timeout
-                )))
+        let (ready, what) = match &cmd.ready {
+            warren_template::Ready::Started => return Ok(()),
+            warren_template::Ready::Http { port, path } => {
+                let url = format!("http://{}:{port}{path}", agent.ip());
+                let ok = matches!(
+                    client.get(&url).timeout(Duration::from_secs(2)).send().await,
+                    Ok(r) if r.status().is_success()
+                );
+                (ok, format!("template service on port {port}"))
             }
-            // Not listening yet: the server opens its port only once its kernel runs.
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            warren_template::Ready::Command(argv) => {
+                let ran = run(
+                    client,
+                    agent,
+                    access_token,
+                    cmd.user.as_deref(),
+                    argv,
+                    cmd.cwd.as_deref(),
+                    0,
+                )
+                .await;
+                (
+                    matches!(ran, Ok(Ran { exit_code: 0, .. })),
+                    format!(
+                        "template ready command {:?}",
+                        argv.last().map(String::as_str).unwrap_or("")
+                    ),
+                )
+            }
+        };
+        if ready {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            return Err(RuntimeError::unavailable_now(format!(
+                "{what} did not become ready within {:?}",
+                cmd.ready_timeout
+            )));
+        }
+        // Not ready yet: an HTTP service opens its port only once it runs.
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 

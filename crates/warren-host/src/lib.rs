@@ -15,7 +15,7 @@ mod templates;
 
 pub use config::HostConfig;
 pub use lock::HostLock;
-pub use templates::{image_error, Templates};
+pub use templates::{image_error, image_of, Templates};
 
 /// Sandbox ids become host names, cgroup and directory names: lowercase letters and digits.
 pub fn valid_id(id: &str) -> bool {

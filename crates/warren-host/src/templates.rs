@@ -31,6 +31,25 @@ pub fn image_error(name: &str, e: warren_template::ImageError) -> RuntimeError {
     }
 }
 
+/// The image file of template `name` and the name of its mount point: a catalog template's
+/// (built from its recipe on first use) or one built from steps (`warren-build`).
+pub fn image_of(name: &str, data_dir: &Path) -> Result<(PathBuf, String), RuntimeError> {
+    if let Some(built) =
+        warren_template::built_template(data_dir, name).map_err(|e| image_error(name, e))?
+    {
+        return Ok((built.image, name.to_string()));
+    }
+    let recipe = warren_template::recipe(name)
+        .ok_or_else(|| RuntimeError::UnknownTemplate(name.to_string()))?;
+    let image = warren_template::ensure_image(
+        &recipe,
+        data_dir,
+        &mut warren_template::StderrProgress::new(),
+    )
+    .map_err(|e| image_error(name, e))?;
+    Ok((image.image, recipe.cache_key()))
+}
+
 impl Templates {
     /// The mounted root of template `name`, building its image on first use.
     pub fn root(
@@ -47,22 +66,15 @@ impl Templates {
         {
             return Ok(p.clone());
         }
-        let recipe = warren_template::recipe(name)
-            .ok_or_else(|| RuntimeError::UnknownTemplate(name.to_string()))?;
-        let image = warren_template::ensure_image(
-            &recipe,
-            data_dir,
-            &mut warren_template::StderrProgress::new(),
-        )
-        .map_err(|e| image_error(name, e))?;
-        let mnt = templates_dir.join(recipe.cache_key());
+        let (image, cache_key) = image_of(name, data_dir)?;
+        let mnt = templates_dir.join(&cache_key);
         std::fs::create_dir_all(&mnt)
             .map_err(RuntimeError::io(format!("create {}", mnt.display())))?;
         // Mounts outlive the server (sandboxes keep using them); a restarted server reuses it.
         // Managers of this host (a restarted server, tests side by side) share the mount
         // point: the look and the mount happen under a lock of its own, so two never both see
         // it unmounted and race to mount it.
-        let lock_path = templates_dir.join(format!("{}.lock", recipe.cache_key()));
+        let lock_path = templates_dir.join(format!("{cache_key}.lock"));
         let lock_file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -76,7 +88,7 @@ impl Templates {
             })?;
         if !is_mounted(&mnt) {
             nix::mount::mount(
-                Some(&image.image),
+                Some(&image),
                 &mnt,
                 Some("erofs"),
                 // Read-only only: sudo in the sandboxes needs its setuid bit.
@@ -87,7 +99,7 @@ impl Templates {
                 // A kernel without erofs, a damaged image: this host cannot serve the
                 // template now.
                 RuntimeError::unavailable(
-                    format!("mount {} on {}", image.image.display(), mnt.display()),
+                    format!("mount {} on {}", image.display(), mnt.display()),
                     std::io::Error::from(e),
                 )
             })?;

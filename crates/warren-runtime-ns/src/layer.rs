@@ -17,6 +17,11 @@ use std::path::Path;
 
 /// Name of the layer inside a saved directory.
 const UPPER: &str = "upper";
+
+/// The saved upper directory inside a directory written by [`save`].
+pub fn upper_of(saved: &Path) -> std::path::PathBuf {
+    saved.join(UPPER)
+}
 /// Name of the file recording the host id range the saved files are owned by.
 const IDS: &str = "id-base";
 /// The range every sandbox used before ranges were per sandbox (saves without [`IDS`]).

@@ -96,10 +96,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             "/templates/{template_id}",
             delete(templates::delete_template),
         )
-        .route(
-            "/templates",
-            get(templates::list_templates),
-        )
+        .route("/templates", get(templates::list_templates))
         .route("/v3/templates", post(templates::register_build))
         .route(
             "/templates/{template_id}/files/{hash}",
@@ -113,10 +110,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             "/templates/{template_id}/builds/{build_id}/status",
             get(templates::build_status),
         )
-        .route(
-            "/templates/aliases/{alias}",
-            get(templates::alias_info),
-        )
+        .route("/templates/aliases/{alias}", get(templates::alias_info))
         .route(
             "/v2/templates/{template_id}",
             axum::routing::patch(templates::set_public),

@@ -11,7 +11,7 @@ use axum::Json;
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use warren_control::{
-    BuildRequest, BuildSource, BuildSpec, Build, LogEntry, RawStep, RegistryAuth, Template,
+    Build, BuildRequest, BuildSource, BuildSpec, LogEntry, RawStep, RegistryAuth, Template,
 };
 
 use crate::error::ApiError;
@@ -49,10 +49,7 @@ struct Registered {
 }
 
 fn names_of(t: &Template) -> Vec<String> {
-    t.alias
-        .iter()
-        .map(|a| format!("{}/{a}", t.team))
-        .collect()
+    t.alias.iter().map(|a| format!("{}/{a}", t.team)).collect()
 }
 
 /// `POST /v3/templates`: registers a build (202, exactly, as the Python SDK demands).
@@ -298,7 +295,9 @@ struct WireLog {
 
 fn wire_log(e: LogEntry) -> WireLog {
     WireLog {
-        timestamp: e.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        timestamp: e
+            .timestamp
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         message: e.message,
         level: e.level.as_str(),
         step: e.step,
@@ -451,7 +450,8 @@ struct ListedTemplate {
 }
 
 fn listed(t: Template, latest: Option<Build>, envd: &str) -> ListedTemplate {
-    let ts = |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let ts =
+        |d: chrono::DateTime<chrono::Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     ListedTemplate {
         build_id: latest.as_ref().map(|b| b.id.clone()).unwrap_or_default(),
         build_status: latest.as_ref().map_or("waiting", |b| b.status.as_str()),

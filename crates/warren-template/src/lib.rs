@@ -48,7 +48,9 @@ pub use built::{
     built_dir, built_template, commit_built, is_built_key, remove_built, BuiltConfig,
     BuiltTemplate, TEMPLATE_FILE,
 };
-pub use catalog::{recipe, start_command, StartCommand, TEMPLATES};
+pub use catalog::{
+    launch, recipe, start_command, Launch, Ready, StartCommand, BUILT_READY_TIMEOUT, TEMPLATES,
+};
 pub use erofs::{verify_image, ErofsInfo, EROFS_MAGIC};
 pub use error::{ImageError, Result};
 pub use interp::{

@@ -49,12 +49,16 @@ struct Record {
     /// Set while paused: what the pause kept.
     #[serde(default)]
     paused: Option<PauseMode>,
+    /// The template it runs on (records written before it was kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    template: Option<String>,
 }
 
 struct Live {
     sandbox: Sandbox,
     slot: Slot,
     allow_internet_access: bool,
+    template: Option<String>,
 }
 
 /// Sandboxes as namespace containers on this host.
@@ -203,6 +207,7 @@ impl NsRuntime {
                         sandbox,
                         slot,
                         allow_internet_access: record.allow_internet_access,
+                        template: record.template.clone(),
                     },
                     out,
                 ))
@@ -224,6 +229,8 @@ impl NsRuntime {
         seed: Option<PathBuf>,
         id_base: u32,
     ) -> Result<Sandbox, RuntimeError> {
+        let template_launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
+            .map_err(|e| warren_host::image_error(&spec.template, e))?;
         let launch_spec = LaunchSpec {
             id: spec.id.clone(),
             image_root,
@@ -239,7 +246,7 @@ impl NsRuntime {
                 "--listen".into(),
                 "0.0.0.0:49983".into(),
                 "--default-user".into(),
-                "user".into(),
+                template_launch.default_user.clone(),
             ],
             seed,
             id_base,
@@ -263,6 +270,7 @@ impl NsRuntime {
             spec.access_token.as_deref(),
             self.cfg.signed_url_max_age,
             self.cfg.ready_timeout,
+            &template_launch,
         )
         .await
         {
@@ -274,9 +282,9 @@ impl NsRuntime {
             }));
         }
         // Templates with a service (the code interpreter) start it now; create waits for it.
-        if let Some(cmd) = warren_template::start_command(&spec.template) {
+        if let Some(cmd) = &template_launch.start {
             if let Err(e) =
-                agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), &cmd)
+                agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), cmd)
                     .await
             {
                 let _ = sandbox.destroy().await;
@@ -384,6 +392,10 @@ impl SandboxRuntime for NsRuntime {
         self.resume_now(spec).await
     }
 
+    async fn export_rootfs(&self, id: &str, out: &std::path::Path) -> Result<(), RuntimeError> {
+        self.export_now(id, out).await
+    }
+
     async fn snapshot(
         &self,
         id: &str,
@@ -461,6 +473,7 @@ impl NsRuntime {
             slot: slot.index(),
             allow_internet_access: spec.allow_internet_access,
             paused: None,
+            template: Some(spec.template.clone()),
         };
         let out = RuntimeSandbox {
             id: spec.id.clone(),
@@ -473,6 +486,7 @@ impl NsRuntime {
                 sandbox,
                 slot,
                 allow_internet_access: spec.allow_internet_access,
+                template: Some(spec.template.clone()),
             },
         );
         Ok(out)

@@ -130,6 +130,7 @@ impl NsRuntime {
                 slot: l.slot.index(),
                 allow_internet_access: l.allow_internet_access,
                 paused: None,
+                template: l.template.clone(),
             },
         })
     }
@@ -262,6 +263,38 @@ impl NsRuntime {
             memory: false,
             bytes,
         })
+    }
+
+    /// Packs a sandbox's root filesystem (its template with the sandbox's changes) into the
+    /// erofs image `out`: its upper layer is saved while it is frozen, its ids shifted back
+    /// from the sandbox's host range to the image's own (root = 0), and the two layers
+    /// merged and packed.
+    pub(crate) async fn export_now(
+        &self,
+        id: &str,
+        out: &std::path::Path,
+    ) -> Result<(), RuntimeError> {
+        let h = self.handle(id).await?;
+        let template = h.record.template.clone().ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "sandbox {id} was started by an older server, which did not record its template"
+            ))
+        })?;
+        let root = self.template_root(&template).await?;
+        let staging = out.with_extension("layer");
+        self.save_frozen(&h, staging.clone(), false).await?;
+        let (out, id_base, st) = (out.to_path_buf(), h.id_base, staging.clone());
+        let packed = tokio::task::spawn_blocking(move || {
+            let upper = layer::upper_of(&st);
+            layer::shift_ids(&upper, id_base, 0)
+                .map_err(RuntimeError::io("shift the layer's ids to the image's"))?;
+            warren_template::pack_layers(&[&upper, &root], &out)
+                .map_err(|e| RuntimeError::unavailable("pack the sandbox's filesystem", e))
+        })
+        .await
+        .map_err(|e| RuntimeError::Failed(format!("pack task: {e}")))?;
+        let _ = warren_host::durable::remove_tree_async(&staging).await;
+        packed
     }
 
     pub(crate) fn snapshot_keys_now(&self) -> Vec<String> {

@@ -182,6 +182,8 @@ impl VmRuntime {
         env.insert("E2B_SANDBOX".into(), "true".into());
         env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
+            .map_err(|e| warren_host::image_error(&spec.template, e))?;
         let ready = async {
             agent::wait_and_init(
                 &self.client,
@@ -191,18 +193,19 @@ impl VmRuntime {
                 current_token,
                 self.cfg.signed_url_max_age,
                 self.cfg.ready_timeout,
+                &launch,
             )
             .await?;
             // Templates with a service (the code interpreter) start it as `ns` does; a VM
             // restored with memory (a resume, a snapshot's child) has it running already.
-            let Some(cmd) = warren_template::start_command(&spec.template) else {
+            let Some(cmd) = &launch.start else {
                 return Ok(());
             };
+            let token = spec.access_token.as_deref();
             if checkpoint.is_some_and(|c| c.has_memory()) {
-                agent::wait_ready(&self.client, agent, &cmd).await
+                agent::wait_ready(&self.client, agent, token, cmd).await
             } else {
-                let token = spec.access_token.as_deref();
-                agent::run_start_command(&self.client, agent, token, &cmd).await
+                agent::run_start_command(&self.client, agent, token, cmd).await
             }
         };
         if let Err(e) = ready.await {

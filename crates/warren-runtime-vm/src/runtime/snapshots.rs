@@ -32,14 +32,8 @@ pub fn inputs(
     accel: Accel,
     dns: &[std::net::Ipv4Addr],
 ) -> Result<Inputs, RuntimeError> {
-    let recipe = warren_template::recipe(template)
-        .ok_or_else(|| RuntimeError::UnknownTemplate(template.to_string()))?;
-    let image = warren_template::ensure_image(
-        &recipe,
-        data_dir,
-        &mut warren_template::StderrProgress::new(),
-    )
-    .map_err(|e| warren_host::image_error(template, e))?;
+    // A catalog template's image (built on first use) or one built from steps.
+    let (image, _) = warren_host::image_of(template, data_dir)?;
     let kernel = crate::kernel::ensure(data_dir).map_err(crate::Error::runtime("guest kernel"))?;
     let initrd = crate::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
         .map_err(crate::Error::runtime("initramfs"))?;
@@ -56,7 +50,7 @@ pub fn inputs(
         accel.cpu_model(),
         &kernel.id(),
         &initrd.display().to_string(),
-        &image.image.display().to_string(),
+        &image.display().to_string(),
         &format!(
             "{}/{}/{}",
             settings.memory_mb, settings.cpus, settings.disk_mb
@@ -74,7 +68,7 @@ pub fn inputs(
         kernel: kernel.vmlinuz,
         initrd,
         append,
-        root_image: image.image,
+        root_image: image,
         agent_bin: settings.agent_bin.clone(),
         memory_mb: settings.memory_mb,
         cpus: settings.cpus,
