@@ -290,7 +290,8 @@ case {dest} in /*) dest={dest} ;; *) dest="${{WORKDIR:-${{home:-/}}}}/"{dest} ;;
 grp={group}
 pack() {{ tar -cf - --owner={u} --group="$grp" {mode} --null -T - ; }}
 if [ -d "$src" ] && [ ! -L "$src" ]; then
-  mkdir -p "$dest"
+  # A directory the copy creates belongs to the copy's owner, as its contents do.
+  if [ ! -e "$dest" ]; then mkdir -p "$dest"; chown {u}:"$grp" "$dest"; fi
   (cd "$src" && find . -mindepth 1 -maxdepth 1 -print0 | pack) | (cd "$dest" && tar -xf - )
 else
   case "$dest" in
