@@ -55,7 +55,7 @@ pub async fn wait_and_init(
         {
             Ok(r) if r.status().as_u16() == 204 => break,
             _ if Instant::now() > deadline => {
-                return Err(RuntimeError::Failed(format!(
+                return Err(RuntimeError::unavailable_now(format!(
                     "agent at {agent} did not become ready"
                 )))
             }
@@ -344,6 +344,11 @@ mod tests {
             None,
             None,
             Duration::ZERO,
+            &warren_template::Launch {
+                default_user: "user".into(),
+                default_workdir: None,
+                start: None,
+            },
         )
         .await
         .unwrap_err();
