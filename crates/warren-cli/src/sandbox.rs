@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{json, Value};
 use warren_proto::client::{self, CallOptions, EventStream};
@@ -19,28 +19,7 @@ use crate::{connect, persist, shell, ClientArgs};
 #[derive(Subcommand)]
 pub enum SandboxCommand {
     /// Creates a sandbox and prints its id.
-    Create {
-        #[arg(long, default_value = "base")]
-        template: String,
-        /// Seconds until it is killed.
-        #[arg(long)]
-        timeout: Option<i64>,
-        /// KEY=VALUE metadata (repeatable).
-        #[arg(long = "metadata", value_parser = key_value)]
-        metadata: Vec<(String, String)>,
-        /// KEY=VALUE environment variables (repeatable).
-        #[arg(long = "env", value_parser = key_value)]
-        env: Vec<(String, String)>,
-        /// Pause instead of kill at the end of its timeout.
-        #[arg(long)]
-        auto_pause: bool,
-        /// With --auto-pause: keep only the filesystem.
-        #[arg(long, requires = "auto_pause")]
-        auto_pause_filesystem: bool,
-        /// With --auto-pause: traffic through the proxy resumes it.
-        #[arg(long, requires = "auto_pause")]
-        auto_resume: bool,
-    },
+    Create(CreateArgs),
     List {
         /// KEY=VALUE metadata filter (repeatable).
         #[arg(long = "metadata", value_parser = key_value)]
@@ -110,6 +89,32 @@ pub enum SandboxCommand {
     },
 }
 
+// The options of `warren sandbox create` (no doc comment: clap would take it for the
+// subcommand's help, which the variant's gives).
+#[derive(Args)]
+pub struct CreateArgs {
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// Seconds until it is killed.
+    #[arg(long)]
+    timeout: Option<i64>,
+    /// KEY=VALUE metadata (repeatable).
+    #[arg(long = "metadata", value_parser = key_value)]
+    metadata: Vec<(String, String)>,
+    /// KEY=VALUE environment variables (repeatable).
+    #[arg(long = "env", value_parser = key_value)]
+    env: Vec<(String, String)>,
+    /// Pause instead of kill at the end of its timeout.
+    #[arg(long)]
+    auto_pause: bool,
+    /// With --auto-pause: keep only the filesystem.
+    #[arg(long, requires = "auto_pause")]
+    auto_pause_filesystem: bool,
+    /// With --auto-pause: traffic through the proxy resumes it.
+    #[arg(long, requires = "auto_pause")]
+    auto_resume: bool,
+}
+
 fn key_value(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -143,96 +148,9 @@ fn spinner(message: &str) -> Option<indicatif::ProgressBar> {
 pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
     let client = Client::new(&args)?;
     match cmd {
-        SandboxCommand::Create {
-            template,
-            timeout,
-            metadata,
-            env,
-            auto_pause,
-            auto_pause_filesystem,
-            auto_resume,
-        } => {
-            let mut body =
-                json!({"templateID": template, "metadata": map(metadata), "envVars": map(env)});
-            if let Some(t) = timeout {
-                body["timeout"] = t.into();
-            }
-            if auto_pause {
-                body["autoPause"] = true.into();
-                if auto_pause_filesystem {
-                    body["autoPauseMemory"] = false.into();
-                }
-                if auto_resume {
-                    body["autoResume"] = json!({"enabled": true});
-                }
-            }
-            let spinner = spinner(&format!("creating a sandbox from template {template}"));
-            let created = client.api(Method::POST, "/v2/sandboxes", Some(body)).await;
-            if let Some(s) = spinner {
-                s.finish_and_clear();
-            }
-            let v: Value = created?.json().await?;
-            if args.json {
-                println!("{v}");
-            } else {
-                println!("{}", v["sandboxID"].as_str().unwrap_or_default());
-            }
-        }
-        SandboxCommand::List { metadata } => {
-            let mut path = "/v2/sandboxes".to_string();
-            if !metadata.is_empty() {
-                let q: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let encoded: String = q.join("&").bytes().map(|b| format!("%{b:02X}")).collect();
-                path.push_str(&format!("?metadata={encoded}"));
-            }
-            let items: Vec<Value> = client.api(Method::GET, &path, None).await?.json().await?;
-            if args.json {
-                println!("{}", Value::Array(items));
-            } else {
-                println!(
-                    "{:<24} {:<12} {:<9} {:<26} {:<26} METADATA",
-                    "ID", "TEMPLATE", "STATE", "STARTED", "ENDS"
-                );
-                for s in items {
-                    let meta = s["metadata"].as_object().map(|m| {
-                        m.iter()
-                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    });
-                    println!(
-                        "{:<24} {:<12} {:<9} {:<26} {:<26} {}",
-                        s["sandboxID"].as_str().unwrap_or_default(),
-                        s["templateID"].as_str().unwrap_or_default(),
-                        s["state"].as_str().unwrap_or_default(),
-                        s["startedAt"].as_str().unwrap_or_default(),
-                        s["endAt"].as_str().unwrap_or_default(),
-                        meta.unwrap_or_default()
-                    );
-                }
-            }
-        }
-        SandboxCommand::Info { id } => {
-            let mut v: Value = client
-                .api(Method::GET, &format!("/sandboxes/{id}"), None)
-                .await?
-                .json()
-                .await?;
-            // The access token is a secret: not printed by default.
-            if let Some(o) = v.as_object_mut() {
-                o.remove("envdAccessToken");
-            }
-            if args.json {
-                println!("{v}");
-            } else if let Some(o) = v.as_object() {
-                for (k, val) in o {
-                    println!(
-                        "{k:<22} {}",
-                        val.as_str().map_or_else(|| val.to_string(), str::to_string)
-                    );
-                }
-            }
-        }
+        SandboxCommand::Create(create_args) => create(&client, &args, create_args).await?,
+        SandboxCommand::List { metadata } => list(&client, &args, &metadata).await?,
+        SandboxCommand::Info { id } => info(&client, &args, &id).await?,
         SandboxCommand::Exec { id, user, command } => {
             return exec(&client, &id, user, &shell_line(&command)?).await
         }
@@ -267,6 +185,111 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// The body of `POST /v2/sandboxes` for `warren sandbox create`.
+fn create_body(c: CreateArgs) -> Value {
+    let mut body = json!({
+        "templateID": c.template,
+        "metadata": map(c.metadata),
+        "envVars": map(c.env),
+    });
+    if let Some(t) = c.timeout {
+        body["timeout"] = t.into();
+    }
+    if c.auto_pause {
+        body["autoPause"] = true.into();
+        if c.auto_pause_filesystem {
+            body["autoPauseMemory"] = false.into();
+        }
+        if c.auto_resume {
+            body["autoResume"] = json!({"enabled": true});
+        }
+    }
+    body
+}
+
+/// `warren sandbox create`: prints the new sandbox's id (or its record with `--json`).
+async fn create(client: &Client, args: &ClientArgs, c: CreateArgs) -> anyhow::Result<()> {
+    let message = format!("creating a sandbox from template {}", c.template);
+    let body = create_body(c);
+    let spinner = spinner(&message);
+    let created = client.api(Method::POST, "/v2/sandboxes", Some(body)).await;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let v: Value = created?.json().await?;
+    if args.json {
+        println!("{v}");
+    } else {
+        println!("{}", v["sandboxID"].as_str().unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// `warren sandbox list`: one line per sandbox (or the list with `--json`).
+async fn list(
+    client: &Client,
+    args: &ClientArgs,
+    metadata: &[(String, String)],
+) -> anyhow::Result<()> {
+    let mut path = "/v2/sandboxes".to_string();
+    if !metadata.is_empty() {
+        let q: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let encoded: String = q.join("&").bytes().map(|b| format!("%{b:02X}")).collect();
+        path.push_str(&format!("?metadata={encoded}"));
+    }
+    let items: Vec<Value> = client.api(Method::GET, &path, None).await?.json().await?;
+    if args.json {
+        println!("{}", Value::Array(items));
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<12} {:<9} {:<26} {:<26} METADATA",
+        "ID", "TEMPLATE", "STATE", "STARTED", "ENDS"
+    );
+    for s in items {
+        let meta = s["metadata"].as_object().map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        println!(
+            "{:<24} {:<12} {:<9} {:<26} {:<26} {}",
+            s["sandboxID"].as_str().unwrap_or_default(),
+            s["templateID"].as_str().unwrap_or_default(),
+            s["state"].as_str().unwrap_or_default(),
+            s["startedAt"].as_str().unwrap_or_default(),
+            s["endAt"].as_str().unwrap_or_default(),
+            meta.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `warren sandbox info`: the sandbox's record, without its access token.
+async fn info(client: &Client, args: &ClientArgs, id: &str) -> anyhow::Result<()> {
+    let mut v: Value = client
+        .api(Method::GET, &format!("/sandboxes/{id}"), None)
+        .await?
+        .json()
+        .await?;
+    // The access token is a secret: not printed by default.
+    if let Some(o) = v.as_object_mut() {
+        o.remove("envdAccessToken");
+    }
+    if args.json {
+        println!("{v}");
+    } else if let Some(o) = v.as_object() {
+        for (k, val) in o {
+            println!(
+                "{k:<22} {}",
+                val.as_str().map_or_else(|| val.to_string(), str::to_string)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The sandbox's agent access token (`envdAccessToken`), needed for every call through the proxy.
@@ -363,7 +386,50 @@ async fn exec(
 
 #[cfg(test)]
 mod tests {
-    use super::{exec_request, shell_line};
+    use super::{create_body, exec_request, shell_line, CreateArgs, SandboxCommand};
+    use serde_json::json;
+
+    fn create_args(flags: &[&str]) -> CreateArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: SandboxCommand,
+        }
+        let argv = ["warren", "create"].iter().chain(flags);
+        match <Cli as clap::Parser>::try_parse_from(argv).unwrap().cmd {
+            SandboxCommand::Create(c) => c,
+            _ => unreachable!("parsed a create"),
+        }
+    }
+
+    #[test]
+    fn create_sends_the_template_metadata_env_and_pause_settings() {
+        assert_eq!(
+            create_body(create_args(&[])),
+            json!({"templateID": "base", "metadata": {}, "envVars": {}})
+        );
+        let all = create_args(&[
+            "--template=py",
+            "--timeout=60",
+            "--metadata=a=1",
+            "--env=E=x",
+            "--auto-pause",
+            "--auto-pause-filesystem",
+            "--auto-resume",
+        ]);
+        assert_eq!(
+            create_body(all),
+            json!({
+                "templateID": "py", "metadata": {"a": "1"}, "envVars": {"E": "x"},
+                "timeout": 60, "autoPause": true, "autoPauseMemory": false,
+                "autoResume": {"enabled": true},
+            })
+        );
+        assert!(
+            create_args(&["--auto-pause"]).auto_pause,
+            "--auto-pause alone is a plain pause"
+        );
+    }
 
     fn words(w: &[&str]) -> Vec<String> {
         w.iter().map(|s| s.to_string()).collect()

@@ -371,36 +371,11 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
-    // A paused sandbox whose lifecycle says `autoResume` wakes here, on its first request
-    // (only on one that would be let through once it runs).
     let query = req.uri().query().unwrap_or_default();
-    let headers = req.headers();
-    let may_wake = |a: &warren_control::Access| ingress::may_wake(a, target.port, headers, query);
-    let route = match st.control.route_or_resume(&target.id, may_wake).await {
-        Ok(Some(route)) => route,
-        Ok(None) => return not_found(&target.id),
-        Err(warren_control::ControlError::PermissionDenied(_)) => {
-            // The sandbox is paused; say what a running one would have said.
-            return sandbox_error(
-                StatusCode::FORBIDDEN,
-                &target.id,
-                "The sandbox is paused; only an authorised request resumes it",
-            );
-        }
-        Err(e) => {
-            tracing::warn!(sandbox_id = %target.id, error = %e, "auto-resume failed");
-            return sandbox_error(
-                StatusCode::BAD_GATEWAY,
-                &target.id,
-                "The sandbox is paused and could not be resumed",
-            );
-        }
+    let route = match admitted_route(st, &target, req.headers(), query).await {
+        Ok(route) => route,
+        Err(refused) => return refused,
     };
-    if let Err(denied) = ingress::authorize(&route.access, target.port, req.headers())
-        .and_then(|()| ingress::check_site(&route.access, target.port, req.headers(), query))
-    {
-        return sandbox_error(StatusCode::FORBIDDEN, &target.id, &denied.message());
-    }
     // Port 49983 is "the agent", wherever the runtime put it; other ports are the sandbox's
     // own services at the agent's address.
     let addr = if target.port == AGENT_PORT {
@@ -412,11 +387,73 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     let Ok(uri) = format!("http://{addr}{path}").parse::<Uri>() else {
         return ApiError::bad_request("invalid request path").into_response();
     };
-
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let upgrade_header = req.headers().get(header::UPGRADE).cloned();
+    let outbound = outbound_request(req, &target, &route, addr, uri, upgrade);
+    let resp = match send(st, &target, &route, outbound).await {
+        Ok(resp) => resp,
+        Err(failed) => return failed,
+    };
+    respond(resp, client_upgrade, &route.cancel)
+}
 
+/// The route to the sandbox if this request may reach it: a paused sandbox whose lifecycle
+/// says `autoResume` wakes here, on its first request (only on one that would be let through
+/// once it runs); then the sandbox's ingress rules. Otherwise the response that refuses it.
+///
+/// Takes the request's parts, not the request: its body is not `Sync`, and a borrow of it
+/// held across the resume would make the proxy's future not `Send`.
+async fn admitted_route(
+    st: &AppState,
+    target: &Target,
+    headers: &HeaderMap,
+    query: &str,
+) -> Result<warren_control::Route, Response> {
+    let may_wake = |a: &warren_control::Access| ingress::may_wake(a, target.port, headers, query);
+    let route = match st.control.route_or_resume(&target.id, may_wake).await {
+        Ok(Some(route)) => route,
+        Ok(None) => return Err(not_found(&target.id)),
+        Err(warren_control::ControlError::PermissionDenied(_)) => {
+            // The sandbox is paused; say what a running one would have said.
+            return Err(sandbox_error(
+                StatusCode::FORBIDDEN,
+                &target.id,
+                "The sandbox is paused; only an authorised request resumes it",
+            ));
+        }
+        Err(e) => {
+            tracing::warn!(sandbox_id = %target.id, error = %e, "auto-resume failed");
+            return Err(sandbox_error(
+                StatusCode::BAD_GATEWAY,
+                &target.id,
+                "The sandbox is paused and could not be resumed",
+            ));
+        }
+    };
+    if let Err(denied) = ingress::authorize(&route.access, target.port, headers)
+        .and_then(|()| ingress::check_site(&route.access, target.port, headers, query))
+    {
+        return Err(sandbox_error(
+            StatusCode::FORBIDDEN,
+            &target.id,
+            &denied.message(),
+        ));
+    }
+    Ok(route)
+}
+
+/// The client's request as the sandbox gets it: at `uri`, over HTTP/1.1, without hop-by-hop
+/// headers or credentials that are not the receiver's, and still asking for the upgrade it
+/// asked for.
+fn outbound_request(
+    req: Request,
+    target: &Target,
+    route: &warren_control::Route,
+    addr: SocketAddr,
+    uri: Uri,
+    upgrade: bool,
+) -> Request {
+    let upgrade_header = req.headers().get(header::UPGRADE).cloned();
     let (mut parts, body) = req.into_parts();
     parts.uri = uri;
     // The pool speaks HTTP/1.1 to sandboxes whatever the client spoke to us.
@@ -439,41 +476,55 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, up);
     }
-    let outbound = Request::from_parts(parts, body);
+    Request::from_parts(parts, body)
+}
 
-    let client = st.proxy.client_for(&target.id, &route);
+/// Sends `outbound` through the sandbox's pool; a sandbox killed meanwhile is not found,
+/// an upstream failure a 502 that says whether the port was closed.
+async fn send(
+    st: &AppState,
+    target: &Target,
+    route: &warren_control::Route,
+    outbound: Request,
+) -> Result<hyper::Response<hyper::body::Incoming>, Response> {
+    let client = st.proxy.client_for(&target.id, route);
     let result = tokio::select! {
         r = client.request(outbound) => r,
-        _ = route.cancel.cancelled() => return not_found(&target.id),
+        _ = route.cancel.cancelled() => return Err(not_found(&target.id)),
     };
-    let mut resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::debug!(sandbox_id = %target.id, port = target.port, error = %e, "proxy upstream error");
-            if route.cancel.is_cancelled() || st.control.route(&target.id).is_none() {
-                return not_found(&target.id);
-            }
-            let message = if e.is_connect() {
-                "The sandbox is running but port is not open"
-            } else {
-                "The sandbox is unreachable"
-            };
-            return sandbox_error(StatusCode::BAD_GATEWAY, &target.id, message);
+    result.map_err(|e| {
+        tracing::debug!(sandbox_id = %target.id, port = target.port, error = %e, "proxy upstream error");
+        if route.cancel.is_cancelled() || st.control.route(&target.id).is_none() {
+            return not_found(&target.id);
         }
-    };
+        let message = if e.is_connect() {
+            "The sandbox is running but port is not open"
+        } else {
+            "The sandbox is unreachable"
+        };
+        sandbox_error(StatusCode::BAD_GATEWAY, &target.id, message)
+    })
+}
 
+/// The sandbox's response for the client: an accepted upgrade spliced to the client's
+/// connection, anything else streamed without hop-by-hop headers; both cut when the sandbox
+/// is killed.
+fn respond(
+    mut resp: hyper::Response<hyper::body::Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    cancel: &CancellationToken,
+) -> Response {
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
             let upstream = hyper::upgrade::on(&mut resp);
-            tokio::spawn(splice(client_upgrade, upstream, route.cancel.clone()));
+            tokio::spawn(splice(client_upgrade, upstream, cancel.clone()));
             let (parts, _) = resp.into_parts();
             return Response::from_parts(parts, Body::empty());
         }
     }
-
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, cancellable(body, route.cancel.clone()))
+    Response::from_parts(parts, cancellable(body, cancel.clone()))
 }
 
 /// The response body, streamed frame by frame; cut with an error (no clean end of stream)
