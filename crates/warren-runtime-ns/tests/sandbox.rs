@@ -170,3 +170,27 @@ async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
     assert!(!stale_dir.exists());
     launch::remove_empty_parents(&cfg).expect("nothing left under the test's parents");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebuild_during_the_run_does_not_change_the_agent_later_sandboxes_start() {
+    if !common::have_root() {
+        return;
+    }
+    // A build output of our own (pins are hard links: the same filesystem as target/).
+    let out = target_dir().join(format!("pin-test-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let built = out.join("warren-agent");
+    std::fs::copy(agent_bin(), &built).unwrap();
+    let mut cfg = config_for("rebuild");
+    cfg.agent_bin = pinned(&built);
+    let first = start_in(cfg.clone(), limits(), 64 * MIB, |_| {}).await;
+    // A rebuild replaces the file, as cargo and the linker do: a new file takes the name.
+    let next = out.join("warren-agent.new");
+    std::fs::write(&next, "#!/bin/sh\nexit 127\n").unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&next, &built).unwrap();
+    let second = start_in(cfg, limits(), 64 * MIB, |_| {}).await;
+    assert_eq!(second.run("echo up"), (0, "up\n".into()));
+    drop((first, second));
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -68,12 +68,8 @@ impl HostTest<'_> {
         cfg.run_dir = PathBuf::from(format!("/run/warren-{}-test-{suffix}", self.name));
         // One shared template mount for all test runs, as a server keeps one.
         cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
-        cfg.agent_bin = bin.join("warren-agent");
-        cfg.nsinit_bin = bin.join("warren-nsinit");
-        assert!(
-            cfg.agent_bin.exists() && cfg.nsinit_bin.exists(),
-            "build warren-agent and warren-nsinit first"
-        );
+        cfg.agent_bin = agent_bin();
+        cfg.nsinit_bin = pinned(&bin.join("warren-nsinit"));
         cfg.cgroup_parent = format!("warren-{}-test-{suffix}", self.name);
         cfg.net.prefix = format!("{}{}{}", self.prefix, self.tag, id % 10_000);
         cfg.net.host_cidr = format!("10.{}.{}.0/24", self.octet, id % 250)
@@ -106,13 +102,82 @@ pub fn target_dir() -> PathBuf {
 }
 
 pub fn agent_bin() -> PathBuf {
-    let p = target_dir().join("warren-agent");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p warren-agent)",
-        p.display()
+    pinned(&target_dir().join("warren-agent"))
+}
+
+pub fn nsinit_bin() -> PathBuf {
+    pinned(Path::new(env!("CARGO_BIN_EXE_warren-nsinit")))
+}
+
+/// `bin` as it is now, for the whole test process: a hard link to its current file, so a
+/// build that replaces it while the tests run (cargo's output is shared with every other
+/// build of the workspace) cannot change the binary later sandboxes of this process start.
+/// Without this, a launch after such a rebuild stages the new (possibly half-linked) agent,
+/// and the sandbox dies before its agent answers.
+pub fn pinned(bin: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    static PINS: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut pins = PINS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, pin)) = pins.iter().find(|(b, _)| b == bin) {
+        return pin.clone();
+    }
+    let dir = target_dir().join("test-pins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = bin.file_name().unwrap().to_string_lossy().into_owned();
+    // cargo swaps the file by unlinking and linking again: try again if we hit the gap.
+    let mut tries = 0;
+    let meta = loop {
+        match std::fs::metadata(bin) {
+            Ok(m) => break m,
+            Err(e) if tries < 50 && e.kind() == std::io::ErrorKind::NotFound => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!(
+                "{}: {e}; build it first (cargo build --release --workspace --bins)",
+                bin.display()
+            ),
+        }
+    };
+    // Named by inode: every test process pinning the same build shares one link.
+    let pin = dir.join(format!("{name}-{}", meta.ino()));
+    match std::fs::hard_link(bin, &pin) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => panic!("pin {} at {}: {e}", bin.display(), pin.display()),
+    }
+    assert_eq!(
+        std::fs::metadata(&pin).unwrap().ino(),
+        meta.ino(),
+        "{} is the build it names",
+        pin.display()
     );
-    p
+    remove_stale_pins(&dir, &name, &pin);
+    pins.push((bin.to_path_buf(), pin.clone()));
+    pin
+}
+
+/// Pins of older builds of `name` that nothing but the pin keeps and that no test process
+/// pinned for a day (linking updates a file's ctime): their tests are long over.
+fn remove_stale_pins(dir: &Path, name: &str, current: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let day_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .saturating_sub(24 * 3600);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(name))
+            .is_some_and(|rest| rest.starts_with('-'));
+        let Ok(meta) = entry.metadata() else { continue };
+        if ours && path != current && meta.nlink() == 1 && (meta.ctime() as u64) < day_ago {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// The base image, mounted read-only once per test process.
@@ -184,7 +249,7 @@ impl Drop for NetNs {
 pub fn config_for(test: &str) -> NsConfig {
     NsConfig {
         state_dir: PathBuf::from(format!("/run/warren-test-ns-{}-{test}", std::process::id())),
-        nsinit_bin: PathBuf::from(env!("CARGO_BIN_EXE_warren-nsinit")),
+        nsinit_bin: nsinit_bin(),
         agent_bin: agent_bin(),
         cgroup_parent: format!("warren-test-{}-{test}", std::process::id()),
         // WARREN_NS_CONFINEMENT=baseline runs the suite against the earlier confinement, to see
@@ -222,7 +287,16 @@ pub async fn start_with(
     writable: u64,
     edit: impl FnOnce(&mut LaunchSpec),
 ) -> Running {
-    let cfg = config_for(test);
+    start_in(config_for(test), limits, writable, edit).await
+}
+
+/// Like [`start_with`], in configuration `cfg`.
+pub async fn start_in(
+    cfg: NsConfig,
+    limits: Limits,
+    writable: u64,
+    edit: impl FnOnce(&mut LaunchSpec),
+) -> Running {
     assert!(
         have_root(),
         "callers check common::have_root() first and return when it is false"
@@ -277,8 +351,11 @@ impl Running {
         .unwrap()
     }
 
+    /// Waits until the agent answers `GET /health`, or fails once the sandbox's PID 1 has
+    /// ended (with how it ended). No deadline on a live sandbox: a loaded host only makes the
+    /// agent slower, and only a guard against a hang bounds the wait.
     pub fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let hang_guard = Instant::now() + Duration::from_secs(600);
         loop {
             let req = b"GET /health HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".to_vec();
             if let Ok(resp) = self.http(req) {
@@ -286,10 +363,12 @@ impl Running {
                     return;
                 }
             }
+            if let Some(status) = self.sbx().exit_status() {
+                panic!("the sandbox ended before its agent answered: {status}");
+            }
             assert!(
-                Instant::now() < deadline,
-                "agent never became healthy; exit: {:?}",
-                self.sbx().exit_status()
+                Instant::now() < hang_guard,
+                "the agent hangs: alive but silent"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
