@@ -29,21 +29,36 @@ struct Init<'a> {
     signed_url_max_age_secs: u64,
 }
 
-/// Polls `GET /health` until the agent answers 204, then sends `POST /init`, which sets
-/// `access_token`. `current_token` authenticates the request to an agent that already has
-/// one (restored from another sandbox's memory, or resumed). `signed_url_max_age` is the
-/// host's [`crate::HostConfig::signed_url_max_age`]; `launch` gives the template's default
-/// user and working directory.
+/// What a sandbox's agent is initialised with (see [`wait_and_init`]).
+pub struct InitArgs<'a> {
+    pub env_vars: &'a BTreeMap<String, String>,
+    /// The token the agent requires from now on.
+    pub access_token: Option<&'a str>,
+    /// Authenticates the request to an agent that already has a token (restored from
+    /// another sandbox's memory, or resumed).
+    pub current_token: Option<&'a str>,
+    /// The host's [`crate::HostConfig::signed_url_max_age`].
+    pub signed_url_max_age: Option<NonZeroU64>,
+    /// How long the agent may take to answer its health check.
+    pub timeout: Duration,
+    /// The template's default user and working directory.
+    pub launch: &'a warren_template::Launch,
+}
+
+/// Polls `GET /health` until the agent answers 204, then sends `POST /init` with `args`.
 pub async fn wait_and_init(
     client: &reqwest::Client,
     agent: SocketAddr,
-    env_vars: &BTreeMap<String, String>,
-    access_token: Option<&str>,
-    current_token: Option<&str>,
-    signed_url_max_age: Option<NonZeroU64>,
-    timeout: Duration,
-    launch: &warren_template::Launch,
+    args: &InitArgs<'_>,
 ) -> Result<(), RuntimeError> {
+    let InitArgs {
+        env_vars,
+        access_token,
+        current_token,
+        signed_url_max_age,
+        timeout,
+        launch,
+    } = *args;
     let deadline = Instant::now() + timeout;
     let health = format!("http://{agent}/health");
     loop {
@@ -336,22 +351,20 @@ mod tests {
             .local_addr()
             .unwrap();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let e = wait_and_init(
-            &client,
-            addr,
-            &BTreeMap::new(),
-            None,
-            None,
-            None,
-            Duration::ZERO,
-            &warren_template::Launch {
-                default_user: "user".into(),
-                default_workdir: None,
-                start: None,
-            },
-        )
-        .await
-        .unwrap_err();
+        let launch = warren_template::Launch {
+            default_user: "user".into(),
+            default_workdir: None,
+            start: None,
+        };
+        let args = InitArgs {
+            env_vars: &BTreeMap::new(),
+            access_token: None,
+            current_token: None,
+            signed_url_max_age: None,
+            timeout: Duration::ZERO,
+            launch: &launch,
+        };
+        let e = wait_and_init(&client, addr, &args).await.unwrap_err();
         assert_eq!(e.category(), Category::Unavailable, "{e:?}");
         assert!(e.to_string().contains("did not become ready"), "{e}");
     }

@@ -262,18 +262,15 @@ impl NsRuntime {
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
         let agent = SocketAddr::V4(slot.agent_endpoint());
         // The agent has required the token since it started (nsinit handed it over).
-        if let Err(e) = agent::wait_and_init(
-            &self.client,
-            agent,
-            &env,
-            spec.access_token.as_deref(),
-            spec.access_token.as_deref(),
-            self.cfg.signed_url_max_age,
-            self.cfg.ready_timeout,
-            &template_launch,
-        )
-        .await
-        {
+        let init = agent::InitArgs {
+            env_vars: &env,
+            access_token: spec.access_token.as_deref(),
+            current_token: spec.access_token.as_deref(),
+            signed_url_max_age: self.cfg.signed_url_max_age,
+            timeout: self.cfg.ready_timeout,
+            launch: &template_launch,
+        };
+        if let Err(e) = agent::wait_and_init(&self.client, agent, &init).await {
             let why = sandbox.exit_status();
             let _ = sandbox.destroy().await;
             return Err(RuntimeError::unavailable_now(match why {

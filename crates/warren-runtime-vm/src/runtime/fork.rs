@@ -185,17 +185,15 @@ impl VmRuntime {
         let launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
         let ready = async {
-            agent::wait_and_init(
-                &self.client,
-                agent,
-                &env,
-                spec.access_token.as_deref(),
+            let init = agent::InitArgs {
+                env_vars: &env,
+                access_token: spec.access_token.as_deref(),
                 current_token,
-                self.cfg.signed_url_max_age,
-                self.cfg.ready_timeout,
-                &launch,
-            )
-            .await?;
+                signed_url_max_age: self.cfg.signed_url_max_age,
+                timeout: self.cfg.ready_timeout,
+                launch: &launch,
+            };
+            agent::wait_and_init(&self.client, agent, &init).await?;
             // Templates with a service (the code interpreter) start it as `ns` does; a VM
             // restored with memory (a resume, a snapshot's child) has it running already.
             let Some(cmd) = &launch.start else {
