@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use warren_control::{
     Build, BuildRequest, BuildSource, BuildSpec, LogEntry, RawStep, RegistryAuth, Template,
 };
@@ -21,7 +22,7 @@ use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct NewBuild {
     name: Option<String>,
@@ -35,7 +36,7 @@ pub(crate) struct NewBuild {
     min_free_disk_mb: Option<u32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct Registered {
     #[serde(rename = "templateID")]
@@ -53,6 +54,13 @@ fn names_of(t: &Template) -> Vec<String> {
 }
 
 /// `POST /v3/templates`: registers a build (202, exactly, as the Python SDK demands).
+#[utoipa::path(
+    post, path = "/v3/templates", request_body = NewBuild,
+    responses((status = 202, description = "Build registered", body = Registered),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 409, description = "The name is another team's", body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn register_build(
     Authed(me): Authed,
     ApiJson(body): ApiJson<NewBuild>,
@@ -84,7 +92,7 @@ pub(crate) async fn register_build(
     ))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct UploadLink {
     present: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -107,6 +115,13 @@ fn base_url(headers: &HeaderMap) -> String {
 }
 
 /// `GET /templates/{templateID}/files/{hash}`: whether a COPY's files are here (201).
+#[utoipa::path(
+    get, path = "/templates/{templateID}/files/{hash}",
+    params(("templateID" = String, Path), ("hash" = String, Path, description = "SHA-256, 64 lowercase hex digits")),
+    responses((status = 201, description = "Whether the files are here, and where to upload them", body = UploadLink),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn upload_link(
     Authed(me): Authed,
     headers: HeaderMap,
@@ -127,7 +142,7 @@ pub(crate) async fn upload_link(
     ))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 pub(crate) struct UploadQuery {
     team: String,
     expires: i64,
@@ -136,6 +151,14 @@ pub(crate) struct UploadQuery {
 
 /// `PUT /templates/{templateID}/files/{hash}/upload?team=&expires=&token=`: the upload itself.
 /// It carries no API key: the signed query authenticates it.
+#[utoipa::path(
+    put, path = "/templates/{templateID}/files/{hash}/upload",
+    params(("templateID" = String, Path), ("hash" = String, Path), UploadQuery),
+    request_body(content = Vec<u8>, description = "A tar archive, gzip-compressed or not", content_type = "application/octet-stream"),
+    responses((status = 200, description = "Stored"), (status = 400, body = ErrorBody),
+              (status = 403, description = "Invalid or expired URL", body = ErrorBody),
+              (status = 413, body = ErrorBody))
+)]
 pub(crate) async fn upload_files(
     State(st): State<AppState>,
     Path((template_id, hash)): Path<(String, String)>,
@@ -165,7 +188,7 @@ pub(crate) async fn upload_files(
     Ok(StatusCode::OK)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct WireStep {
     #[serde(rename = "type")]
@@ -177,7 +200,7 @@ pub(crate) struct WireStep {
     files_hash: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum WireRegistry {
     Registry {
@@ -198,7 +221,7 @@ enum WireRegistry {
     },
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct StartBuild {
     #[serde(default)]
@@ -264,6 +287,13 @@ impl StartBuild {
 }
 
 /// `POST /v2/templates/{templateID}/builds/{buildID}`: starts a registered build (202).
+#[utoipa::path(
+    post, path = "/v2/templates/{templateID}/builds/{buildID}", request_body = StartBuild,
+    params(("templateID" = String, Path), ("buildID" = String, Path)),
+    responses((status = 202, description = "Build started"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn start_build(
     Authed(me): Authed,
     Path((template_id, build_id)): Path<(String, String)>,
@@ -276,7 +306,7 @@ pub(crate) async fn start_build(
     Ok(StatusCode::ACCEPTED)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct StatusQuery {
     logs_offset: Option<usize>,
@@ -284,10 +314,11 @@ pub(crate) struct StatusQuery {
     level: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct WireLog {
     timestamp: String,
     message: String,
+    #[schema(value_type = String)]
     level: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<String>,
@@ -304,7 +335,7 @@ fn wire_log(e: LogEntry) -> WireLog {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct WireReason {
     message: String,
@@ -313,7 +344,7 @@ struct WireReason {
     log_entries: Vec<WireLog>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct BuildInfo {
     logs: Vec<String>,
@@ -322,6 +353,7 @@ struct BuildInfo {
     template_id: String,
     #[serde(rename = "buildID")]
     build_id: String,
+    #[schema(value_type = String)]
     status: &'static str,
     // Omitted, never null: the Python SDK cannot parse a null reason.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -329,6 +361,13 @@ struct BuildInfo {
 }
 
 /// `GET /templates/{templateID}/builds/{buildID}/status?logsOffset=`: status and log page.
+#[utoipa::path(
+    get, path = "/templates/{templateID}/builds/{buildID}/status",
+    params(("templateID" = String, Path), ("buildID" = String, Path), StatusQuery),
+    responses((status = 200, description = "Status and a page of the log", body = BuildInfo),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn build_status(
     Authed(me): Authed,
     Path((template_id, build_id)): Path<(String, String)>,
@@ -374,7 +413,7 @@ pub(crate) async fn build_status(
     }))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct AliasInfo {
     #[serde(rename = "templateID")]
     template_id: String,
@@ -383,6 +422,14 @@ struct AliasInfo {
 
 /// `GET /templates/aliases/{alias}`: 200 for the caller's (or a public) template, 403 for
 /// another team's, 404 when there is none (what `Template.exists` reads).
+#[utoipa::path(
+    get, path = "/templates/aliases/{alias}", params(("alias" = String, Path)),
+    responses((status = 200, description = "The template of this name", body = AliasInfo),
+              (status = 401, body = ErrorBody),
+              (status = 403, description = "Another team's template", body = ErrorBody),
+              (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn alias_info(
     State(st): State<AppState>,
     Authed(me): Authed,
@@ -424,7 +471,7 @@ pub(crate) async fn alias_info(
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct ListedTemplate {
     #[serde(rename = "templateID")]
@@ -441,11 +488,13 @@ struct ListedTemplate {
     names: Vec<String>,
     created_at: String,
     updated_at: String,
-    created_by: Option<()>,
+    #[schema(value_type = Option<Object>)]
+    created_by: Option<serde_json::Value>,
     last_spawned_at: Option<String>,
     spawn_count: u64,
     build_count: u32,
     envd_version: String,
+    #[schema(value_type = String)]
     build_status: &'static str,
 }
 
@@ -473,6 +522,12 @@ fn listed(t: Template, latest: Option<Build>, envd: &str) -> ListedTemplate {
 }
 
 /// `GET /templates`: the caller's templates (and public ones).
+#[utoipa::path(
+    get, path = "/templates",
+    responses((status = 200, description = "Templates built here", body = Vec<ListedTemplate>),
+              (status = 401, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn list_templates(
     State(st): State<AppState>,
     Authed(me): Authed,
@@ -486,12 +541,19 @@ pub(crate) async fn list_templates(
     Ok(Json(out))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub(crate) struct Publish {
     public: bool,
 }
 
 /// `PATCH /v2/templates/{templateID}` (and v1): publishes or unpublishes.
+#[utoipa::path(
+    patch, path = "/v2/templates/{templateID}", request_body = Publish,
+    params(("templateID" = String, Path)),
+    responses((status = 200, description = "The template's names"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
 pub(crate) async fn set_public(
     Authed(me): Authed,
     Path(id): Path<String>,
