@@ -218,7 +218,7 @@ impl RawStep {
                 } else {
                     args
                 };
-                if args.is_empty() || args.len() % 2 != 0 {
+                if args.is_empty() || !args.len().is_multiple_of(2) {
                     return Err(step_error(n, &kind, "expects key/value pairs"));
                 }
                 let mut pairs = Vec::new();

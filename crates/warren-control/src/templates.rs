@@ -243,13 +243,13 @@ pub fn check_resources(
     max_cpu: u32,
     max_mb: u32,
 ) -> Result<(), ControlError> {
-    if cpu == 0 || cpu > 32 || (cpu != 1 && cpu % 2 != 0) || cpu > max_cpu {
+    if cpu == 0 || cpu > 32 || (cpu != 1 && !cpu.is_multiple_of(2)) || cpu > max_cpu {
         return Err(ControlError::InvalidArgument(format!(
             "cpuCount must be 1 or an even number up to {}, got {cpu}",
             max_cpu.min(32)
         )));
     }
-    if memory_mb < 128 || memory_mb % 2 != 0 || memory_mb > max_mb {
+    if memory_mb < 128 || !memory_mb.is_multiple_of(2) || memory_mb > max_mb {
         return Err(ControlError::InvalidArgument(format!(
             "memoryMB must be an even number from 128 to {max_mb}, got {memory_mb}"
         )));
