@@ -273,10 +273,11 @@ impl NsRuntime {
         if let Err(e) = agent::wait_and_init(&self.client, agent, &init).await {
             let why = sandbox.exit_status();
             let _ = sandbox.destroy().await;
-            return Err(RuntimeError::unavailable_now(match why {
-                Some(w) => format!("{} (sandbox {w})", warren_runtime::chain(&e)),
-                None => warren_runtime::chain(&e),
-            }));
+            let what = match why {
+                Some(w) => format!("sandbox {} did not get ready ({w})", spec.id),
+                None => format!("sandbox {} did not get ready", spec.id),
+            };
+            return Err(RuntimeError::unavailable(what, e));
         }
         // Templates with a service (the code interpreter) start it now; create waits for it.
         if let Some(cmd) = &template_launch.start {

@@ -211,10 +211,11 @@ impl VmRuntime {
             let why = m.exit.borrow().clone();
             m.kill().await;
             self.teardown(&m).await;
-            return Err(RuntimeError::unavailable_now(match why {
-                Some(w) => format!("{} ({w})", warren_runtime::chain(&e)),
-                None => warren_runtime::chain(&e),
-            }));
+            let what = match why {
+                Some(w) => format!("sandbox {} did not get ready ({w})", spec.id),
+                None => format!("sandbox {} did not get ready", spec.id),
+            };
+            return Err(RuntimeError::unavailable(what, e));
         }
         let record = Record {
             pid: m.pid,
