@@ -182,7 +182,8 @@ async fn a_rebuild_during_the_run_does_not_change_the_agent_later_sandboxes_star
     let built = out.join("warren-agent");
     std::fs::copy(agent_bin(), &built).unwrap();
     let mut cfg = config_for("rebuild");
-    cfg.agent_bin = pinned(&built);
+    let pin = pinned(&built);
+    cfg.agent_bin = pin.clone();
     let first = start_in(cfg.clone(), limits(), 64 * MIB, |_| {}).await;
     // A rebuild replaces the file, as cargo and the linker do: a new file takes the name.
     let next = out.join("warren-agent.new");
@@ -193,4 +194,6 @@ async fn a_rebuild_during_the_run_does_not_change_the_agent_later_sandboxes_star
     assert_eq!(second.run("echo up"), (0, "up\n".into()));
     drop((first, second));
     let _ = std::fs::remove_dir_all(&out);
+    // Only this test uses this build: its pin goes too.
+    let _ = std::fs::remove_file(&pin);
 }

@@ -21,8 +21,7 @@
 //! `WARREN_DATA_DIR` (default /var/lib/warren).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -79,43 +78,38 @@ fn spec(id: String) -> CreateSpec {
     }
 }
 
-/// The Connect request that runs `/bin/true` through the agent's process service.
-fn start_request() -> Vec<u8> {
-    let msg = serde_json::json!({"process": {"cmd": "/bin/true", "args": []}, "stdin": false});
-    let payload = serde_json::to_vec(&msg).expect("json");
-    let mut body = vec![0u8];
-    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    body.extend_from_slice(&payload);
-    let mut req = format!(
-        "POST /process.Process/Start HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\
-         Content-Type: application/connect+json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    req.extend_from_slice(&body);
-    req
+/// Runs `/bin/true` at `addr` through the typed agent client, retrying the connection until
+/// the agent listens; blocking, with a runtime on the calling thread (which may have joined a
+/// network namespace: the client's sockets are created where it is polled).
+fn first_command(addr: SocketAddr, deadline: Instant) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = reqwest::Client::new();
+    let argv = ["/bin/true".to_string()];
+    rt.block_on(async {
+        loop {
+            match warren_host::agent::run(&client, addr, None, None, &argv, None, 0).await {
+                Ok(ran) if ran.exit_code == 0 => return Ok(()),
+                Ok(ran) => return Err(format!("/bin/true exited {}", ran.exit_code)),
+                Err(warren_host::agent::RunError::Agent(e))
+                    if not_listening(&e) && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await
+                }
+                Err(e) => return Err(format!("{addr}: {}", warren_runtime::chain(&e))),
+            }
+        }
+    })
 }
 
-/// Runs a first command at `addr`, retrying the connection until the agent listens; blocking
-/// (called on a thread that may have joined a network namespace).
-fn first_command(addr: SocketAddr, deadline: Instant) -> Result<(), String> {
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-                s.write_all(&start_request()).map_err(|e| e.to_string())?;
-                let mut out = Vec::new();
-                s.read_to_end(&mut out).map_err(|e| e.to_string())?;
-                let text = String::from_utf8_lossy(&out);
-                if text.starts_with("HTTP/1.1 200") && text.contains("\"end\"") {
-                    return Ok(());
-                }
-                return Err(format!("unexpected answer: {text}"));
-            }
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            Err(e) => return Err(format!("connect {addr}: {e}")),
-        }
-    }
+/// Whether the call failed for want of a listening agent (the guest is still starting): its
+/// transport error is a refused or failed connect.
+fn not_listening(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<reqwest::Error>())
+        .is_some_and(reqwest::Error::is_connect)
 }
 
 /// `first_command` from inside network namespace `ns`.

@@ -19,32 +19,14 @@ use warren_runtime_vm::{VmRuntime, VmSettings};
 
 /// A config of its own (prefix, addresses, cgroups, state) per test.
 fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require("root", warren_testkit::is_root())
-        || !warren_testkit::require(
-            "qemu-system-x86_64 (scripts/setup.sh installs it)",
-            warren_testkit::on_path("qemu-system-x86_64").is_some(),
-        )
-    {
-        return None;
+    common::VmTest {
+        name: "vm",
+        prefix: "wv",
+        octet: 15,
+        pool_size: 2,
+        warm_pool: 1,
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    let mut cfg = HostConfig::new(PathBuf::from("/var/lib/warren"));
-    cfg.run_dir = PathBuf::from(format!("/run/warren-vm-test-{tag}-{id}"));
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.cgroup_parent = format!("warren-vm-test-{tag}-{id}");
-    cfg.net.prefix = format!("wv{tag}{}", id % 10_000);
-    cfg.net.host_cidr = format!("10.15.{}.0/26", (id % 60) * 4 + n).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 2;
-    let mut vm = VmSettings::new(&cfg);
-    vm.memory_mb = 256;
-    vm.disk_mb = 1024;
-    vm.warm_pool = 1;
-    assert!(vm.vminit_bin.exists(), "build warren-vminit first");
-    Some((cfg, vm))
+    .config(tag, n, Path::new(common::SHARED_DATA))
 }
 
 fn spec(id: &str) -> CreateSpec {
@@ -68,7 +50,7 @@ async fn start(cfg: &HostConfig, vm: &VmSettings) -> Arc<VmRuntime> {
     rt.reattach(vec![]).await;
     rt.prepare_template("base")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     rt
 }
 
@@ -93,11 +75,11 @@ async fn forks_run_commands_independently_and_clean_up() {
     let a = rt
         .create(spec("forka"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let b = rt
         .create(spec("forkb"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_ne!(a.agent, b.agent);
     assert_eq!(
         run(a.agent, "echo $FROM_CREATE $E2B_SANDBOX_ID").await,
@@ -146,7 +128,7 @@ async fn forks_run_commands_independently_and_clean_up() {
     rt.kill("forkb").await.expect("kill");
     rt.shutdown().await.expect("shutdown");
     assert!(!Path::new(&format!("/run/netns/{}-0", cfg.net.prefix)).exists());
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    common::cleanup(&cfg);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -158,7 +140,7 @@ async fn a_crashed_vm_is_reported_failed_and_freed() {
     let s = rt
         .create(spec("crashy"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let pid = s.record["pid"].as_u64().unwrap() as i32;
     let name = s.record["name"].as_str().unwrap().to_string();
     nix::sys::signal::kill(
@@ -189,7 +171,7 @@ async fn a_crashed_vm_is_reported_failed_and_freed() {
     assert!(!vms_dir(&cfg).join(&name).exists());
     rt.kill("crashy").await.expect("kill of a failed sandbox");
     rt.shutdown().await.expect("shutdown");
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    common::cleanup(&cfg);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -201,11 +183,11 @@ async fn a_restarted_manager_takes_back_running_vms() {
     let kept = first
         .create(spec("keptvm"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let doomed = first
         .create(spec("doomedvm"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(
         run(kept.agent, "echo state > /home/user/f && echo ok").await,
         (0, "ok\n".into())
@@ -235,5 +217,5 @@ async fn a_restarted_manager_takes_back_running_vms() {
     second.kill("keptvm").await.expect("kill after restart");
     assert_eq!(vm_dirs(&cfg), 0, "stale and killed VMs are gone");
     second.shutdown().await.expect("shutdown");
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    common::cleanup(&cfg);
 }

@@ -21,32 +21,14 @@ use warren_runtime_vm::{VmRuntime, VmSettings};
 
 /// A config of its own (prefix, addresses, cgroups, state) per test.
 fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require("root", warren_testkit::is_root())
-        || !warren_testkit::require(
-            "qemu-system-x86_64 (scripts/setup.sh installs it)",
-            warren_testkit::on_path("qemu-system-x86_64").is_some(),
-        )
-    {
-        return None;
+    common::VmTest {
+        name: "vm",
+        prefix: "wv",
+        octet: 16,
+        pool_size: 2,
+        warm_pool: 0,
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    let mut cfg = HostConfig::new(data.to_path_buf());
-    cfg.run_dir = PathBuf::from(format!("/run/warren-vm-test-{tag}-{id}"));
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.cgroup_parent = format!("warren-vm-test-{tag}-{id}");
-    cfg.net.prefix = format!("wv{tag}{}", id % 10_000);
-    cfg.net.host_cidr = format!("10.16.{}.0/26", (id % 60) * 4 + n).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 2;
-    let mut vm = VmSettings::new(&cfg);
-    vm.memory_mb = 256;
-    vm.disk_mb = 1024;
-    vm.warm_pool = 0;
-    assert!(vm.vminit_bin.exists(), "build warren-vminit first");
-    Some((cfg, vm))
+    .config(tag, n, data)
 }
 
 fn spec(id: &str) -> CreateSpec {
@@ -64,7 +46,7 @@ fn spec(id: &str) -> CreateSpec {
 }
 
 fn data_dir() -> PathBuf {
-    PathBuf::from("/var/lib/warren")
+    PathBuf::from(common::SHARED_DATA)
 }
 
 /// `Uid:`/`Gid:` fields and the other lines of `/proc/<pid>/status`.
@@ -180,7 +162,10 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    prepare.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    prepare
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert!(!boot_uids.is_empty(), "the template boot was seen");
     assert!(
         boot_uids.iter().all(|&u| u != 0),
@@ -194,7 +179,7 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     let s = rt
         .create(spec("jailed"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let pid = s.record["pid"].as_u64().unwrap() as u32;
     let st = status(pid);
     let uids = ids(&st, "Uid:");
@@ -320,7 +305,7 @@ async fn qemu_is_jailed_unprivileged_and_keeps_off_run() {
     let f = rt
         .create(spec("flood"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let fdir = overlay_of(f.record["pid"].as_u64().unwrap() as u32)
         .parent()
         .unwrap()
@@ -352,7 +337,7 @@ async fn start(cfg: &HostConfig, vm: &VmSettings) -> Arc<VmRuntime> {
     rt.reattach(vec![]).await;
     rt.prepare_template("base")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     rt
 }
 
@@ -363,7 +348,10 @@ async fn checkpoints_are_sealed_root_only_and_still_restore() {
     };
     let rt = start(&cfg, &vm).await;
     let id = format!("seal{}", std::process::id());
-    let s = rt.create(spec(&id)).await.unwrap_or_else(|e| panic!("{e}"));
+    let s = rt
+        .create(spec(&id))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(
         run(s.agent, "echo kept > /home/user/f && echo ok").await,
         (0, "ok\n".into())
@@ -371,7 +359,7 @@ async fn checkpoints_are_sealed_root_only_and_still_restore() {
     let key = format!("sealkey{}", std::process::id());
     rt.snapshot(&id, &key, true)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let snap = cfg.data_dir.join("vm-checkpoints/snapshots").join(&key);
     assert_root_only(&snap, 0o700);
     for f in ["mem", "state", "disk.qcow2", "meta.json"] {
@@ -383,7 +371,7 @@ async fn checkpoints_are_sealed_root_only_and_still_restore() {
             ..spec(&format!("{id}c"))
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(
         run(child.agent, "cat /home/user/f").await,
         (0, "kept\n".into())
@@ -391,12 +379,15 @@ async fn checkpoints_are_sealed_root_only_and_still_restore() {
     rt.kill(&format!("{id}c")).await.unwrap();
     rt.pause(&id, PauseMode::Memory)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     let paused = cfg.data_dir.join("vm-checkpoints/paused").join(&id);
     for f in ["ram", "disk.qcow2", "meta.json"] {
         assert_root_only(&paused.join(f), 0o400);
     }
-    let (back, _) = rt.resume(spec(&id)).await.unwrap_or_else(|e| panic!("{e}"));
+    let (back, _) = rt
+        .resume(spec(&id))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(
         run(back.agent, "cat /home/user/f").await,
         (0, "kept\n".into())
@@ -434,7 +425,10 @@ async fn a_rewritten_overlay_backing_never_reaches_a_checkpoint() {
     };
     let rt = start(&cfg, &vm).await;
     let id = format!("mthree{}", std::process::id());
-    let s = rt.create(spec(&id)).await.unwrap_or_else(|e| panic!("{e}"));
+    let s = rt
+        .create(spec(&id))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     // A root-only host file holding a secret.
     let secret_path = PathBuf::from(format!("/root/warren-m3-secret-{}", std::process::id()));
     let marker = format!("M3-SECRET-{}-", std::process::id());
@@ -475,10 +469,9 @@ async fn a_rewritten_overlay_backing_never_reaches_a_checkpoint() {
     let _ = std::fs::remove_file(&secret_path);
     assert!(!leaked, "the root-only file was copied into the checkpoint");
     let err = result.expect_err("a checkpoint of a rewritten overlay is refused");
-    assert!(
-        err.to_string().contains("backing file was changed"),
-        "{err}"
-    );
+    // The reason is the error's cause, under what failed ("checkpoint").
+    let err = warren_runtime::chain(&err);
+    assert!(err.contains("backing file was changed"), "{err}");
     assert!(!snap_dir.exists(), "no checkpoint is left");
     // The sandbox runs on (its processes were continued).
     assert_eq!(run(s.agent, "echo alive").await, (0, "alive\n".into()));
@@ -513,7 +506,7 @@ async fn a_data_dir_of_mode_0700_works() {
     let s = rt
         .create(spec("private"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(run(s.agent, "echo ok").await, (0, "ok\n".into()));
     rt.kill("private").await.unwrap();
     rt.shutdown().await.expect("shutdown");

@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::run;
+use common::{cleanup, run};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,49 +21,17 @@ use warren_runtime_vm::{VmRuntime, VmSettings};
 /// A config of its own per test: its own run dir, cgroups, addresses and a private data dir
 /// (checkpoints) that borrows the shared image and kernel caches.
 fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
-    // Skipped with the reason printed, or failed under WARREN_REQUIRE_ALL=1 (docs/testing.md).
-    if !warren_testkit::require("root", warren_testkit::is_root())
-        || !warren_testkit::require(
-            "qemu-system-x86_64 (scripts/setup.sh installs it)",
-            warren_testkit::on_path("qemu-system-x86_64").is_some(),
-        )
-    {
+    if !common::have_vm_host() {
         return None;
     }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let id = std::process::id();
-    let data = PathBuf::from(format!("/var/tmp/warren-vm-persist-test-{id}-{tag}"));
-    std::fs::create_dir_all(&data).unwrap();
-    for shared in ["images", "vm"] {
-        let link = data.join(shared);
-        if !link.exists() {
-            std::fs::create_dir_all(Path::new("/var/lib/warren").join(shared)).unwrap();
-            std::os::unix::fs::symlink(Path::new("/var/lib/warren").join(shared), &link).unwrap();
-        }
+    common::VmTest {
+        name: "vmp",
+        prefix: "wq",
+        octet: 21,
+        pool_size: 4,
+        warm_pool: 0,
     }
-    let mut cfg = HostConfig::new(data);
-    cfg.run_dir = PathBuf::from(format!("/run/warren-vmp-test-{tag}-{id}"));
-    cfg.agent_bin = bin.join("warren-agent");
-    cfg.cgroup_parent = format!("warren-vmp-test-{tag}-{id}");
-    cfg.net.prefix = format!("wq{tag}{}", id % 10_000);
-    cfg.net.host_cidr = format!("10.21.{}.0/26", (id % 60) * 4 + n).parse().unwrap();
-    cfg.net.run_dir = cfg.run_dir.join("net");
-    cfg.net.pool_size = 4;
-    let mut vm = VmSettings::new(&cfg);
-    vm.memory_mb = 256;
-    vm.disk_mb = 1024;
-    vm.warm_pool = 0;
-    assert!(vm.vminit_bin.exists(), "build warren-vminit first");
-    Some((cfg, vm))
-}
-
-fn cleanup(cfg: &HostConfig) {
-    let _ = std::fs::remove_dir_all(&cfg.run_dir);
-    for shared in ["images", "vm"] {
-        let _ = std::fs::remove_file(cfg.data_dir.join(shared));
-    }
-    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    .config(tag, n, &common::private_data_dir(tag))
 }
 
 fn spec(id: &str) -> CreateSpec {
@@ -89,7 +57,7 @@ async fn start(cfg: &HostConfig, vm: &VmSettings, records: Vec<RuntimeSandbox>) 
     }
     rt.prepare_template("base")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     rt
 }
 
@@ -140,7 +108,7 @@ async fn pause_restart_and_resume_keep_files_and_processes() {
     let s = rt
         .create(spec("pausevm"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(run(s.agent, WRITE).await, (0, "ok\n".into()));
     let (code, sums) = run(s.agent, SUMS).await;
     assert_eq!(code, 0, "{sums}");
@@ -150,7 +118,7 @@ async fn pause_restart_and_resume_keep_files_and_processes() {
     let paused = rt
         .pause("pausevm", PauseMode::Memory)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert!(
         !Path::new(&format!("/proc/{qemu_pid}")).exists(),
         "a paused VM holds no QEMU (no memory)"
@@ -265,7 +233,7 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     let parent = rt
         .create(spec("parentvm"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(run(parent.agent, WRITE).await, (0, "ok\n".into()));
     let (_, sums) = run(parent.agent, SUMS).await;
     let (pid, _) = counter(parent.agent).await;
@@ -273,7 +241,7 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     let info = rt
         .snapshot("parentvm", "snapone", true)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert!(info.memory && info.bytes > 0, "{info:?}");
     // The parent runs on.
     assert_eq!(
@@ -328,7 +296,7 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     let info = rt
         .snapshot("parentvm", "snapfiles", false)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert!(!info.memory);
     let (_, c1) = counter(parent.agent).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -338,7 +306,10 @@ async fn snapshot_children_carry_processes_and_are_independent() {
     );
     let mut s = spec("fileschild");
     s.from_snapshot = Some("snapfiles".into());
-    let fc = rt.create(s).await.unwrap_or_else(|e| panic!("{e}"));
+    let fc = rt
+        .create(s)
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(
         run(fc.agent, "cat /home/user/w/later && rm /home/user/w/later").await,
         (0, "later\n".into())
@@ -398,7 +369,7 @@ async fn a_vm_left_stopped_by_a_dead_server_runs_again_after_restart() {
     let s = rt
         .create(spec("stoppedvm"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
     assert_eq!(run(s.agent, WRITE).await, (0, "ok\n".into()));
     let (pid, _) = counter(s.agent).await;
     // What a server that died in the middle of a pause or snapshot leaves: the VM stopped

@@ -9,28 +9,108 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use warren_host::HostConfig;
 use warren_runtime_vm::accel::Accel;
 use warren_runtime_vm::snapshot::TemplateSpec;
+use warren_runtime_vm::VmSettings;
+
+/// Where the shared caches (images, kernels, initramfs) live.
+pub const SHARED_DATA: &str = "/var/lib/warren";
+
+/// Whether this host can run the runtime tests: root and QEMU (the one skip rule,
+/// `warren-testkit`: `SKIP: <reason>`, or a failure under `WARREN_REQUIRE_ALL=1`).
+pub fn have_vm_host() -> bool {
+    warren_testkit::require("root", warren_testkit::is_root())
+        && warren_testkit::require(
+            "qemu-system-x86_64 (scripts/setup.sh installs it)",
+            warren_testkit::on_path("qemu-system-x86_64").is_some(),
+        )
+}
+
+/// The settings one test binary gives every test's own host configuration.
+pub struct VmTest<'a> {
+    /// `/run/warren-<name>-test-<tag>-<pid>` (short: QMP socket paths live below it and
+    /// must fit in `sun_path`'s 108 bytes) and the cgroup of the same name.
+    pub name: &'a str,
+    /// First letters of the slot names (interface names: keep it to two).
+    pub prefix: &'a str,
+    /// `10.<octet>.x.0/26` holds the slots' addresses.
+    pub octet: u32,
+    pub pool_size: usize,
+    pub warm_pool: usize,
+}
+
+impl VmTest<'_> {
+    /// A config of its own (prefix, addresses, cgroups, state) for test `tag`, the `n`th of
+    /// its binary, with its data in `data`; `None` (with the reason printed) when the host
+    /// cannot run it.
+    pub fn config(&self, tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
+        if !have_vm_host() {
+            return None;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe.parent().unwrap().parent().unwrap().to_path_buf();
+        let id = std::process::id();
+        let mut cfg = HostConfig::new(data.to_path_buf());
+        cfg.run_dir = PathBuf::from(format!("/run/warren-{}-test-{tag}-{id}", self.name));
+        cfg.agent_bin = bin.join("warren-agent");
+        cfg.cgroup_parent = format!("warren-{}-test-{tag}-{id}", self.name);
+        cfg.net.prefix = format!("{}{tag}{}", self.prefix, id % 10_000);
+        cfg.net.host_cidr = format!("10.{}.{}.0/26", self.octet, (id % 60) * 4 + n)
+            .parse()
+            .unwrap();
+        cfg.net.run_dir = cfg.run_dir.join("net");
+        cfg.net.pool_size = self.pool_size;
+        let mut vm = VmSettings::new(&cfg);
+        vm.memory_mb = 256;
+        vm.disk_mb = 1024;
+        vm.warm_pool = self.warm_pool;
+        assert!(vm.vminit_bin.exists(), "build warren-vminit first");
+        Some((cfg, vm))
+    }
+}
+
+/// A data directory of test `tag`'s own (its checkpoints) that borrows the shared image and
+/// kernel caches.
+pub fn private_data_dir(tag: &str) -> PathBuf {
+    let data = PathBuf::from(format!(
+        "/var/tmp/warren-vm-persist-test-{}-{tag}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&data).unwrap();
+    for shared in ["images", "vm"] {
+        let link = data.join(shared);
+        if !link.exists() {
+            std::fs::create_dir_all(Path::new(SHARED_DATA).join(shared)).unwrap();
+            std::os::unix::fs::symlink(Path::new(SHARED_DATA).join(shared), &link).unwrap();
+        }
+    }
+    data
+}
+
+/// Removes a test's run dir and, if it had one, its private data dir.
+pub fn cleanup(cfg: &HostConfig) {
+    let _ = std::fs::remove_dir_all(&cfg.run_dir);
+    if cfg.data_dir != Path::new(SHARED_DATA) {
+        for shared in ["images", "vm"] {
+            let _ = std::fs::remove_file(cfg.data_dir.join(shared));
+        }
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    }
+}
 
 /// Prints why and returns `None` when this host cannot run the tests (the one skip rule,
 /// `warren-testkit`: `SKIP: <reason>`, or a failure under `WARREN_REQUIRE_ALL=1`).
 pub fn prerequisites() -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let skip = |why: String| {
-        warren_testkit::skip(why);
-        None
-    };
-    if !nix::unistd::geteuid().is_root() {
-        return skip("needs root".into());
+    if !have_vm_host() {
+        return None;
     }
-    let Ok(qemu) = which("qemu-system-x86_64") else {
-        return skip("qemu-system-x86_64 not installed (scripts/setup.sh)".into());
-    };
     let bin_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release");
     let (agent, vminit) = (bin_dir.join("warren-agent"), bin_dir.join("warren-vminit"));
     if !agent.exists() || !vminit.exists() {
-        return skip("build first: cargo build --release".into());
+        warren_testkit::skip("build first: cargo build --release");
+        return None;
     }
-    let _ = qemu;
     Some((agent, vminit, image()?))
 }
 
@@ -51,15 +131,6 @@ pub fn data_dir() -> PathBuf {
     std::env::var_os("WARREN_DATA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/lib/warren"))
-}
-
-fn which(name: &str) -> Result<PathBuf, ()> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .ok_or(())
 }
 
 /// A network namespace with a tap device whose far end is the guest (169.254.0.21).
