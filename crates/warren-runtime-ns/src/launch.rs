@@ -342,9 +342,10 @@ fn enter_sandbox(
     let userns: OwnedFd = fs::File::open(format!("/proc/{shim_pid}/ns/user"))
         .map_err(io("open the sandbox's user namespace"))?
         .into();
-    crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(
-        format!("id-mapped mount of {}", spec.image_root.display()),
-    ))
+    crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(format!(
+        "id-mapped mount of {}",
+        spec.image_root.display()
+    )))
 }
 
 /// Waits for nsinit's remaining reports: PID 1's host pid, then `ready` (PID 1 is about to
