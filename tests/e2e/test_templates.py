@@ -47,7 +47,8 @@ def test_every_step_type_lands_in_the_sandbox(server, context):
     tpl = (
         Template(file_context_path=str(context))
         .from_base_image()
-        .run_cmd("echo building as $(id -un)")
+        # A fresh first step: images are cached by content across runs and runtimes.
+        .run_cmd(f"echo building as $(id -un) {uuid.uuid4().hex}")
         .set_envs({"GREETING": "hello", "B": "$GREETING world"})
         .run_cmd("echo $B > /tmp/b.txt")
         .copy("app", "/app")
@@ -89,26 +90,28 @@ def test_every_step_type_lands_in_the_sandbox(server, context):
 
 def test_unchanged_steps_come_from_the_cache(server, context):
     name = _name("cache")
-    base = Template(file_context_path=str(context)).from_base_image().run_cmd("echo one > /tmp/one")
+    # Unique to this run, so the first build is cold.
+    one = f"echo one > /tmp/one # {uuid.uuid4().hex}"
+    base = Template(file_context_path=str(context)).from_base_image().run_cmd(one)
     _, cold = build(base.run_cmd("echo two > /tmp/two"), name)
     assert not any(l.startswith("CACHED") for l in cold), cold
     # The same steps again: nothing runs.
     _, warm = build(
-        Template(file_context_path=str(context)).from_base_image().run_cmd("echo one > /tmp/one").run_cmd("echo two > /tmp/two"),
+        Template(file_context_path=str(context)).from_base_image().run_cmd(one).run_cmd("echo two > /tmp/two"),
         name,
     )
     assert any(l.startswith("CACHED [builder 1/2]") for l in warm), warm
     assert any(l.startswith("CACHED [builder 2/2]") for l in warm), warm
     # A changed last step: the first is cached, the second runs.
     _, partial = build(
-        Template(file_context_path=str(context)).from_base_image().run_cmd("echo one > /tmp/one").run_cmd("echo three > /tmp/two"),
+        Template(file_context_path=str(context)).from_base_image().run_cmd(one).run_cmd("echo three > /tmp/two"),
         name,
     )
     assert any(l.startswith("CACHED [builder 1/2]") for l in partial), partial
     assert any(l.startswith("[builder 2/2] RUN echo three") for l in partial), partial
     # skip_cache rebuilds everything.
     _, forced = build(
-        Template(file_context_path=str(context)).from_base_image().run_cmd("echo one > /tmp/one").run_cmd("echo three > /tmp/two"),
+        Template(file_context_path=str(context)).from_base_image().run_cmd(one).run_cmd("echo three > /tmp/two"),
         name,
         skip_cache=True,
     )
@@ -237,7 +240,9 @@ def test_bad_build_input_gets_clear_errors(server, api):
     r = api.get(f"{server.url}/templates/{t['templateID']}/files/not-a-hash")
     assert r.status_code == 400, r.text
     # Upload links authenticate themselves; hostile archives are refused and leave nothing.
-    link = api.get(f"{server.url}/templates/{t['templateID']}/files/{'e' * 64}")
+    # (A hash of its own: uploads are kept per team across runs.)
+    h = uuid.uuid4().hex * 2
+    link = api.get(f"{server.url}/templates/{t['templateID']}/files/{h}")
     assert link.status_code == 201, link.text
     assert link.json()["present"] is False
     url = link.json()["url"]
@@ -247,10 +252,10 @@ def test_bad_build_input_gets_clear_errors(server, api):
         r = requests.put(url, data=_tar(members), timeout=30)
         assert r.status_code == 400, r.text
         assert why in r.json()["message"], r.text
-    assert api.get(f"{server.url}/templates/{t['templateID']}/files/{'e' * 64}").json()["present"] is False
+    assert api.get(f"{server.url}/templates/{t['templateID']}/files/{h}").json()["present"] is False
     r = requests.put(url, data=_tar([("ok.txt", b"fine")]), timeout=30)
     assert r.status_code == 200, r.text
-    assert api.get(f"{server.url}/templates/{t['templateID']}/files/{'e' * 64}").json()["present"] is True
+    assert api.get(f"{server.url}/templates/{t['templateID']}/files/{h}").json()["present"] is True
     # Unknown builds and templates.
     r = api.get(f"{server.url}/templates/{t['templateID']}/builds/{uuid.uuid4()}/status")
     assert r.status_code == 404, r.text

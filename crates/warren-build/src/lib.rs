@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod export;
 mod files;
 mod sandbox;
 mod steps;
@@ -263,10 +264,15 @@ impl Builder {
             .map_err(|e| format!("create {}: {e}", staging.display()))?;
         let image = staging.join(warren_template::IMAGE_FILE);
         let result = async {
-            self.runtime
-                .export_rootfs(&b.id, &image)
-                .await
-                .map_err(|e| warren_runtime::chain(&e))?;
+            // The runtime reads the sandbox's layers from the host when it can (ns); else the
+            // guest streams its files out through the agent (vm).
+            match self.runtime.export_rootfs(&b.id, &image).await {
+                Ok(()) => {}
+                Err(warren_runtime::RuntimeError::Unsupported(_)) => {
+                    export::through_agent(b, &image).await?
+                }
+                Err(e) => return Err(warren_runtime::chain(&e)),
+            }
             let config = warren_template::BuiltConfig {
                 user: ctx.user.clone(),
                 workdir: ctx.workdir.clone(),

@@ -98,6 +98,40 @@ impl BuildBox {
         env: &BTreeMap<String, String>,
         mut on_line: impl FnMut(Stream, &str),
     ) -> Result<Finished, String> {
+        let (mut out, mut err) = (Lines::default(), Lines::default());
+        let mut tail = String::new();
+        let mut keep = |s: Stream, line: &str, tail: &mut String| {
+            on_line(s, line);
+            tail.push_str(line);
+            tail.push('\n');
+            if tail.len() > 4096 {
+                let cut = tail.len() - 4096;
+                let cut = (cut..tail.len())
+                    .find(|i| tail.is_char_boundary(*i))
+                    .unwrap_or(0);
+                tail.drain(..cut);
+            }
+        };
+        let exit_code = self
+            .run_raw(argv, user, cwd, env, |s, bytes| match s {
+                Stream::Stdout => out.feed(bytes, |l| keep(Stream::Stdout, l, &mut tail)),
+                Stream::Stderr => err.feed(bytes, |l| keep(Stream::Stderr, l, &mut tail)),
+            })
+            .await?;
+        out.flush(|l| keep(Stream::Stdout, l, &mut tail));
+        err.flush(|l| keep(Stream::Stderr, l, &mut tail));
+        Ok(Finished { exit_code, tail })
+    }
+
+    /// [`Self::run`] with the output as it comes, in chunks; returns the exit code.
+    pub(crate) async fn run_raw(
+        &self,
+        argv: &[String],
+        user: &str,
+        cwd: Option<&str>,
+        env: &BTreeMap<String, String>,
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<i32, String> {
         let (program, args) = argv.split_first().ok_or("empty command")?;
         let request = StartRequest {
             process: Some(ProcessConfig {
@@ -120,20 +154,6 @@ impl BuildBox {
             .start(&request, &opts)
             .await
             .map_err(|e| error_text(&e))?;
-        let (mut out, mut err) = (Lines::default(), Lines::default());
-        let mut tail = String::new();
-        let mut keep = |s: Stream, line: &str, tail: &mut String| {
-            on_line(s, line);
-            tail.push_str(line);
-            tail.push('\n');
-            if tail.len() > 4096 {
-                let cut = tail.len() - 4096;
-                let cut = (cut..tail.len())
-                    .find(|i| tail.is_char_boundary(*i))
-                    .unwrap_or(0);
-                tail.drain(..cut);
-            }
-        };
         loop {
             let msg = stream.next().await.map_err(|e| error_text(&e))?;
             let Some(msg) = msg else {
@@ -141,22 +161,11 @@ impl BuildBox {
             };
             match msg.event.and_then(|e| e.event) {
                 Some(Event::Data(d)) => match d.output {
-                    Some(data_event::Output::Stdout(b)) => {
-                        out.feed(&b, |l| keep(Stream::Stdout, l, &mut tail))
-                    }
-                    Some(data_event::Output::Stderr(b)) => {
-                        err.feed(&b, |l| keep(Stream::Stderr, l, &mut tail))
-                    }
+                    Some(data_event::Output::Stdout(b)) => on_output(Stream::Stdout, &b),
+                    Some(data_event::Output::Stderr(b)) => on_output(Stream::Stderr, &b),
                     _ => {}
                 },
-                Some(Event::End(end)) => {
-                    out.flush(|l| keep(Stream::Stdout, l, &mut tail));
-                    err.flush(|l| keep(Stream::Stderr, l, &mut tail));
-                    return Ok(Finished {
-                        exit_code: end.exit_code,
-                        tail,
-                    });
-                }
+                Some(Event::End(end)) => return Ok(end.exit_code),
                 _ => {}
             }
         }

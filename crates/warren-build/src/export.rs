@@ -1,0 +1,135 @@
+//! Exporting a build sandbox's root filesystem through its agent, for runtimes that cannot
+//! read it from the host (the vm runtime: the guest's writable layer lives on its own disk).
+//!
+//! The guest streams `tar` of its root (one filesystem: no /proc, /sys, /dev or /run; not the
+//! agent) over the agent's process output. The host unpacks it with the `tar` crate into a
+//! staging tree, in user space: a guest-made filesystem is never mounted on the host, and
+//! every entry's path is checked to stay inside the staging tree (`unpack_in`); devices and
+//! fifos are skipped. Owners, modes (setuid included: `sudo` needs it) and extended
+//! attributes (file capabilities) are kept. The tree is then packed into an erofs image.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::sandbox::{BuildBox, Stream};
+
+/// Reads the chunks a channel delivers as one byte stream.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.chunk.len() {
+            match self.rx.blocking_recv() {
+                Some(c) => {
+                    self.chunk = c;
+                    self.pos = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.pos);
+        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn unpack(reader: impl Read, dest: &Path) -> Result<u64, String> {
+    let mut archive = tar::Archive::new(reader);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(true);
+    archive.set_overwrite(true);
+    let mut skipped = 0u64;
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("reading the guest's archive: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("reading the guest's archive: {e}"))?;
+        match entry.header().entry_type() {
+            tar::EntryType::Regular
+            | tar::EntryType::Continuous
+            | tar::EntryType::GNUSparse
+            | tar::EntryType::Directory
+            | tar::EntryType::Symlink
+            | tar::EntryType::Link => {
+                entry
+                    .unpack_in(dest)
+                    .map_err(|e| format!("unpacking the guest's files: {e}"))?;
+            }
+            _ => skipped += 1,
+        }
+    }
+    Ok(skipped)
+}
+
+/// Writes `b`'s root filesystem as the erofs image `out`.
+pub(crate) async fn through_agent(b: &BuildBox, out: &Path) -> Result<(), String> {
+    let staging = out.with_extension("tree");
+    tokio::fs::create_dir_all(&staging)
+        .await
+        .map_err(|e| format!("create {}: {e}", staging.display()))?;
+    let result = async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let st = staging.clone();
+        let unpacking = tokio::task::spawn_blocking(move || {
+            unpack(
+                ChannelReader {
+                    rx,
+                    chunk: Vec::new(),
+                    pos: 0,
+                },
+                &st,
+            )
+        });
+        let script = "exec tar --one-file-system --numeric-owner --xattrs --xattrs-include='*' \
+                      -C / -cf - --exclude=./usr/local/bin/warren-agent \
+                      --exclude='./tmp/.warren-copy-*' .";
+        let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        let mut stderr = Vec::new();
+        let code = b
+            .run_raw(&argv, "root", Some("/"), &Default::default(), |s, bytes| match s {
+                Stream::Stdout => {
+                    let _ = tx.send(bytes.to_vec());
+                }
+                Stream::Stderr => {
+                    if stderr.len() < 8192 {
+                        stderr.extend_from_slice(bytes);
+                    }
+                }
+            })
+            .await;
+        drop(tx);
+        let unpacked = unpacking
+            .await
+            .map_err(|e| format!("unpack task: {e}"))?;
+        let code = code?;
+        // GNU tar's 1 is "a file changed as we read it": the build sandbox is idle, and what
+        // it read is consistent per file.
+        if code != 0 && code != 1 {
+            return Err(format!(
+                "tar in the build sandbox failed (exit status {code}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ));
+        }
+        let skipped = unpacked?;
+        if skipped > 0 {
+            tracing::debug!(skipped, "device files and fifos left out of the image");
+        }
+        let (st, o) = (staging.clone(), out.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            warren_template::pack_layers(&[&st], &o).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("pack task: {e}"))?
+    }
+    .await;
+    let st = staging.clone();
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(st)).await;
+    result
+}
