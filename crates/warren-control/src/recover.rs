@@ -90,8 +90,9 @@ impl Control {
                     reattached += 1;
                 }
                 Err(e) => {
-                    tracing::warn!(sandbox_id = %id, error = %e, "sandbox lost across restart");
-                    sb.fail(format!("lost across a control-plane restart: {e}"));
+                    let cause = warren_runtime::chain(&e);
+                    tracing::warn!(sandbox_id = %id, error = %cause, "sandbox lost across restart");
+                    sb.fail(format!("lost across a control-plane restart: {cause}"));
                     store.update_sandbox(&sb).await?;
                 }
             }
