@@ -16,6 +16,7 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 
+pub use crate::config::Config;
 use crate::error::ControlError;
 use crate::keys::{self, ApiKey, NewApiKey};
 use crate::list::{self, ListQuery, Page};
@@ -25,82 +26,6 @@ use crate::store::Store;
 
 /// The code interpreter's port, a service port on every template (E2B's convention).
 pub const SERVICE_PORT: u16 = 49999;
-
-/// Tunables of the control plane.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Live sandboxes allowed at once; creating one more is `ResourceExhausted`.
-    pub max_concurrent: usize,
-    /// Suggested wait when the limit is hit.
-    pub retry_after: Duration,
-    pub default_timeout: Duration,
-    pub max_timeout: Duration,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
-    /// envd version reported to SDKs (`e2b-compat.md` §6: ≥ 0.6.4 gates nothing off).
-    pub envd_version: String,
-    /// Domain for `{port}-{id}.{domain}` hosts, returned to SDKs when set.
-    pub domain: Option<String>,
-    /// How often sandboxes that ended on their own are looked for.
-    pub exit_poll: Duration,
-    /// Template names snapshots may not take: a snapshot id is looked up before templates in
-    /// create, so a snapshot named like a template would take over every create of it.
-    pub template_names: Vec<String>,
-    /// Sandbox ports of in-image services (the code interpreter's 49999): like the agent's
-    /// port, they answer only requests carrying the sandbox's access or traffic token.
-    pub service_ports: Vec<u16>,
-    /// A pause at the end time (`onTimeout = pause`) that fails is tried again after
-    /// `end_of_life_pause_retry`; after this many failed attempts the sandbox is killed, so a
-    /// sandbox that breaks its own save cannot outlive its end time.
-    pub end_of_life_pause_attempts: u32,
-    pub end_of_life_pause_retry: Duration,
-    /// Quotas on what sandboxes leave on disk (threat model M5): snapshots in all, snapshots
-    /// of one sandbox, bytes of all snapshots, and paused sandboxes at once.
-    pub max_snapshots: usize,
-    pub max_snapshots_per_sandbox: usize,
-    pub max_snapshot_bytes: u64,
-    pub max_paused: usize,
-    /// Pauses and snapshots are refused while the runtime's save area has less free space or
-    /// fewer free inodes than this (sandboxes can fill a disk with tiny files too).
-    pub min_free_bytes: u64,
-    pub min_free_inodes: u64,
-    /// Killed and failed sandboxes are forgotten this long after their end time.
-    pub ended_retention: Duration,
-    /// Ceilings on what a template build may ask for (`cpuCount`, `memoryMB`).
-    pub max_template_cpu: u32,
-    pub max_template_memory_mb: u32,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            max_concurrent: 100,
-            retry_after: Duration::from_secs(1),
-            default_timeout: Duration::from_secs(300),
-            max_timeout: Duration::from_secs(24 * 3600),
-            cpu_count: 2,
-            memory_mb: 512,
-            disk_mb: 2048,
-            envd_version: "0.6.13".into(),
-            domain: None,
-            exit_poll: Duration::from_secs(5),
-            template_names: Vec::new(),
-            service_ports: vec![SERVICE_PORT],
-            end_of_life_pause_attempts: 3,
-            end_of_life_pause_retry: Duration::from_secs(60),
-            max_snapshots: 1000,
-            max_snapshots_per_sandbox: 100,
-            max_snapshot_bytes: 500 * 1024 * 1024 * 1024,
-            max_paused: 1000,
-            min_free_bytes: 1024 * 1024 * 1024,
-            min_free_inodes: 50_000,
-            ended_retention: Duration::from_secs(7 * 24 * 3600),
-            max_template_cpu: 8,
-            max_template_memory_mb: 16 * 1024,
-        }
-    }
-}
 
 /// What a caller asks for when creating a sandbox.
 #[derive(Debug, Clone, Default)]

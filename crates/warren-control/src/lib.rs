@@ -11,6 +11,7 @@
 
 mod build_spec;
 mod builds;
+mod config;
 mod control;
 mod error;
 mod expiry;
