@@ -93,21 +93,25 @@ pub(crate) async fn through_agent(b: &BuildBox, out: &Path) -> Result<(), String
         let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
         let mut stderr = Vec::new();
         let code = b
-            .run_raw(&argv, "root", Some("/"), &Default::default(), |s, bytes| match s {
-                Stream::Stdout => {
-                    let _ = tx.send(bytes.to_vec());
-                }
-                Stream::Stderr => {
-                    if stderr.len() < 8192 {
-                        stderr.extend_from_slice(bytes);
+            .run_raw(
+                &argv,
+                "root",
+                Some("/"),
+                &Default::default(),
+                |s, bytes| match s {
+                    Stream::Stdout => {
+                        let _ = tx.send(bytes.to_vec());
                     }
-                }
-            })
+                    Stream::Stderr => {
+                        if stderr.len() < 8192 {
+                            stderr.extend_from_slice(bytes);
+                        }
+                    }
+                },
+            )
             .await;
         drop(tx);
-        let unpacked = unpacking
-            .await
-            .map_err(|e| format!("unpack task: {e}"))?;
+        let unpacked = unpacking.await.map_err(|e| format!("unpack task: {e}"))?;
         let code = code?;
         // GNU tar's 1 is "a file changed as we read it": the build sandbox is idle, and what
         // it read is consistent per file.

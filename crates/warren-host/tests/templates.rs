@@ -16,7 +16,10 @@ fn mounts_on(path: &Path) -> usize {
 
 #[test]
 fn managers_starting_at_once_mount_a_template_once() {
-    if !warren_testkit::require("root (it mounts template images)", warren_testkit::is_root()) {
+    if !warren_testkit::require(
+        "root (it mounts template images)",
+        warren_testkit::is_root(),
+    ) {
         return;
     }
     let dir = PathBuf::from(format!(
