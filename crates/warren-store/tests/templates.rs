@@ -47,7 +47,7 @@ fn entry(n: usize) -> LogEntry {
         timestamp: Utc
             .timestamp_micros(1_700_000_000_000_000 + n as i64)
             .unwrap(),
-        level: if n % 2 == 0 {
+        level: if n.is_multiple_of(2) {
             LogLevel::Info
         } else {
             LogLevel::Warn
