@@ -1,4 +1,4 @@
-//! Connect framing and JSON decoding of the agent: streamed envelopes (split into chunks of a
+//! Connect framing and JSON decoding of the agent (`warren_proto::server`): streamed envelopes (split into chunks of a
 //! fuzzer-chosen size, so reassembly across chunk borders is covered), unary bodies of the
 //! request types clients send, and the Connect headers the agent parses.
 #![no_main]
@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderMap, HeaderValue};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use warren_agent::connect::{self, EnvelopeReader};
+use warren_proto::server::{self as connect, EnvelopeReader};
 use warren_proto::filesystem::{
     CreateWatcherRequest, ListDirRequest, MakeDirRequest, MoveRequest, RemoveRequest, StatRequest,
     WatchDirRequest,
