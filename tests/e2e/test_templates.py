@@ -264,7 +264,8 @@ def test_bad_build_input_gets_clear_errors(server, api):
 
 
 def test_build_in_background_reports_building_at_once(server):
-    tpl = Template().from_base_image().run_cmd("sleep 2")
+    # Unique to this run: a fully cached build would be ready at once.
+    tpl = Template().from_base_image().run_cmd(f"sleep 2 # {uuid.uuid4().hex}")
     info = Template.build_in_background(tpl, _name("bg"))
     status = Template.get_build_status(info)
     assert status.status.value == "building", status
