@@ -25,7 +25,6 @@ mod steps;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use warren_control::{
@@ -112,21 +111,14 @@ fn failure(step: impl Into<String>, message: impl Into<String>) -> BuildFailure 
     }
 }
 
+/// `n` random hex digits (ids and tokens of build sandboxes), from the OS's generator.
 fn random_hex(n: usize) -> String {
     let mut out = String::new();
     while out.len() < n {
-        out.push_str(&uuid_like());
+        out.push_str(&uuid::Uuid::new_v4().simple().to_string());
     }
     out.truncate(n);
     out
-}
-
-fn uuid_like() -> String {
-    let mut bytes = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut bytes);
-    }
-    hex(&bytes)
 }
 
 impl Builder {
@@ -213,6 +205,7 @@ impl Builder {
             log,
         };
         let total = job.spec.steps.len();
+        // Steps before `from` came from the cache (logged CACHED by the caller).
         for (i, step) in job.spec.steps.iter().enumerate().skip(from) {
             let n = (i + 1).to_string();
             let label = format!("[builder {}/{total}]", i + 1);
@@ -473,9 +466,6 @@ impl TemplateBuilder for Builder {
             })
     }
 }
-
-/// How long a create from a template may wait for its ready command.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[cfg(test)]
 mod tests {

@@ -226,8 +226,8 @@ impl BuildBox {
 /// A file as a stream of chunks for a request body.
 fn tokio_util_stream(
     file: tokio::fs::File,
-) -> impl futures_core_stream::Stream<Item = std::io::Result<Vec<u8>>> {
-    futures_core_stream::unfold(file, |mut f| async move {
+) -> impl futures::stream::Stream<Item = std::io::Result<Vec<u8>>> {
+    futures::stream::unfold(file, |mut f| async move {
         use tokio::io::AsyncReadExt;
         let mut buf = vec![0u8; 256 * 1024];
         match f.read(&mut buf).await {
@@ -239,10 +239,6 @@ fn tokio_util_stream(
             Err(e) => Some((Err(e), f)),
         }
     })
-}
-
-mod futures_core_stream {
-    pub use futures::stream::{unfold, Stream};
 }
 
 /// The agent's own words for why a call failed (`invalid username: 'x'`), else the error.

@@ -106,6 +106,7 @@ impl BuildLog {
 
     fn page(&self, offset: usize, limit: usize) -> Vec<LogEntry> {
         let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        // One page of the log, from the caller's offset (E2B's `logsOffset`).
         all.iter().skip(offset).take(limit).cloned().collect()
     }
 

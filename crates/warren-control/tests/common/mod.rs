@@ -286,6 +286,7 @@ impl Store for MemStore {
             .lock()
             .unwrap()
             .get(build_id)
+            // The page the store contract asks for: from `offset`, at most `limit`.
             .map(|l| l.iter().skip(offset).take(limit).cloned().collect())
             .unwrap_or_default())
     }
