@@ -88,6 +88,9 @@ def test_every_step_type_lands_in_the_sandbox(server, context):
         sb.kill()
 
 
+# Four builds, two of them cold: under TCG each cold vm build exports and packs a
+# whole root filesystem, so this test needs more than the suite's default limit.
+@pytest.mark.timeout(900)
 def test_unchanged_steps_come_from_the_cache(server, context):
     name = _name("cache")
     # Unique to this run, so the first build is cold.
