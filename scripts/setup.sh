@@ -97,3 +97,11 @@ fi
 
 log "building Warren (release)"
 cargo build --release --locked --workspace
+# The agent every sandbox runs, linked statically so that it runs in any image (one pulled from
+# a registry may have another libc, or none). Its own target directory keeps these flags away
+# from the build scripts and proc-macros of the workspace build.
+log "building the statically linked agent (target/release/warren-agent-static)"
+host_triple=$(rustc -vV | sed -n 's/^host: //p')
+RUSTFLAGS="-C target-feature=+crt-static" \
+  cargo build --release --locked -p warren-agent --target "$host_triple"
+install -m 0755 "target/$host_triple/release/warren-agent" target/release/warren-agent-static

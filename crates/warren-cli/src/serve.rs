@@ -49,6 +49,20 @@ async fn runtime(
     };
     let mut cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
     cfg.signed_url_max_age = signed_url_max_age;
+    match warren_host::is_static_elf(&cfg.agent_bin) {
+        Ok(true) => {
+            tracing::info!(agent = %cfg.agent_bin.display(), "sandbox agent (statically linked)")
+        }
+        Ok(false) => tracing::warn!(
+            agent = %cfg.agent_bin.display(),
+            "the sandbox agent is dynamically linked: images without a glibc as new as this \
+             host's (e.g. ones pulled from a registry) cannot run it; scripts/setup.sh builds \
+             warren-agent-static"
+        ),
+        Err(e) => {
+            tracing::warn!(agent = %cfg.agent_bin.display(), error = %e, "cannot read the sandbox agent")
+        }
+    }
     match kind {
         RuntimeKind::Vm => {
             let settings = warren_runtime_vm::VmSettings::new(&cfg);

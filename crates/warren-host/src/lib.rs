@@ -13,7 +13,7 @@ pub mod hardening;
 mod lock;
 mod templates;
 
-pub use config::HostConfig;
+pub use config::{default_agent, is_static_elf, HostConfig};
 pub use lock::HostLock;
 pub use templates::{image_error, image_of, Templates};
 
