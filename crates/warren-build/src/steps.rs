@@ -167,6 +167,7 @@ id -u user >/dev/null 2>&1 && echo user || echo root
                 self.copy(src, dest, owner.as_deref(), *mode, files_hash, ctx)
                     .await
             }
+            StepKind::CopyFrom { .. } => Err("COPY --from is not supported by this builder".into()),
         }
     }
 

@@ -53,6 +53,28 @@ pub struct Step {
     pub kind: StepKind,
     /// Skip the cache for this step (and so for every later one).
     pub force: bool,
+    /// The Dockerfile line the step came from, when the server parsed one (failures name it).
+    pub line: Option<usize>,
+}
+
+/// Where `COPY --from` reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyOrigin {
+    /// An earlier stage of the build, by its index in [`BuildSpec::stages`].
+    Stage(usize),
+    /// A finished image, by its key (what the builder turns a stage into before it runs, so
+    /// the step's cache key changes with the stage's content).
+    Image(String),
+}
+
+/// A stage of a multi-stage Dockerfile that a later one copies from: built first, as an
+/// image no template names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageSpec {
+    /// `AS name`, or the stage's index, for logs.
+    pub name: String,
+    pub source: BuildSource,
+    pub steps: Vec<Step>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +97,15 @@ pub enum StepKind {
     },
     Workdir(String),
     User(String),
+    /// Paths out of another stage's finished image (absolute there; `.` is its root) to
+    /// `dest`, with COPY's rules for owner, mode and destination.
+    CopyFrom {
+        from: CopyOrigin,
+        srcs: Vec<String>,
+        dest: String,
+        owner: Option<String>,
+        mode: Option<u32>,
+    },
 }
 
 impl StepKind {
@@ -86,6 +117,7 @@ impl StepKind {
             StepKind::Run { .. } => "RUN",
             StepKind::Workdir(_) => "WORKDIR",
             StepKind::User(_) => "USER",
+            StepKind::CopyFrom { .. } => "COPY",
         }
     }
 
@@ -103,6 +135,15 @@ impl StepKind {
                 None => command.clone(),
             },
             StepKind::Workdir(p) | StepKind::User(p) => p.clone(),
+            StepKind::CopyFrom {
+                from, srcs, dest, ..
+            } => {
+                let from = match from {
+                    CopyOrigin::Stage(i) => format!("stage {i}"),
+                    CopyOrigin::Image(k) => k.clone(),
+                };
+                format!("--from={from} {} {dest}", srcs.join(" "))
+            }
         }
     }
 }
@@ -116,6 +157,10 @@ pub struct BuildSpec {
     pub force: bool,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// Stages built before this one, which `COPY --from` steps read (Dockerfiles only).
+    pub stages: Vec<StageSpec>,
+    /// Lines for the build log before it starts (what a Dockerfile had that was ignored).
+    pub notes: Vec<String>,
 }
 
 /// A step as it came over the wire.
@@ -273,6 +318,7 @@ impl RawStep {
         Ok(Step {
             kind: parsed,
             force: self.force,
+            line: None,
         })
     }
 }

@@ -58,6 +58,8 @@ pub struct BuildJob {
     pub spec: BuildSpec,
     /// The runtime key of the template the build starts from, when it starts from one.
     pub parent: Option<String>,
+    /// The same for each of `spec.stages`.
+    pub stage_parents: Vec<Option<String>>,
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub disk_mb: u32,
@@ -146,6 +148,9 @@ pub(crate) struct BuildState {
     gate: tokio::sync::Semaphore,
     /// Signs upload URLs; new at each start (an URL is good for one build's uploads).
     upload_key: [u8; 32],
+    /// Held while a template's record is read, changed and written back (tags, counters), so
+    /// two such updates never lose one another's change.
+    pub(crate) template_docs: tokio::sync::Mutex<()>,
 }
 
 impl BuildState {
@@ -155,6 +160,7 @@ impl BuildState {
             active: StdMutex::new(HashMap::new()),
             gate: tokio::sync::Semaphore::new(1),
             upload_key: crate::secrets::random_bytes::<32>()?,
+            template_docs: tokio::sync::Mutex::new(()),
         })
     }
 }
@@ -474,7 +480,12 @@ impl Control {
                 "build '{build_id}' is not in waiting state"
             )));
         }
-        for step in &spec.steps {
+        let all_steps = spec
+            .stages
+            .iter()
+            .flat_map(|s| s.steps.iter())
+            .chain(spec.steps.iter());
+        for step in all_steps {
             if let crate::build_spec::StepKind::Copy { files_hash, .. } = &step.kind {
                 if !builder
                     .has_files(&t.team, files_hash)
@@ -492,6 +503,9 @@ impl Control {
         build.updated_at = Utc::now();
         self.inner.store.put_build(&build).await?;
         let log = BuildLog::default();
+        for note in &spec.notes {
+            log.info(None, note.clone());
+        }
         lock(&self.inner.builds.active).insert(build.id.clone(), log.clone());
         let control = self.clone();
         tokio::spawn(async move {
@@ -518,28 +532,30 @@ impl Control {
                 }
             }
         };
-        let parent = match &spec.source {
-            BuildSource::Template(name) => self
-                .resolve_template(name, Some(&template.team))
-                .await
-                .map(|(key, _)| Some(key)),
-            BuildSource::Image { reference, .. } if reference == E2B_BASE_IMAGE => {
-                Ok(Some("base".to_string()))
-            }
-            BuildSource::Image { .. } => Ok(None),
-        };
-        let outcome = match parent {
+        let mut parents = Vec::new();
+        for source in spec
+            .stages
+            .iter()
+            .map(|s| &s.source)
+            .chain(std::iter::once(&spec.source))
+        {
+            parents.push(self.parent_key(source, &template.team).await);
+        }
+        let parents: Result<Vec<_>, _> = parents.into_iter().collect();
+        let outcome = match parents {
             Err(e) => Err(BuildFailure {
                 step: Some("base".into()),
                 message: e.to_string(),
             }),
-            Ok(parent) => {
+            Ok(mut stage_parents) => {
+                let parent = stage_parents.pop().flatten();
                 let job = BuildJob {
                     build_id: build.id.clone(),
                     template_id: template.id.clone(),
                     team: template.team.clone(),
                     spec,
                     parent,
+                    stage_parents,
                     cpu_count: build.cpu_count,
                     memory_mb: build.memory_mb,
                     disk_mb: build.disk_mb,
@@ -569,6 +585,24 @@ impl Control {
         lock(&self.inner.builds.active).remove(&build.id);
     }
 
+    /// The runtime key a build (or a stage of one) starts from, when it is one this host has.
+    async fn parent_key(
+        &self,
+        source: &BuildSource,
+        team: &str,
+    ) -> Result<Option<String>, ControlError> {
+        match source {
+            BuildSource::Template(name) => self
+                .resolve_template(name, Some(team))
+                .await
+                .map(|(key, _)| Some(key)),
+            BuildSource::Image { reference, .. } if reference == E2B_BASE_IMAGE => {
+                Ok(Some("base".to_string()))
+            }
+            BuildSource::Image { .. } => Ok(None),
+        }
+    }
+
     async fn finish_build(
         &self,
         template_id: &str,
@@ -580,6 +614,7 @@ impl Control {
         store.put_build(build).await?;
         if build.status == BuildStatus::Ready {
             // Re-read: tags may have moved while the build ran.
+            let _guard = self.inner.builds.template_docs.lock().await;
             if let Some(mut t) = store.get_template(template_id).await? {
                 for tag in &build.tags {
                     t.tags.insert(
@@ -726,6 +761,7 @@ impl Control {
         id_or_name: &str,
         public: bool,
     ) -> Result<Template, ControlError> {
+        let _guard = self.inner.builds.template_docs.lock().await;
         let mut t = self
             .find_template(id_or_name, team)
             .await?

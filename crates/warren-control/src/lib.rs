@@ -13,6 +13,7 @@ mod build_spec;
 mod builds;
 mod config;
 mod control;
+pub mod dockerfile;
 mod error;
 mod expiry;
 mod fork;
@@ -28,14 +29,15 @@ mod templates;
 mod tenant;
 
 pub use build_spec::{
-    is_files_hash, valid_account, BuildSource, BuildSpec, RawStep, RegistryAuth, Step, StepKind,
-    E2B_BASE_IMAGE,
+    is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
+    StageSpec, Step, StepKind, E2B_BASE_IMAGE,
 };
 pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
     Registered, TemplateBuilder, UploadLink, MAX_LOG_PAGE,
 };
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
+pub use dockerfile::dockerfile_build;
 pub use error::{ControlError, StoreError};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey, Scope, DEFAULT_TEAM};

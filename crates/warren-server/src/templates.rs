@@ -224,8 +224,7 @@ enum WireRegistry {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct StartBuild {
-    #[serde(default)]
-    steps: Vec<WireStep>,
+    steps: Option<Vec<WireStep>>,
     #[serde(default)]
     force: bool,
     from_image: Option<String>,
@@ -233,11 +232,62 @@ pub(crate) struct StartBuild {
     from_image_registry: Option<WireRegistry>,
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
+    /// Warren's extension: a Dockerfile the server parses and builds (multi-stage included),
+    /// instead of `steps` and `fromImage`/`fromTemplate`. A start or ready command given next
+    /// to it replaces the Dockerfile's (CMD/ENTRYPOINT, HEALTHCHECK).
+    dockerfile: Option<String>,
+    /// The build context that the Dockerfile's COPY and ADD read: one tar of it, uploaded
+    /// like a COPY's files (`GET /templates/{templateID}/files/{hash}`, then the PUT).
+    context_files_hash: Option<String>,
+    /// Values for the Dockerfile's ARGs (`--build-arg`).
+    #[serde(default)]
+    build_args: std::collections::HashMap<String, String>,
 }
 
 impl StartBuild {
-    fn into_spec(self) -> Result<BuildSpec, ApiError> {
+    /// A Dockerfile build: nothing else may say where the build starts or what it runs.
+    fn dockerfile_spec(self, text: String) -> Result<BuildSpec, ApiError> {
+        let conflicts: Vec<&str> = [
+            ("steps", self.steps.is_some()),
+            ("fromImage", self.from_image.is_some()),
+            ("fromTemplate", self.from_template.is_some()),
+            ("fromImageRegistry", self.from_image_registry.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        if !conflicts.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "dockerfile conflicts with {}: the Dockerfile says where the build starts and what it runs",
+                    conflicts.join(", ")
+                ),
+            ));
+        }
+        let mut spec = warren_control::dockerfile_build(
+            &text,
+            self.context_files_hash.as_deref(),
+            &self.build_args,
+            self.force,
+        )?;
+        if let Some(c) = self.start_cmd.filter(|c| !c.trim().is_empty()) {
+            spec.start_cmd = Some(c);
+        }
+        if let Some(c) = self.ready_cmd.filter(|c| !c.trim().is_empty()) {
+            spec.ready_cmd = Some(c);
+        }
+        Ok(spec)
+    }
+
+    fn into_spec(mut self) -> Result<BuildSpec, ApiError> {
         let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, m);
+        if let Some(text) = self.dockerfile.take() {
+            return self.dockerfile_spec(text);
+        }
+        if self.context_files_hash.is_some() || !self.build_args.is_empty() {
+            return Err(bad("contextFilesHash and buildArgs go with dockerfile"));
+        }
         let registry = self.from_image_registry.map(|r| match r {
             WireRegistry::Registry { username, password } => {
                 RegistryAuth::Basic { username, password }
@@ -266,8 +316,9 @@ impl StartBuild {
             (Some(_), Some(_)) => return Err(bad("give fromImage or fromTemplate, not both")),
             _ => return Err(bad("fromImage or fromTemplate is required")),
         };
-        let mut steps = Vec::with_capacity(self.steps.len());
-        for (i, s) in self.steps.into_iter().enumerate() {
+        let wire_steps = self.steps.unwrap_or_default();
+        let mut steps = Vec::with_capacity(wire_steps.len());
+        for (i, s) in wire_steps.into_iter().enumerate() {
             let raw = RawStep {
                 kind: s.kind,
                 args: s.args,
@@ -282,6 +333,8 @@ impl StartBuild {
             force: self.force,
             start_cmd: self.start_cmd.filter(|c| !c.trim().is_empty()),
             ready_cmd: self.ready_cmd.filter(|c| !c.trim().is_empty()),
+            stages: Vec::new(),
+            notes: Vec::new(),
         })
     }
 }
