@@ -197,12 +197,31 @@ def test_names_listing_and_deletion(server, api, context):
     assert info.template_id in listed
     assert listed[info.template_id]["aliases"] == [name]
     assert listed[info.template_id]["buildStatus"] == "ready"
+    assert listed[info.template_id]["spawnCount"] == 0
+    # Tags name builds: assigned, listed, used in a create, removed.
+    tagged = Template.assign_tags(f"{name}:default", ["v1", "prod"])
+    assert sorted(tagged.tags) == ["prod", "v1"] and tagged.build_id == info.build_id
+    tags = {t.tag: t.build_id for t in Template.get_tags(info.template_id)}
+    assert tags == {"default": info.build_id, "v1": info.build_id, "prod": info.build_id}
+    Template.remove_tags(name, ["prod"])
+    assert {t.tag for t in Template.get_tags(name)} == {"default", "v1"}
+    r = api.post(server.url + "/v2/sandboxes", json={"templateID": f"{name}:prod"})
+    assert r.status_code == 404, r.text
+    r = api.delete(server.url + "/templates/tags", json={"name": name, "tags": ["default"]})
+    assert r.status_code == 400 and "default" in r.json()["message"], r.text
+    r = api.post(server.url + "/templates/tags", json={"target": f"{name}:nope", "tags": ["x"]})
+    assert r.status_code == 404, r.text
+    r = api.post(server.url + "/templates/tags", json={"target": name, "tags": ["Bad Tag"]})
+    assert r.status_code == 400, r.text
     # Deletion is refused while a sandbox uses the template.
-    sb = Sandbox.create(name, timeout=60)
+    sb = Sandbox.create(f"{name}:v1", timeout=60)
     try:
         r = api.delete(f"{server.url}/templates/{info.template_id}")
         assert r.status_code == 409, r.text
         assert sb.sandbox_id in r.json()["message"]
+        listed = {t["templateID"]: t for t in api.get(server.url + "/templates").json()}
+        assert listed[info.template_id]["spawnCount"] == 1
+        assert listed[info.template_id]["lastSpawnedAt"]
     finally:
         sb.kill()
     r = api.delete(f"{server.url}/templates/{info.template_id}")

@@ -353,6 +353,8 @@ impl Control {
         self.check_lifecycle(&req.lifecycle)?;
         let cfg = &self.inner.config;
         // A snapshot id or name is a valid `templateID` (SDKs create from snapshots that way).
+        // The template built here that this create spawns from, to count it.
+        let mut spawned_from = None;
         let plan = match self.find_snapshot(&template).await? {
             Some(snap) => {
                 let mut env_vars = snap.env_vars;
@@ -384,6 +386,7 @@ impl Control {
                     Some(t) => (t.cpu_count, t.memory_mb, t.disk_mb),
                     None => (cfg.cpu_count, cfg.memory_mb, cfg.disk_mb),
                 };
+                spawned_from = built.map(|t| t.id);
                 Plan {
                     template: image,
                     cpu_count,
@@ -400,7 +403,11 @@ impl Control {
                 }
             }
         };
-        self.create_planned(plan).await
+        let sandbox = self.create_planned(plan).await?;
+        if let Some(id) = spawned_from {
+            self.count_spawn(&id).await;
+        }
+        Ok(sandbox)
     }
 
     /// Records, creates and registers one sandbox as `plan` says.

@@ -25,6 +25,7 @@ mod recover;
 mod secrets;
 mod snapshots;
 mod store;
+mod template_tags;
 mod templates;
 mod tenant;
 
@@ -49,5 +50,6 @@ pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,
 };
+pub use template_tags::{Assigned, TagInfo};
 pub use tenant::Tenant;
 pub use warren_runtime::{Capabilities, PauseMode};

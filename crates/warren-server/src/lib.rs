@@ -17,6 +17,7 @@ pub mod openapi;
 mod persistence;
 pub mod proxy;
 mod routes;
+mod template_tags;
 mod templates;
 pub mod types;
 
@@ -111,6 +112,14 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             get(templates::build_status),
         )
         .route("/templates/aliases/{alias}", get(templates::alias_info))
+        .route(
+            "/templates/tags",
+            post(template_tags::assign_tags).delete(template_tags::remove_tags),
+        )
+        .route(
+            "/templates/{template_id}/tags",
+            get(template_tags::list_tags),
+        )
         .route(
             "/v2/templates/{template_id}",
             axum::routing::patch(templates::set_public),

@@ -9,7 +9,7 @@ use crate::types::{
     ListedSandbox, NetworkConfig, NetworkInfo, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo,
     SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
 };
-use crate::{persistence, routes, templates};
+use crate::{persistence, routes, template_tags, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -35,6 +35,9 @@ use crate::{persistence, routes, templates};
         templates::alias_info,
         templates::list_templates,
         templates::set_public,
+        template_tags::assign_tags,
+        template_tags::remove_tags,
+        template_tags::list_tags,
         persistence::fork_sandbox,
     ),
     components(schemas(
