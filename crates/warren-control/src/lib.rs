@@ -46,10 +46,10 @@ pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use template_tags::{Assigned, TagInfo};
 pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,
 };
-pub use template_tags::{Assigned, TagInfo};
 pub use tenant::Tenant;
 pub use warren_runtime::{Capabilities, PauseMode};
