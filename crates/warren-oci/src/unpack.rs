@@ -76,11 +76,12 @@ struct Meta {
 
 fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
     let header = entry.header();
+    let old = header.as_old();
     let mut meta = Meta {
-        mode: header.mode()? & 0o7777,
-        uid: header.uid()? as u32,
-        gid: header.gid()? as u32,
-        mtime: header.mtime()? as i64,
+        mode: numeric(header.mode().map(u64::from), &old.mode)? as u32 & 0o7777,
+        uid: numeric(header.uid(), &old.uid)? as u32,
+        gid: numeric(header.gid(), &old.gid)? as u32,
+        mtime: numeric(header.mtime(), &old.mtime)? as i64,
         xattrs: Vec::new(),
     };
     if let Some(pax) = entry.pax_extensions()? {
@@ -103,6 +104,16 @@ fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
         }
     }
     Ok(meta)
+}
+
+/// A numeric header field; one left blank (all NULs or spaces) is 0, as Go's archive/tar
+/// (which wrote most layers) reads it.
+fn numeric(parsed: io::Result<u64>, raw: &[u8]) -> io::Result<u64> {
+    match parsed {
+        Ok(n) => Ok(n),
+        Err(_) if raw.iter().all(|b| *b == 0 || *b == b' ') => Ok(0),
+        Err(e) => Err(invalid(e.to_string())),
+    }
 }
 
 /// One layer being applied.
