@@ -21,6 +21,7 @@
 mod export;
 mod files;
 mod sandbox;
+mod stage_files;
 mod steps;
 
 use std::path::PathBuf;
@@ -28,7 +29,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use warren_control::{
-    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, StepKind, TemplateBuilder,
+    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, CopyOrigin, StepKind,
+    TemplateBuilder,
 };
 use warren_runtime::{CreateSpec, SandboxRuntime};
 
@@ -92,6 +94,31 @@ fn image_key(last_layer: &str, start: Option<&str>, ready: Option<&str>) -> Stri
     format!("b{}", &hex(&digest)[..24])
 }
 
+/// `steps` with each `COPY --from` naming the image its stage was built into.
+fn with_stage_images(
+    steps: &[warren_control::Step],
+    images: &[String],
+) -> Result<Vec<warren_control::Step>, BuildFailure> {
+    steps
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            if let StepKind::CopyFrom { from, .. } = &mut s.kind {
+                if let CopyOrigin::Stage(i) = *from {
+                    let key = images.get(i).ok_or_else(|| {
+                        failure(
+                            "base",
+                            format!("COPY --from reads stage {i}, which is not built before it"),
+                        )
+                    })?;
+                    *from = CopyOrigin::Image(key.clone());
+                }
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
 /// The runtime snapshot key that holds a layer.
 fn snapshot_key(layer: &str) -> String {
     format!("bl{}", &layer[..30])
@@ -112,7 +139,7 @@ fn failure(step: impl Into<String>, message: impl Into<String>) -> BuildFailure 
 }
 
 /// `n` random hex digits (ids and tokens of build sandboxes), from the OS's generator.
-fn random_hex(n: usize) -> String {
+pub(crate) fn random_hex(n: usize) -> String {
     let mut out = String::new();
     while out.len() < n {
         out.push_str(&uuid::Uuid::new_v4().simple().to_string());
@@ -201,6 +228,7 @@ impl Builder {
         let runner = Runner {
             sandbox: b,
             files: &self.files,
+            data_dir: &self.config.data_dir,
             team: &job.team,
             log,
         };
@@ -221,7 +249,11 @@ impl Builder {
             runner
                 .step(&step.kind, &mut ctx, &label, &n)
                 .await
-                .map_err(|m| failure(&n, m))?;
+                .map_err(|m| match step.line {
+                    // A Dockerfile build: the line the step came from.
+                    Some(line) => failure(&n, format!("Dockerfile line {line}: {m}")),
+                    None => failure(&n, m),
+                })?;
             let snapshot = snapshot_key(&keys[i + 1]);
             let saved = self.runtime.snapshot(&b.id, &snapshot, false).await;
             match saved {
@@ -314,6 +346,67 @@ impl Builder {
     }
 
     async fn build_now(&self, job: &BuildJob, log: &BuildLog) -> Result<BuiltImage, BuildFailure> {
+        if job.spec.stages.is_empty() {
+            return self.build_image(job, log).await;
+        }
+        let job = self.build_stages(job, log).await?;
+        self.build_image(&job, log).await
+    }
+
+    /// Multi-stage builds: each stage a later one copies from is built first, through the
+    /// same steps, cache and images as any build, into an image no template names; the
+    /// returned job's `COPY --from` steps then name those images (so their cache keys change
+    /// with the stages' content) and it has no stages left.
+    async fn build_stages(&self, job: &BuildJob, log: &BuildLog) -> Result<BuildJob, BuildFailure> {
+        let mut images: Vec<String> = Vec::new();
+        let total = job.spec.stages.len();
+        for (i, stage) in job.spec.stages.iter().enumerate() {
+            log.info(
+                Some("base"),
+                format!("[stage {}/{total}] building stage '{}'", i + 1, stage.name),
+            );
+            let mut sub = job.clone();
+            sub.spec = warren_control::BuildSpec {
+                source: stage.source.clone(),
+                steps: with_stage_images(&stage.steps, &images)?,
+                force: job.spec.force,
+                start_cmd: None,
+                ready_cmd: None,
+                stages: Vec::new(),
+                notes: Vec::new(),
+            };
+            sub.parent = job.stage_parents.get(i).cloned().flatten();
+            sub.stage_parents = Vec::new();
+            let image = self
+                .build_image(&sub, log)
+                .await
+                .map_err(|f| BuildFailure {
+                    step: f.step,
+                    message: format!("stage '{}': {}", stage.name, f.message),
+                })?;
+            log.info(
+                Some("base"),
+                format!(
+                    "[stage {}/{total}] stage '{}' is image {}",
+                    i + 1,
+                    stage.name,
+                    image.key
+                ),
+            );
+            images.push(image.key);
+        }
+        let mut out = job.clone();
+        out.spec.steps = with_stage_images(&job.spec.steps, &images)?;
+        out.spec.stages = Vec::new();
+        out.stage_parents = Vec::new();
+        Ok(out)
+    }
+
+    async fn build_image(
+        &self,
+        job: &BuildJob,
+        log: &BuildLog,
+    ) -> Result<BuiltImage, BuildFailure> {
         let Some(parent) = job.parent.clone() else {
             let reference = match &job.spec.source {
                 warren_control::BuildSource::Image { reference, .. } => reference.clone(),
@@ -393,6 +486,7 @@ impl Builder {
                 None => Runner {
                     sandbox: &b,
                     files: &self.files,
+                    data_dir: &self.config.data_dir,
                     team: &job.team,
                     log,
                 }

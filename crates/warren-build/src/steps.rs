@@ -70,6 +70,8 @@ pub(crate) fn static_prefix(src: &str) -> String {
 pub(crate) struct Runner<'a> {
     pub sandbox: &'a BuildBox,
     pub files: &'a FileStore,
+    /// The server's data directory (finished images, for `COPY --from`).
+    pub data_dir: &'a Path,
     pub team: &'a str,
     pub log: &'a BuildLog,
 }
@@ -167,7 +169,19 @@ id -u user >/dev/null 2>&1 && echo user || echo root
                 self.copy(src, dest, owner.as_deref(), *mode, files_hash, ctx)
                     .await
             }
-            StepKind::CopyFrom { .. } => Err("COPY --from is not supported by this builder".into()),
+            StepKind::CopyFrom {
+                from,
+                srcs,
+                dest,
+                owner,
+                mode,
+            } => {
+                let warren_control::CopyOrigin::Image(key) = from else {
+                    return Err("COPY --from: the stage was not built first".into());
+                };
+                self.copy_from_image(key, srcs, dest, owner.as_deref(), *mode, ctx)
+                    .await
+            }
         }
     }
 
@@ -266,9 +280,65 @@ id -u user >/dev/null 2>&1 && echo user || echo root
         if !archive.is_file() {
             return Err(format!("the files of COPY {src} were never uploaded"));
         }
-        let staging = format!("/tmp/.warren-copy-{hash}");
+        self.copy_archive(&archive, hash, src, dest, owner, mode, ctx)
+            .await
+    }
+
+    /// `COPY --from`: each source packed out of the stage's finished image on the host, then
+    /// copied in as COPY copies an upload (the source's path in the tar is its prefix).
+    async fn copy_from_image(
+        &self,
+        key: &str,
+        srcs: &[String],
+        dest: &str,
+        owner: Option<&str>,
+        mode: Option<u32>,
+        ctx: &Context,
+    ) -> Result<(), String> {
+        let image = warren_template::built_template(self.data_dir, key)
+            .map_err(|e| format!("COPY --from: the stage's image {key}: {e}"))?
+            .ok_or_else(|| format!("COPY --from: the stage's image {key} is gone"))?
+            .image;
+        let id = crate::random_hex(16);
+        let work = self.data_dir.join("build-tmp").join(&id);
+        let (w, list) = (work.clone(), srcs.to_vec());
+        let tars = tokio::task::spawn_blocking(move || {
+            crate::stage_files::pack_from_image(&image, &list, &w)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        let result = async {
+            for (src, tar) in srcs.iter().zip(tars?) {
+                let name = crate::stage_files::archive_name(src);
+                let prefix = if name == "." { String::new() } else { name };
+                self.copy_archive(&tar, &id, &prefix, dest, owner, mode, ctx)
+                    .await
+                    .map_err(|e| format!("COPY --from: {e}"))?;
+            }
+            Ok(())
+        }
+        .await;
+        let _ = tokio::fs::remove_dir_all(&work).await;
+        result
+    }
+
+    /// Copies `src` (a path or glob, read up to its first glob character) out of the tar
+    /// `archive` on the host into the sandbox, with Docker's COPY rules.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_archive(
+        &self,
+        archive: &Path,
+        tag: &str,
+        src: &str,
+        dest: &str,
+        owner: Option<&str>,
+        mode: Option<u32>,
+        ctx: &Context,
+    ) -> Result<(), String> {
+        let staging = format!("/tmp/.warren-copy-{tag}");
         self.sandbox
-            .upload(&archive, &format!("{staging}.tar"))
+            .upload(archive, &format!("{staging}.tar"))
             .await?;
         let (user, group) = match owner.unwrap_or(&ctx.user).split_once(':') {
             Some((u, g)) => (u.to_string(), Some(g.to_string())),
