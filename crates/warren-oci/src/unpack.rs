@@ -16,7 +16,7 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
-use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{openat, openat2, readlinkat, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{
     fchmod, fchmodat, fstatat, futimens, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag,
     UtimensatFlags,
@@ -171,6 +171,10 @@ impl Layer<'_> {
     /// A descriptor of directory `rel` resolved inside the root, made (0755, root-owned, as
     /// Docker does for missing parents) when `create` and missing.
     fn resolve(&self, rel: &Path, create: bool) -> io::Result<OwnedFd> {
+        self.resolve_depth(rel, create, 0)
+    }
+
+    fn resolve_depth(&self, rel: &Path, create: bool, depth: u32) -> io::Result<OwnedFd> {
         let how = || {
             OpenHow::new()
                 .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
@@ -187,15 +191,27 @@ impl Layer<'_> {
                 io::ErrorKind::Unsupported,
                 "the kernel lacks openat2 (Linux 5.6 or later is needed)",
             )),
-            Err(Errno::ENOENT) if create => {
+            // The kernel's own limit on symlinks in one lookup.
+            Err(Errno::ENOENT) if create && depth < 40 => {
                 let mut prefix = PathBuf::new();
                 let mut dir = openat2(self.root, ".", how())?;
                 for comp in rel.components() {
                     prefix.push(comp);
                     dir = match openat2(self.root, &prefix, how()) {
                         Ok(fd) => fd,
-                        Err(Errno::ENOENT) => {
-                            mkdirat(&dir, comp.as_os_str(), Mode::from_bits_truncate(0o755))?;
+                        Err(Errno::ENOENT) if matches!(comp, Component::Normal(_)) => {
+                            let name = comp.as_os_str();
+                            match mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
+                                Ok(()) => {}
+                                // A dangling symlink: make the directory it names, which is
+                                // inside the root too.
+                                Err(Errno::EEXIST) => {
+                                    let target = PathBuf::from(readlinkat(&dir, name)?);
+                                    let base = prefix.parent().unwrap_or(Path::new(""));
+                                    self.resolve_depth(&base.join(target), true, depth + 1)?;
+                                }
+                                Err(e) => return Err(e.into()),
+                            }
                             openat2(self.root, &prefix, how())?
                         }
                         Err(e) => return Err(e.into()),
