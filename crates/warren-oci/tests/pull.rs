@@ -255,6 +255,33 @@ async fn an_image_over_the_limit_is_refused_before_any_layer_is_fetched() {
 }
 
 #[tokio::test]
+async fn a_throttling_registry_is_rate_limited() {
+    let body = r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"You have reached your pull rate limit."}]}"#;
+    let (url, _requests) = http_endpoint("429 Too Many Requests", body.into(), 8);
+    let host = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = PullOptions::new(cache.path());
+    opts.insecure = vec![host.clone()];
+    let puller = Puller::new(opts).unwrap();
+    let err = puller
+        .pull(
+            &format!("{host}/library/busy:1"),
+            &Credentials::Anonymous,
+            &|_| {},
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PullError::RateLimited { registry, .. } if *registry == host),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("rate-limiting"), "{err}");
+}
+
+#[tokio::test]
 async fn a_closed_port_is_unreachable() {
     let cache = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")

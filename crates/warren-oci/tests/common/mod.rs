@@ -233,6 +233,52 @@ impl Registry {
     }
 }
 
+/// A stand-in HTTP endpoint on a loopback port for what tests cannot reach (ECR's API, a
+/// throttling registry): answers `count` requests with `status` and `body`, and sends each
+/// request's head (lower-cased) and body back on the channel. Returns `http://addr/`.
+pub fn http_endpoint(
+    status: &'static str,
+    body: String,
+    count: usize,
+) -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead as _, BufReader, Read as _};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for _ in 0..count {
+            let Ok((mut stream, _)) = listener.accept() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&lower);
+            }
+            let mut req_body = vec![0; length];
+            let _ = reader.read_exact(&mut req_body);
+            head.push_str(&String::from_utf8_lossy(&req_body));
+            let _ = tx.send(head);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Retry-After: 30\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, rx)
+}
+
 /// An image to push: layers (bytes, media type) and a config.
 pub struct TestImage {
     pub layers: Vec<(Vec<u8>, String)>,
