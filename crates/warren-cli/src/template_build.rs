@@ -237,6 +237,13 @@ pub async fn run(args: BuildArgs, client_args: &ClientArgs) -> anyhow::Result<u8
         .unwrap_or_else(|| args.context.join("Dockerfile"));
     let dockerfile =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    // The server parses it again; a file it would refuse is refused here before the context
+    // is packed and sent (the same parser, so the same words and line).
+    let build_args: HashMap<String, String> = args.build_args.iter().cloned().collect();
+    if let Err(e) = warren_control::dockerfile::parse(&dockerfile, &build_args) {
+        eprintln!("{}: {e}", file.display());
+        return Ok(1);
+    }
     let tmp = std::env::temp_dir().join(format!(
         "warren-context-{}-{}.tar",
         std::process::id(),
