@@ -91,12 +91,41 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def server():
+def _registry():
+    """A registry on loopback for templates built from images (None where this host has no
+    `docker-registry`: the tests that need it then skip or fail through `require`)."""
+    import registry as reg
+
+    if not reg.available():
+        yield None
+        return
+    r = reg.Registry()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def registry(_registry):
+    import registry as reg
+
+    require("Debian's docker-registry and busybox-static (scripts/setup.sh installs them)", _registry is not None)
+    assert reg.available()
+    return _registry
+
+
+@pytest.fixture(scope="session")
+def server(_registry):
     require("root (the server's runtimes create namespaces, cgroups and network slots)", os.geteuid() == 0)
     keep = os.environ.get("WARREN_E2E_DATA_DIR")
     data_dir = keep or tempfile.mkdtemp(prefix="warren-e2e-")
     os.makedirs(data_dir, exist_ok=True)
-    srv = Server(data_dir)
+    # Docker Hub names resolve to the local registry, which is the only one a test may reach.
+    mirror = (
+        ("--registry-mirror", f"docker.io={_registry.url}", "--registry-insecure", _registry.host)
+        if _registry is not None
+        else ()
+    )
+    srv = Server(data_dir, mirror)
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
     srv.start()
     # The first create may build the base template image (minutes); do it once up front.

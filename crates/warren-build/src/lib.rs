@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod base;
 mod export;
 mod files;
 mod sandbox;
@@ -48,6 +49,9 @@ pub struct BuilderConfig {
     pub data_dir: PathBuf,
     /// Largest COPY upload accepted (compressed and unpacked).
     pub max_upload_bytes: u64,
+    /// How `fromImage` pulls reach registries (mirrors, plain-http registries, extra CAs);
+    /// its cache directory is `<data>/oci` when left empty.
+    pub pull: Option<warren_oci::PullOptions>,
 }
 
 /// Runs template builds through a runtime.
@@ -56,6 +60,8 @@ pub struct Builder {
     config: BuilderConfig,
     files: FileStore,
     http: reqwest::Client,
+    /// Pulls `fromImage` images, or why this server cannot.
+    puller: Result<warren_oci::Puller, String>,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -150,7 +156,12 @@ pub(crate) fn random_hex(n: usize) -> String {
 
 impl Builder {
     pub fn new(runtime: Arc<dyn SandboxRuntime>, config: BuilderConfig) -> Builder {
+        let pull = config
+            .pull
+            .clone()
+            .unwrap_or_else(|| warren_oci::PullOptions::new(config.data_dir.join("oci")));
         Builder {
+            puller: warren_oci::Puller::new(pull).map_err(|e| e.to_string()),
             files: FileStore::new(&config.data_dir, config.max_upload_bytes),
             runtime,
             config,
@@ -407,18 +418,37 @@ impl Builder {
         job: &BuildJob,
         log: &BuildLog,
     ) -> Result<BuiltImage, BuildFailure> {
-        let Some(parent) = job.parent.clone() else {
-            let reference = match &job.spec.source {
-                warren_control::BuildSource::Image { reference, .. } => reference.clone(),
-                warren_control::BuildSource::Template(t) => t.clone(),
-            };
-            return Err(failure(
-                "base",
-                format!(
-                    "fromImage '{reference}': pulling images from a registry is not supported by \
-                     this server yet; use fromTemplate (e.g. 'base') or from_base_image()"
-                ),
-            ));
+        // A registry image is pulled and packed into an image of its own first; its config
+        // gives the build its defaults.
+        let (parent, defaults) = match (&job.parent, &job.spec.source) {
+            (Some(p), _) => (p.clone(), None),
+            (
+                None,
+                warren_control::BuildSource::Image {
+                    reference,
+                    registry,
+                },
+            ) => {
+                let (key, d) = self.pulled_base(reference, registry.as_ref(), log).await?;
+                (key, Some(d))
+            }
+            (None, warren_control::BuildSource::Template(t)) => {
+                return Err(failure("base", format!("template '{t}' not found")))
+            }
+        };
+        let mut spec = job.spec.clone();
+        if spec.start_cmd.is_none() {
+            if let Some(cmd) = defaults.as_ref().and_then(|d| d.start_cmd.clone()) {
+                log.info(
+                    Some("base"),
+                    format!("Start command from the image's ENTRYPOINT/CMD: {cmd}"),
+                );
+                spec.start_cmd = Some(cmd);
+            }
+        }
+        let job = &BuildJob {
+            spec,
+            ..job.clone()
         };
         let spec = &job.spec;
         let mut keys = vec![parent_key(&parent)];
@@ -492,6 +522,13 @@ impl Builder {
                 }
                 .base_phase()
                 .await
+                .map(|mut c| {
+                    if let Some(d) = &defaults {
+                        c.env.extend(d.env.clone());
+                        c.workdir = d.workdir.clone();
+                    }
+                    c
+                })
                 .map_err(|m| failure("base", m))?,
             };
             let ctx = self.run_steps(job, &b, log, &keys, from, ctx).await?;

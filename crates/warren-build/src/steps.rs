@@ -93,8 +93,17 @@ impl Runner<'_> {
 if ! id -u user >/dev/null 2>&1; then
   if command -v useradd >/dev/null 2>&1; then
     useradd --create-home --shell "$(command -v bash || echo /bin/sh)" user
-  elif command -v adduser >/dev/null 2>&1; then
-    adduser -D user
+  elif command -v adduser >/dev/null 2>&1 && adduser --help 2>&1 | grep -q -- '-D'; then
+    mkdir -p /home
+    adduser -D -s "$(command -v bash || echo /bin/sh)" user >/dev/null 2>&1
+  fi
+  if ! id -u user >/dev/null 2>&1 && [ -w /etc/passwd ]; then
+    # No account tools in the image: the account files by hand (uid/gid 1000 if free).
+    uid=1000; while cut -d: -f3 /etc/passwd | grep -qx "$uid"; do uid=$((uid+1)); done
+    echo "user:x:$uid:$uid::/home/user:$(command -v bash || echo /bin/sh)" >> /etc/passwd
+    echo "user:x:$uid:" >> /etc/group
+    [ -f /etc/shadow ] && echo "user::19000:0:99999:7:::" >> /etc/shadow
+    mkdir -p /home/user && chown "$uid:$uid" /home/user && chmod 0755 /home/user
   fi
   passwd -d user >/dev/null 2>&1 || true
   if [ -d /etc/sudoers.d ]; then
@@ -105,9 +114,11 @@ if ! id -u user >/dev/null 2>&1; then
 fi
 id -u user >/dev/null 2>&1 && echo user || echo root
 "#;
-        let user = self.sandbox.root_script(script).await?;
+        let out = self.sandbox.root_script(script).await?;
+        // The verdict is the script's last line; tools above it may have printed warnings.
+        let user = out.lines().rev().map(str::trim).find(|l| !l.is_empty());
         Ok(Context {
-            user: user.trim().to_string(),
+            user: user.unwrap_or("root").to_string(),
             workdir: None,
             env: BTreeMap::new(),
             shell,

@@ -83,6 +83,8 @@ enum Command {
         /// once unpacked).
         #[arg(long, value_name = "MIB", default_value_t = 4096)]
         max_upload_mb: u64,
+        #[command(flatten)]
+        registry: serve::RegistryArgs,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -143,6 +145,7 @@ fn main() -> std::process::ExitCode {
                 domain,
                 signed_url_max_age,
                 max_upload_mb,
+                registry,
             } => serve::run(serve::ServeArgs {
                 listen,
                 data_dir,
@@ -151,6 +154,7 @@ fn main() -> std::process::ExitCode {
                 max_sandboxes,
                 domain,
                 signed_url_max_age,
+                registry,
             })
             .await
             .map(|()| 0),

@@ -22,6 +22,24 @@ pub struct ServeArgs {
     pub domain: Option<String>,
     /// Cap on signed file URLs' lifetime, handed to every sandbox's agent (`None`: no cap).
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
+    /// How `fromImage` builds reach registries.
+    pub registry: RegistryArgs,
+}
+
+/// Registry settings of `warren serve` (for templates built from registry images).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RegistryArgs {
+    /// A mirror that replaces a registry for image pulls, as REGISTRY=URL (e.g.
+    /// `docker.io=https://mirror.example:5000`); repeat for more registries. The origin is never
+    /// contacted for a mirrored registry.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=URL")]
+    pub mirrors: Vec<warren_oci::Mirror>,
+    /// A registry (host:port) reached over plain HTTP instead of HTTPS; repeatable.
+    #[arg(long = "registry-insecure", value_name = "HOST:PORT")]
+    pub insecure: Vec<String>,
+    /// A PEM file of extra CA certificates trusted for registries; repeatable.
+    #[arg(long = "registry-ca", value_name = "FILE")]
+    pub ca_files: Vec<PathBuf>,
 }
 
 async fn runtime(
@@ -109,6 +127,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         warren_build::BuilderConfig {
             data_dir: args.data_dir.clone(),
             max_upload_bytes: args.max_upload_mb.saturating_mul(1024 * 1024),
+            pull: Some(warren_oci::PullOptions {
+                mirrors: args.registry.mirrors.clone(),
+                insecure: args.registry.insecure.clone(),
+                ca_files: args.registry.ca_files.clone(),
+                ..warren_oci::PullOptions::new(args.data_dir.join("oci"))
+            }),
         },
     )));
     // The base template is what every SDK asks for by default: have it ready before taking

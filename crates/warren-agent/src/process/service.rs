@@ -167,7 +167,7 @@ fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResu
         )
     });
     Ok(SpawnSpec {
-        cmd: config.cmd,
+        cmd: shell_of_image(config.cmd),
         args: config.args,
         env: dedup_env(env),
         cwd,
@@ -175,6 +175,16 @@ fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResu
         stdin: req.stdin.unwrap_or(true),
         pty,
     })
+}
+
+/// The SDKs run every command as `/bin/bash -l -c ...`. An image without bash (one pulled from
+/// a registry, such as busybox or alpine) runs it with `/bin/sh`, which takes the same `-l -c`.
+fn shell_of_image(cmd: String) -> String {
+    if cmd == "/bin/bash" && !std::path::Path::new("/bin/bash").exists() {
+        "/bin/sh".into()
+    } else {
+        cmd
+    }
 }
 
 fn default_cwd(user: &User, workdir: Option<&std::path::Path>) -> PathBuf {
