@@ -143,19 +143,13 @@ impl Registry {
         self.addr.to_string()
     }
 
-    /// A client that pushes to this registry.
-    pub fn client(&self) -> Client {
-        let mut config = ClientConfig::default();
-        if let Some(ca) = &self.ca {
-            config.extra_root_certificates = vec![Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: std::fs::read(ca).unwrap(),
-            }];
-        } else {
-            config.protocol = ClientProtocol::HttpsExcept(vec![self.host()]);
+    /// Pushes to this registry with its own credentials.
+    pub fn pusher(&self) -> Pusher {
+        Pusher {
+            host: self.host(),
+            auth: self.auth.clone(),
+            ca: self.ca.clone(),
         }
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Client::try_from(config).unwrap()
     }
 
     /// How many times the access log shows a GET of a blob.
@@ -167,9 +161,47 @@ impl Registry {
             .count()
     }
 
+    pub async fn push(&self, repo: &str, tag: &str, image: &TestImage) -> String {
+        self.pusher().push(repo, tag, image).await
+    }
+
+    pub async fn push_index(&self, repo: &str, tag: &str, entries: &[(String, i64, &str)]) {
+        self.pusher().push_index(repo, tag, entries).await
+    }
+
+    pub async fn manifest_size(&self, repo: &str, digest: &str) -> i64 {
+        self.pusher().manifest_size(repo, digest).await
+    }
+}
+
+/// Pushes test images to a registry at `host` (plain HTTP unless `ca` is given).
+pub struct Pusher {
+    pub host: String,
+    pub auth: RegistryAuth,
+    pub ca: Option<PathBuf>,
+}
+
+impl Pusher {
+    /// A client that pushes to this registry.
+    pub fn client(&self) -> Client {
+        let mut config = ClientConfig::default();
+        if let Some(ca) = &self.ca {
+            config.extra_root_certificates = vec![Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: std::fs::read(ca).unwrap(),
+            }];
+        } else {
+            config.protocol = ClientProtocol::HttpsExcept(vec![self.host.clone()]);
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Client::try_from(config).unwrap()
+    }
+
     /// Pushes `image` as `repo:tag`; returns the manifest digest.
     pub async fn push(&self, repo: &str, tag: &str, image: &TestImage) -> String {
-        let reference: Reference = format!("{}/{repo}:{tag}", self.host()).parse().unwrap();
+        let reference: Reference = format!("{}/{repo}:{tag}", self.host.clone())
+            .parse()
+            .unwrap();
         let client = self.client();
         let layers: Vec<ImageLayer> = image
             .layers
@@ -194,7 +226,9 @@ impl Registry {
 
     /// Pushes an image index `repo:tag` listing `entries` (digest, size, arch).
     pub async fn push_index(&self, repo: &str, tag: &str, entries: &[(String, i64, &str)]) {
-        let reference: Reference = format!("{}/{repo}:{tag}", self.host()).parse().unwrap();
+        let reference: Reference = format!("{}/{repo}:{tag}", self.host.clone())
+            .parse()
+            .unwrap();
         let manifests: Vec<_> = entries
             .iter()
             .map(|(digest, size, arch)| {
@@ -219,7 +253,9 @@ impl Registry {
 
     /// The size of the manifest `repo@digest`.
     pub async fn manifest_size(&self, repo: &str, digest: &str) -> i64 {
-        let reference: Reference = format!("{}/{repo}@{digest}", self.host()).parse().unwrap();
+        let reference: Reference = format!("{}/{repo}@{digest}", self.host.clone())
+            .parse()
+            .unwrap();
         let (raw, _) = self
             .client()
             .pull_manifest_raw(
