@@ -239,6 +239,14 @@ impl Layer<'_> {
                 // Other `.wh..wh.` names are aufs bookkeeping, not content.
                 return Ok(0);
             }
+            if hidden == b"." || hidden == b".." {
+                // `.wh..` would remove the directory itself, `.wh...` its parent: outside
+                // the root when the parent is the root.
+                return Err(invalid(format!(
+                    "a whiteout of {:?}",
+                    OsStr::from_bytes(hidden)
+                )));
+            }
             return match self.resolve(parent_rel, false) {
                 Ok(dir) => remove_any(&dir, OsStr::from_bytes(hidden)),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
@@ -435,6 +443,9 @@ fn list(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
 
 /// Removes `name` in `dir`, a whole tree if it is a directory; never follows a symlink.
 fn remove_any(dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
+    if name == "." || name == ".." || name.as_bytes().contains(&b'/') {
+        return Err(invalid(format!("removing {name:?}")));
+    }
     let dir: BorrowedFd<'_> = dir.as_fd();
     match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Err(Errno::ENOENT) => Ok(()),

@@ -236,3 +236,22 @@ fn compression_is_told_by_magic_and_a_false_label_is_refused() {
     assert!(matches!(err, PullError::BadImage { .. }), "{err:?}");
     s.assert_outside_untouched();
 }
+
+#[test]
+fn a_whiteout_of_dot_or_dotdot_removes_nothing_outside() {
+    if !is_root() {
+        return;
+    }
+    for name in [".wh...", ".wh..", "sub/.wh...", "sub/.wh.."] {
+        let s = Scene::new();
+        let first = tar(&[
+            Entry::Dir("sub/", 0o755),
+            Entry::File("sub/keep", b"k", 0o644, 0, 0),
+        ]);
+        let second = raw_layer(&[(name, EntryType::Regular, "", b"")]);
+        let err = s.unpack(vec![(first, TAR), (second, TAR)]).unwrap_err();
+        assert!(matches!(err, PullError::BadImage { .. }), "{name}: {err:?}");
+        s.assert_outside_untouched();
+        assert!(s.root().join("sub/keep").is_file(), "{name}");
+    }
+}
