@@ -36,8 +36,9 @@ pub enum PullError {
     /// manifest or config, a layer that is not a tar, a hostile path in a layer).
     #[error("bad image: {detail}")]
     BadImage { detail: String },
-    /// The image's layers add up to more than the operator allows.
-    #[error("image is larger than the limit of {limit} bytes (compressed layers)")]
+    /// The image is larger than the operator allows: its compressed layers (a pull) or the
+    /// files they unpack to ([`crate::unpack_limited`]).
+    #[error("the image is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
     /// A valid image this puller cannot handle (encrypted layers, another platform only, ...).
     #[error("unsupported image: {detail}")]

@@ -52,7 +52,7 @@ use std::path::PathBuf;
 
 pub use error::{BoxError, PullError};
 pub use pull::Puller;
-pub use unpack::unpack;
+pub use unpack::{unpack, unpack_limited};
 
 /// How pulls are made; shared by every pull of one [`Puller`].
 #[derive(Debug, Clone)]

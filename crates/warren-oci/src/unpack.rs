@@ -32,11 +32,21 @@ const OPAQUE: &str = ".wh..wh..opq";
 /// Applies `image`'s layers in order to `dest`, an empty directory. Blocking; meant to run as
 /// root (ownership, devices). Returns the bytes of file content written.
 pub fn unpack(image: &PulledImage, dest: &Path) -> Result<u64, PullError> {
+    unpack_limited(image, dest, u64::MAX)
+}
+
+/// [`unpack`], refusing with [`PullError::TooLarge`] once the layers have written more than
+/// `max_bytes` of file content (a small compressed layer can expand enormously).
+pub fn unpack_limited(image: &PulledImage, dest: &Path, max_bytes: u64) -> Result<u64, PullError> {
     let root = open_root(dest)?;
     let mut written = 0;
     for layer in &image.layers {
         let tar = decompress::open(&layer.path, &layer.media_type)?;
-        written += apply_layer(&root, tar, &layer.digest)?;
+        written +=
+            apply_layer(&root, tar, &layer.digest, max_bytes - written).map_err(|e| match e {
+                PullError::TooLarge { .. } => PullError::TooLarge { limit: max_bytes },
+                e => e,
+            })?;
     }
     Ok(written)
 }
@@ -123,13 +133,21 @@ struct Layer<'a> {
     made: HashSet<PathBuf>,
     /// Directory mtimes, set once the layer is done (adding children changes them).
     dir_times: Vec<(PathBuf, i64)>,
+    /// File bytes this layer may still write.
+    room: u64,
 }
 
-fn apply_layer(root: &OwnedFd, tar: Box<dyn Read>, digest: &str) -> Result<u64, PullError> {
+fn apply_layer(
+    root: &OwnedFd,
+    tar: Box<dyn Read>,
+    digest: &str,
+    room: u64,
+) -> Result<u64, PullError> {
     let mut layer = Layer {
         root,
         made: HashSet::new(),
         dir_times: Vec::new(),
+        room,
     };
     let mut archive = tar::Archive::new(tar);
     let bad_tar = |e: io::Error| PullError::bad(format!("layer {digest} is not a valid tar: {e}"));
@@ -139,6 +157,7 @@ fn apply_layer(root: &OwnedFd, tar: Box<dyn Read>, digest: &str) -> Result<u64, 
         let raw = entry.path().map_err(bad_tar)?.into_owned();
         let rel = clean(&raw).map_err(|e| PullError::bad(format!("layer {digest}: {e}")))?;
         written += layer.entry(&mut entry, &rel).map_err(|e| match e.kind() {
+            io::ErrorKind::FileTooLarge => PullError::TooLarge { limit: room },
             io::ErrorKind::InvalidData => {
                 PullError::bad(format!("layer {digest}: {}: {e}", raw.display()))
             }
@@ -292,7 +311,11 @@ impl Layer<'_> {
                     Mode::from_bits_truncate(0o600),
                 )?;
                 let mut file = std::fs::File::from(fd);
-                written = io::copy(entry, &mut file)?;
+                written = io::copy(&mut entry.take(self.room.saturating_add(1)), &mut file)?;
+                if written > self.room {
+                    return Err(io::ErrorKind::FileTooLarge.into());
+                }
+                self.room -= written;
                 set_fd_meta(file.into(), &meta, true)?;
             }
             tar::EntryType::Symlink => {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use common::*;
 use tar::EntryType;
-use warren_oci::{unpack, ImageConfig, Layer, PullError, PulledImage};
+use warren_oci::{unpack_limited, ImageConfig, Layer, PullError, PulledImage};
 
 struct Scene {
     outer: tempfile::TempDir,
@@ -47,6 +47,10 @@ impl Scene {
     }
 
     fn unpack(&self, layers: Vec<(Vec<u8>, &str)>) -> Result<u64, PullError> {
+        self.unpack_limited(layers, u64::MAX)
+    }
+
+    fn unpack_limited(&self, layers: Vec<(Vec<u8>, &str)>, max: u64) -> Result<u64, PullError> {
         let layers = layers
             .into_iter()
             .enumerate()
@@ -68,7 +72,7 @@ impl Scene {
             layers,
             config: ImageConfig::default(),
         };
-        unpack(&image, &self.root())
+        unpack_limited(&image, &self.root(), max)
     }
 
     /// `outer` still holds exactly `root` and an untouched `victim`.
@@ -254,4 +258,30 @@ fn a_whiteout_of_dot_or_dotdot_removes_nothing_outside() {
         s.assert_outside_untouched();
         assert!(s.root().join("sub/keep").is_file(), "{name}");
     }
+}
+
+#[test]
+fn a_layer_that_expands_past_the_limit_is_refused() {
+    if !is_root() {
+        return;
+    }
+    let s = Scene::new();
+    let big = vec![0u8; 4 << 20];
+    let layer = tar(&[
+        Entry::File("small", b"fits", 0o644, 0, 0),
+        Entry::File("big", &big, 0o644, 0, 0),
+    ]);
+    let packed = gzip(&layer);
+    assert!(packed.len() < 64 << 10, "4 MiB of zeros packs small");
+    let image_layers = vec![(packed, TAR_GZIP)];
+    let err = s.unpack_limited(image_layers, 1 << 20).unwrap_err();
+    assert!(
+        matches!(err, PullError::TooLarge { limit } if limit == 1 << 20),
+        "{err:?}"
+    );
+    let big_len = std::fs::metadata(s.root().join("big"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(big_len <= (1 << 20) + 1, "stopped at the limit: {big_len}");
+    s.assert_outside_untouched();
 }
