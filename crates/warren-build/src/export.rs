@@ -38,14 +38,20 @@ impl Read for ChannelReader {
     }
 }
 
-fn unpack(reader: impl Read, dest: &Path) -> Result<u64, String> {
+/// What `unpack` did: entries written and entries left out (devices, fifos).
+struct Unpacked {
+    written: u64,
+    skipped: u64,
+}
+
+fn unpack(reader: impl Read, dest: &Path) -> Result<Unpacked, String> {
     let mut archive = tar::Archive::new(reader);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(true);
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
-    let mut skipped = 0u64;
+    let (mut written, mut skipped) = (0u64, 0u64);
     let entries = archive
         .entries()
         .map_err(|e| format!("reading the guest's archive: {e}"))?;
@@ -61,11 +67,56 @@ fn unpack(reader: impl Read, dest: &Path) -> Result<u64, String> {
                 entry
                     .unpack_in(dest)
                     .map_err(|e| format!("unpacking the guest's files: {e}"))?;
+                written += 1;
             }
             _ => skipped += 1,
         }
     }
-    Ok(skipped)
+    Ok(Unpacked { written, skipped })
+}
+
+/// The guest's archiver. GNU tar stays on the root filesystem by itself and leaves the agent
+/// out; another tar (busybox's has neither option) archives the top-level entries but the
+/// kernel's and the runtime's mounts, and the host drops the agent after unpacking. An image
+/// without any tar gets the host's static busybox for the export.
+const EXPORT_SCRIPT: &str = r#"
+if tar --version 2>/dev/null | grep -q 'GNU tar'; then
+  exec tar --one-file-system --numeric-owner --xattrs --xattrs-include='*' -C / -cf - \
+    --exclude=./usr/local/bin/warren-agent --exclude='./tmp/.warren-copy-*' .
+fi
+if command -v tar >/dev/null 2>&1; then T=tar; else T="/tmp/.warren-busybox tar"; fi
+cd / || exit 2
+set --
+for e in $(ls -A /); do
+  case "$e" in proc|sys|dev|run|.warren-busybox) ;; *) set -- "$@" "./$e" ;; esac
+done
+exec $T --numeric-owner -cf - "$@"
+"#;
+
+/// Where the host's static busybox is, for images without a tar.
+const HOST_BUSYBOX: &str = "/bin/busybox";
+
+/// Makes the unpacked tree what an image holds: not the agent (the runtime adds its own) nor
+/// the build's scratch files, and the mount points the runtimes use.
+fn tidy(tree: &Path) -> std::io::Result<()> {
+    for f in ["usr/local/bin/warren-agent", "tmp/.warren-busybox"] {
+        match std::fs::remove_file(tree.join(f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir(tree.join("tmp")) {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with(".warren-copy-") {
+                let _ =
+                    std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+            }
+        }
+    }
+    for d in ["dev", "proc", "sys", "run"] {
+        std::fs::create_dir_all(tree.join(d))?;
+    }
+    Ok(())
 }
 
 /// Writes `b`'s root filesystem as the erofs image `out`.
@@ -87,10 +138,25 @@ pub(crate) async fn through_agent(b: &BuildBox, out: &Path) -> Result<(), String
                 &st,
             )
         });
-        let script = "exec tar --one-file-system --numeric-owner --xattrs --xattrs-include='*' \
-                      -C / -cf - --exclude=./usr/local/bin/warren-agent \
-                      --exclude='./tmp/.warren-copy-*' .";
-        let argv = ["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        let has_tar = b
+            .root_script("command -v tar >/dev/null 2>&1 && echo yes || echo no")
+            .await?;
+        if has_tar.trim() != "yes" {
+            if !Path::new(HOST_BUSYBOX).is_file() {
+                return Err(format!(
+                    "the image has no tar to export the build with, and this host has no \
+                     {HOST_BUSYBOX} to lend it (install busybox-static)"
+                ));
+            }
+            b.upload(Path::new(HOST_BUSYBOX), "/tmp/.warren-busybox")
+                .await?;
+            b.root_script("chmod 0755 /tmp/.warren-busybox").await?;
+        }
+        let argv = [
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            EXPORT_SCRIPT.to_string(),
+        ];
         let mut stderr = Vec::new();
         let code = b
             .run_raw(
@@ -121,10 +187,24 @@ pub(crate) async fn through_agent(b: &BuildBox, out: &Path) -> Result<(), String
                 String::from_utf8_lossy(&stderr).trim()
             ));
         }
-        let skipped = unpacked?;
-        if skipped > 0 {
-            tracing::debug!(skipped, "device files and fifos left out of the image");
+        let unpacked = unpacked?;
+        if unpacked.written == 0 {
+            return Err(format!(
+                "the build sandbox's tar wrote nothing (exit status {code}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ));
         }
+        if unpacked.skipped > 0 {
+            tracing::debug!(
+                skipped = unpacked.skipped,
+                "device files and fifos left out of the image"
+            );
+        }
+        let st = staging.clone();
+        tokio::task::spawn_blocking(move || tidy(&st))
+            .await
+            .map_err(|e| format!("tidy task: {e}"))?
+            .map_err(|e| format!("tidying the exported tree: {e}"))?;
         let (st, o) = (staging.clone(), out.to_path_buf());
         tokio::task::spawn_blocking(move || {
             warren_template::pack_layers(&[&st], &o).map_err(|e| e.to_string())
