@@ -82,6 +82,8 @@ pub(crate) struct Ctx<'a> {
     pub registry: &'a str,
     /// Whether any credentials were sent: decides the "refused" wording.
     pub had_credentials: bool,
+    /// Docker Hub answers "unauthorized" for a repository that does not exist, too.
+    pub docker_hub: bool,
 }
 
 impl Ctx<'_> {
@@ -93,6 +95,9 @@ impl Ctx<'_> {
         };
         if let Some(extra) = extra.filter(|e| !e.trim().is_empty()) {
             detail.push_str(&format!(" ({})", extra.trim()));
+        }
+        if self.docker_hub {
+            detail.push_str("; Docker Hub also says this of a repository that does not exist");
         }
         PullError::Unauthorized {
             registry: self.registry.to_string(),

@@ -67,6 +67,15 @@ impl Puller {
                     std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                 )
             })?;
+            if certs.is_empty() {
+                return Err(PullError::io(
+                    format!("reading the CA file {}", file.display()),
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "it holds no PEM certificate",
+                    ),
+                ));
+            }
             http = http.tls_certs_merge(certs);
             roots.push(pem);
         }
@@ -172,6 +181,7 @@ impl Puller {
             reference: &normalised,
             registry: &contacted,
             had_credentials: !matches!(creds, Credentials::Anonymous),
+            docker_hub: contacted == "index.docker.io",
         };
         let auth = self.registry_auth(creds, &contacted).await?;
         let client = self.client()?;

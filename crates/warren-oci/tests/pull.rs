@@ -377,3 +377,15 @@ async fn gcp_keys_are_sent_as_json_key_basic_auth() {
         .await
         .unwrap();
 }
+
+#[test]
+fn a_ca_file_without_certificates_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("empty.pem");
+    std::fs::write(&ca, "not a certificate\n").unwrap();
+    let mut opts = PullOptions::new(dir.path().join("cache"));
+    opts.ca_files = vec![ca];
+    let err = Puller::new(opts).unwrap_err();
+    assert!(matches!(err, PullError::Io { .. }), "{err:?}");
+    assert!(err.to_string().contains("empty.pem"), "{err}");
+}
