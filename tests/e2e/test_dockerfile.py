@@ -99,19 +99,26 @@ def test_a_multi_stage_dockerfile_builds_and_runs(server, api):
     name = _name("df-multi")
     tid, bid = _register(api, name)
     ctx = _upload(api, tid, _tar({"app.txt": b"app file\n", "conf/settings.ini": b"[x]\n"}))
-    r = api.post(
-        f"{api.base}/v2/templates/{tid}/builds/{bid}",
-        json={
-            "dockerfile": MULTI_STAGE.format(nonce=uuid.uuid4().hex),
-            "contextFilesHash": ctx,
-            "buildArgs": {"GREETING": "hi"},
-        },
-    )
+    body = {
+        "dockerfile": MULTI_STAGE.format(nonce=uuid.uuid4().hex),
+        "contextFilesHash": ctx,
+        "buildArgs": {"GREETING": "hi"},
+    }
+    r = api.post(f"{api.base}/v2/templates/{tid}/builds/{bid}", json=body)
     assert r.status_code == 202, r.text
     page, logs = _wait(api, tid, bid)
     assert page["status"] == "ready", (page, logs[-30:])
     assert any("building stage 'maker'" in l for l in logs), logs
     assert any("Dockerfile line 15: LABEL ignored" in l for l in logs), logs
+    assert not any(l.startswith("CACHED template image") for l in logs), logs
+    # The same Dockerfile again: the stage and the template both come from the cache.
+    tid2, bid2 = _register(api, name)
+    assert tid2 == tid
+    r = api.post(f"{api.base}/v2/templates/{tid}/builds/{bid2}", json=body)
+    assert r.status_code == 202, r.text
+    page, logs = _wait(api, tid, bid2)
+    assert page["status"] == "ready", (page, logs[-30:])
+    assert sum(l.startswith("CACHED template image") for l in logs) == 2, logs
     sb = Sandbox.create(name, timeout=60)
     try:
         run = lambda c: sb.commands.run(c).stdout.strip()  # noqa: E731
