@@ -19,7 +19,13 @@
 //!    with `openat2(RESOLVE_IN_ROOT)`, as if the directory were `/`: a `..` component is
 //!    refused, an absolute path is taken as relative to the root, and a symlink that an earlier
 //!    entry or layer made (even one to `/`) resolves inside the directory, so no entry lands
-//!    outside it. The last component is never followed: it is replaced.
+//!    outside it. The last component is never followed: it is replaced. A whiteout of `.` or
+//!    `..` is refused. [`unpack_limited`] also caps the bytes the layers may expand to.
+//!
+//! Limits: [`PullOptions::max_bytes`] caps an image's compressed layers, checked from the
+//! manifest before any layer is fetched; each blob is cut off once it exceeds the size its
+//! descriptor declares. A temporary file left by a crashed pull (`tmp/` in the cache) is never
+//! used, since only verified blobs are renamed into `blobs/`.
 //!
 //! Names are normalised as Docker does: `alpine` is `docker.io/library/alpine:latest`,
 //! `user/app:1` is `docker.io/user/app:1`, and `name@sha256:<hex>` pins a digest.

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use futures::TryStreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use oci_client::client::{
     linux_amd64_resolver, Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
 };
@@ -27,6 +27,9 @@ const LAYER_TYPES: &[&str] = &[
     "application/vnd.docker.image.rootfs.diff.tar.gzip",
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
 ];
+
+/// Layers fetched at once (Docker's default `max-concurrent-downloads` is 3).
+const PARALLEL_LAYERS: usize = 3;
 
 /// A config larger than this is not an image config.
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
@@ -228,19 +231,23 @@ impl Puller {
         })?;
         let config = config::parse(&config_bytes, manifest.layers.len())?;
 
-        let mut layers = Vec::with_capacity(manifest.layers.len());
-        for desc in &manifest.layers {
-            let size = descriptor_size(desc)?;
-            let path = self
-                .fetch(&client, &image, desc, &ctx, Some(progress))
-                .await?;
-            layers.push(Layer {
-                digest: desc.digest.clone(),
-                media_type: desc.media_type.clone(),
-                path,
-                size,
-            });
-        }
+        // A few layers at a time, as Docker does; results stay in manifest order.
+        let layers: Vec<Layer> = futures::stream::iter(&manifest.layers)
+            .map(|desc| {
+                let (client, image, ctx) = (&client, &image, &ctx);
+                async move {
+                    let path = self.fetch(client, image, desc, ctx, Some(progress)).await?;
+                    Ok::<_, PullError>(Layer {
+                        digest: desc.digest.clone(),
+                        media_type: desc.media_type.clone(),
+                        path,
+                        size: descriptor_size(desc)?,
+                    })
+                }
+            })
+            .buffered(PARALLEL_LAYERS)
+            .try_collect()
+            .await?;
         Ok(PulledImage {
             reference: normalised,
             manifest_digest,
