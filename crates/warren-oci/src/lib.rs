@@ -57,7 +57,7 @@ mod unpack;
 use std::path::PathBuf;
 
 pub use error::{BoxError, PullError};
-pub use pull::Puller;
+pub use pull::{normalise, Puller};
 pub use unpack::{unpack, unpack_limited};
 
 /// How pulls are made; shared by every pull of one [`Puller`].

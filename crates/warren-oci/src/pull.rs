@@ -167,14 +167,7 @@ impl Puller {
         creds: &Credentials,
         progress: &(dyn Fn(String) + Send + Sync),
     ) -> Result<PulledImage, PullError> {
-        let mut image: Reference =
-            reference
-                .trim()
-                .parse()
-                .map_err(|e: oci_client::ParseError| PullError::BadReference {
-                    reference: reference.to_string(),
-                    detail: e.to_string(),
-                })?;
+        let mut image = parse_reference(reference)?;
         let normalised = image.whole();
         if let Some(mirror) = self.mirror_for(image.registry()) {
             image.set_mirror_registry(mirror.host().0.to_string());
@@ -342,6 +335,27 @@ fn stream_error(ctx: &Ctx<'_>, e: std::io::Error) -> PullError {
     }
 }
 
+fn parse_reference(reference: &str) -> Result<Reference, PullError> {
+    let bad = |detail: String| PullError::BadReference {
+        reference: reference.to_string(),
+        detail,
+    };
+    let parsed: Reference = reference
+        .trim()
+        .parse()
+        .map_err(|e: oci_client::ParseError| bad(e.to_string()))?;
+    if parsed.repository().chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(bad("repository names must be lowercase".into()));
+    }
+    Ok(parsed)
+}
+
+/// The full name a reference stands for, as Docker spells it: `alpine` is
+/// `docker.io/library/alpine:latest`, `user/app:1` is `docker.io/user/app:1`.
+pub fn normalise(reference: &str) -> Result<String, PullError> {
+    parse_reference(reference).map(|r| r.whole())
+}
+
 fn blob_dir(cache: &Path) -> PathBuf {
     cache.join("blobs").join("sha256")
 }
@@ -423,6 +437,29 @@ mod tests {
             sha256_hex("sha512:00"),
             Err(PullError::Unsupported { .. })
         ));
+    }
+
+    #[test]
+    fn names_are_normalised_as_docker_does() {
+        let hex = "0123456789abcdef".repeat(4);
+        for (short, full) in [
+            ("alpine", "docker.io/library/alpine:latest".to_string()),
+            ("alpine:3", "docker.io/library/alpine:3".to_string()),
+            ("user/app:1", "docker.io/user/app:1".to_string()),
+            ("ghcr.io/o/r:v", "ghcr.io/o/r:v".to_string()),
+            ("localhost:5000/x", "localhost:5000/x:latest".to_string()),
+            (
+                &format!("alpine@sha256:{hex}"),
+                format!("docker.io/library/alpine@sha256:{hex}"),
+            ),
+        ] {
+            assert_eq!(normalise(short).unwrap(), full, "{short}");
+        }
+        assert!(matches!(
+            normalise("UPPER/case"),
+            Err(PullError::BadReference { .. })
+        ));
+        assert!(normalise("alpine@sha256:00").is_err());
     }
 
     #[test]

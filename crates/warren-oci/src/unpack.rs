@@ -221,7 +221,21 @@ impl Layer<'_> {
                         Err(Errno::ENOENT) if matches!(comp, Component::Normal(_)) => {
                             let name = comp.as_os_str();
                             match mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
-                                Ok(()) => {}
+                                // 0755 whatever the process umask is.
+                                Ok(()) => fchmodat(
+                                    &dir,
+                                    name,
+                                    Mode::from_bits_truncate(0o755),
+                                    FchmodatFlags::NoFollowSymlink,
+                                )
+                                .or_else(|_| {
+                                    fchmodat(
+                                        &dir,
+                                        name,
+                                        Mode::from_bits_truncate(0o755),
+                                        FchmodatFlags::FollowSymlink,
+                                    )
+                                })?,
                                 // A dangling symlink: make the directory it names, which is
                                 // inside the root too.
                                 Err(Errno::EEXIST) => {
