@@ -99,7 +99,17 @@ impl Puller {
     /// One OCI client per pull: the client keeps the first credentials it sees per registry,
     /// and pulls with other credentials must not inherit them.
     fn client(&self) -> Result<Client, PullError> {
-        let mut http_hosts = self.opts.insecure.clone();
+        // `host:port`, also when written as a URL.
+        let mut http_hosts: Vec<String> = self
+            .opts
+            .insecure
+            .iter()
+            .map(|h| {
+                let h = h.trim();
+                let h = h.strip_prefix("http://").unwrap_or(h);
+                h.trim_end_matches('/').to_string()
+            })
+            .collect();
         http_hosts.extend(self.opts.mirrors.iter().filter_map(|m| {
             let (host, http) = m.host();
             http.then(|| host.to_string())
