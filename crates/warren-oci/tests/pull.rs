@@ -264,7 +264,8 @@ async fn a_throttling_registry_is_rate_limited() {
         .to_string();
     let cache = tempfile::tempdir().unwrap();
     let mut opts = PullOptions::new(cache.path());
-    opts.insecure = vec![host.clone()];
+    // Written as a URL, as an operator might: still plain HTTP to that host.
+    opts.insecure = vec![url.clone()];
     let puller = Puller::new(opts).unwrap();
     let err = puller
         .pull(
