@@ -44,8 +44,13 @@
 //! so a host that may only reach its mirror never talks to the origin, and a missing image is
 //! reported as not found. Credentials given for the pull go to the mirror.
 //!
+//! Transport: HTTPS (rustls, the system's roots plus [`PullOptions::ca_files`]) except for
+//! the `host:port`s in [`PullOptions::insecure`] and `http://` mirrors, which get plain HTTP.
+//! Nothing falls back from HTTPS to HTTP on its own (loopback registries included).
+//!
 //! Errors ([`PullError`]) separate not found, unauthorised, rate-limited and unreachable, in
-//! words a template author can act on.
+//! words a template author can act on. `RateLimited::retry_after` is `None` for registry
+//! answers: the OCI client does not pass the `Retry-After` header on.
 
 mod config;
 mod decompress;
