@@ -21,6 +21,7 @@
 mod base;
 mod export;
 mod files;
+mod prune;
 mod sandbox;
 mod stage_files;
 mod steps;
@@ -61,7 +62,7 @@ pub struct Builder {
     files: FileStore,
     http: reqwest::Client,
     /// Pulls `fromImage` images, or why this server cannot.
-    puller: Result<warren_oci::Puller, String>,
+    puller: Result<Arc<warren_oci::Puller>, String>,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -161,7 +162,9 @@ impl Builder {
             .clone()
             .unwrap_or_else(|| warren_oci::PullOptions::new(config.data_dir.join("oci")));
         Builder {
-            puller: warren_oci::Puller::new(pull).map_err(|e| e.to_string()),
+            puller: warren_oci::Puller::new(pull)
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
             files: FileStore::new(&config.data_dir, config.max_upload_bytes),
             runtime,
             config,
@@ -580,6 +583,14 @@ impl TemplateBuilder for Builder {
             }
         }
         out
+    }
+
+    async fn disk_use(&self, keep: &[String]) -> Result<warren_control::DiskUse, BuilderError> {
+        self.disk_use_now(keep).await
+    }
+
+    async fn prune(&self, keep: &[String]) -> Result<warren_control::DiskUse, BuilderError> {
+        self.prune_now(keep).await
     }
 
     async fn remove_image(&self, key: &str) -> Result<(), BuilderError> {

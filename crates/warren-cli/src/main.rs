@@ -10,6 +10,7 @@ mod sandbox;
 mod serve;
 mod shell;
 mod template;
+mod template_build;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -137,6 +137,12 @@ pub trait TemplateBuilder: Send + Sync + 'static {
     async fn build(&self, job: BuildJob, log: BuildLog) -> Result<BuiltImage, BuildFailure>;
     /// Deletes a finished image no template refers to any more.
     async fn remove_image(&self, key: &str) -> Result<(), BuilderError>;
+    /// What template images, build layers and pulled layers take on disk; `keep` are the
+    /// images something still uses.
+    async fn disk_use(&self, keep: &[String]) -> Result<crate::DiskUse, BuilderError>;
+    /// Deletes what `disk_use` reports as unused: images not in `keep`, every cached build
+    /// layer and every pulled layer. Answers what it freed.
+    async fn prune(&self, keep: &[String]) -> Result<crate::DiskUse, BuilderError>;
 }
 
 /// The build side of the control plane's state.
@@ -144,8 +150,8 @@ pub(crate) struct BuildState {
     pub(crate) builder: std::sync::OnceLock<Arc<dyn TemplateBuilder>>,
     /// Logs of builds that are running now.
     active: StdMutex<HashMap<String, BuildLog>>,
-    /// One build at a time.
-    gate: tokio::sync::Semaphore,
+    /// One build at a time (and no prune while one runs).
+    pub(crate) gate: tokio::sync::Semaphore,
     /// Signs upload URLs; new at each start (an URL is good for one build's uploads).
     upload_key: [u8; 32],
     /// Held while a template's record is read, changed and written back (tags, counters), so
@@ -204,7 +210,7 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn builder_error(e: BuilderError) -> ControlError {
+pub(crate) fn builder_error(e: BuilderError) -> ControlError {
     match e {
         BuilderError::Invalid(m) => ControlError::InvalidArgument(m),
         BuilderError::TooLarge(m) => ControlError::QuotaExceeded(m),
@@ -235,7 +241,7 @@ impl Control {
         let _ = self.inner.builds.builder.set(builder);
     }
 
-    fn builder(&self) -> Result<&Arc<dyn TemplateBuilder>, ControlError> {
+    pub(crate) fn builder(&self) -> Result<&Arc<dyn TemplateBuilder>, ControlError> {
         self.inner
             .builds
             .builder

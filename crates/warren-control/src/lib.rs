@@ -25,6 +25,7 @@ mod recover;
 mod secrets;
 mod snapshots;
 mod store;
+mod template_disk;
 mod template_tags;
 mod templates;
 mod tenant;
@@ -46,6 +47,7 @@ pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use template_disk::{DiskPart, DiskUse};
 pub use template_tags::{Assigned, TagInfo};
 pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,

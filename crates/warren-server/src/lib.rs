@@ -17,6 +17,7 @@ pub mod openapi;
 mod persistence;
 pub mod proxy;
 mod routes;
+mod template_disk;
 mod template_tags;
 mod templates;
 pub mod types;
@@ -120,6 +121,8 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             "/templates/{template_id}/tags",
             get(template_tags::list_tags),
         )
+        .route("/v1/templates/disk", get(template_disk::disk_use))
+        .route("/v1/templates/prune", post(template_disk::prune))
         .route(
             "/v2/templates/{template_id}",
             axum::routing::patch(templates::set_public),

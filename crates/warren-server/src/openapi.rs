@@ -9,7 +9,7 @@ use crate::types::{
     ListedSandbox, NetworkConfig, NetworkInfo, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo,
     SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
 };
-use crate::{persistence, routes, template_tags, templates};
+use crate::{persistence, routes, template_disk, template_tags, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -38,6 +38,8 @@ use crate::{persistence, routes, template_tags, templates};
         template_tags::assign_tags,
         template_tags::remove_tags,
         template_tags::list_tags,
+        template_disk::disk_use,
+        template_disk::prune,
         persistence::fork_sandbox,
     ),
     components(schemas(
