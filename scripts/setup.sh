@@ -24,6 +24,7 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 # Tests of templates from registry images: a real registry on loopback, and a static busybox
 # to make a tiny image that has no bash, sudo or glibc.
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # The vm runtime: QEMU 10.0 from bookworm-backports (it matches the qemu-utils 10.0 these hosts
 # carry; bookworm's own QEMU 7.2 would replace it). The guest kernel is fetched later, pinned,

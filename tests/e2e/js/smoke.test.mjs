@@ -7,7 +7,8 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
-import { mkdirSync, openSync, closeSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, openSync, closeSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { createServer } from 'node:net'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -170,6 +171,47 @@ test('E2B JS SDK smoke against warren serve', { timeout: 1_200_000 }, async (t) 
         created.push(f)
         assert.equal(await f.files.read('/home/user/kept.txt'), 'kept by pause')
       }
+    })
+
+    await t.test('template builder: COPY, RUN, ENV, WORKDIR, start/ready, tags, fromDockerfile', async () => {
+      const { Template, waitForPort } = await import('e2b')
+      const dir = mkdtempSync(join(tmpdir(), 'warren-js-tpl-'))
+      writeFileSync(join(dir, 'app.txt'), 'from the JS SDK\n')
+      const stamp = `${process.pid}-${Date.now()}`
+      const name = `js-tpl-${stamp}`
+      const tpl = Template({ fileContextPath: dir })
+        .fromBaseImage()
+        .copy('app.txt', '/opt/app/app.txt')
+        .runCmd(`echo ${stamp} > /opt/app/stamp`, { user: 'root' })
+        .setEnvs({ GREETING: 'hi' })
+        .setWorkdir('/opt/app')
+        .setStartCmd('python3 -m http.server 8080', waitForPort(8080))
+      const logs = []
+      const info = await Template.build(tpl, name, { onBuildLogs: (l) => logs.push(String(l.message ?? l)) })
+      assert.ok(info.templateId && info.buildId, JSON.stringify(info))
+      assert.equal(await Template.exists(name), true)
+      const s = await Sandbox.create(name, { timeoutMs: 60_000 })
+      created.push(s)
+      assert.equal((await s.commands.run('cat /opt/app/app.txt')).stdout, 'from the JS SDK\n')
+      assert.equal((await s.commands.run('cat stamp')).stdout, `${stamp}\n`)
+      assert.equal((await s.commands.run('pwd')).stdout, '/opt/app\n')
+      // The start command is ready before the create returns.
+      const code = await s.commands.run('curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8080/app.txt')
+      assert.equal(code.stdout, '200')
+      const tagged = await Template.assignTags(`${name}:default`, ['js'])
+      assert.deepEqual(tagged.tags, ['js'])
+      const tags = (await Template.getTags(info.templateId)).map((x) => x.tag).sort()
+      assert.deepEqual(tags, ['default', 'js'])
+
+      // A Dockerfile, parsed by the SDK into the same steps.
+      const df = Template({ fileContextPath: dir }).fromDockerfile(
+        `FROM e2bdev/base\nCOPY app.txt /srv/app.txt\nRUN echo ${stamp} > /tmp/df\nENV MODE=docker\nWORKDIR /srv\n`,
+      )
+      await Template.build(df, `${name}-df`)
+      const d = await Sandbox.create(`${name}-df`, { timeoutMs: 60_000 })
+      created.push(d)
+      assert.equal((await d.commands.run('cat /srv/app.txt /tmp/df')).stdout, `from the JS SDK\n${stamp}\n`)
+      assert.equal((await d.commands.run('pwd')).stdout, '/srv\n')
     })
 
     await t.test('list, kill, list', async () => {
