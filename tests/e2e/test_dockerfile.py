@@ -2,7 +2,7 @@
 `contextFilesHash`, `buildArgs` on `POST /v2/templates/{id}/builds/{buildID}`), and
 `warren template build -f`: several stages with `COPY --from`, ARG with a build argument,
 ENV, WORKDIR, USER, CMD as the start command, COPY from the uploaded context, refusals that
-name their line, and `.dockerignore`.
+name their line, wildcard sources, and `.dockerignore`.
 
 The builds start from `e2bdev/base` (Warren's `base`), so nothing is pulled or installed from
 the internet. Built images are shared across runs: each build that must run its steps has a
@@ -89,6 +89,7 @@ COPY --from=maker /out/ ./from-maker/
 COPY app.txt conf/ ./
 LABEL purpose=test
 EXPOSE 8080
+COPY *.txt /srv/globbed/
 USER worker
 RUN id -un > /tmp/who && echo "$MSG" > /tmp/msg
 CMD ["python3", "-m", "http.server", "8080"]
@@ -98,7 +99,7 @@ CMD ["python3", "-m", "http.server", "8080"]
 def test_a_multi_stage_dockerfile_builds_and_runs(server, api):
     name = _name("df-multi")
     tid, bid = _register(api, name)
-    ctx = _upload(api, tid, _tar({"app.txt": b"app file\n", "conf/settings.ini": b"[x]\n"}))
+    ctx = _upload(api, tid, _tar({"app.txt": b"app file\n", "b.txt": b"b\n", "conf/settings.ini": b"[x]\n", "conf/c.txt": b"c\n"}))
     body = {
         "dockerfile": MULTI_STAGE.format(nonce=uuid.uuid4().hex),
         "contextFilesHash": ctx,
@@ -129,6 +130,8 @@ def test_a_multi_stage_dockerfile_builds_and_runs(server, api):
         # COPY from the context: a file, and a directory's content merged into the WORKDIR.
         assert run("cat /srv/app/app.txt") == "app file"
         assert run("cat /srv/app/settings.ini") == "[x]"
+        # A wildcard copies what it matches at its depth only.
+        assert run("ls /srv/globbed") == "app.txt\nb.txt"
         # USER and WORKDIR are the sandbox's defaults; ARG took the build argument.
         assert run("id -un") == "worker"
         assert run("pwd") == "/srv/app"

@@ -21,6 +21,7 @@
 mod base;
 mod export;
 mod files;
+mod glob;
 mod prune;
 mod sandbox;
 mod stage_files;

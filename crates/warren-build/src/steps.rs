@@ -180,6 +180,16 @@ id -u user >/dev/null 2>&1 && echo user || echo root
                 self.copy(src, dest, owner.as_deref(), *mode, files_hash, ctx)
                     .await
             }
+            StepKind::CopyGlob {
+                pattern,
+                dest,
+                owner,
+                mode,
+                files_hash,
+            } => {
+                self.copy_glob(pattern, dest, owner.as_deref(), *mode, files_hash, ctx)
+                    .await
+            }
             StepKind::CopyFrom {
                 from,
                 srcs,
@@ -293,6 +303,42 @@ id -u user >/dev/null 2>&1 && echo user || echo root
         }
         self.copy_archive(&archive, hash, src, dest, owner, mode, ctx)
             .await
+    }
+
+    /// A wildcard source of a Dockerfile's COPY: every path of the context it matches, each
+    /// copied as a source of its own (Docker's rules: a file into `dest`, a directory's
+    /// contents merged into it).
+    async fn copy_glob(
+        &self,
+        pattern: &str,
+        dest: &str,
+        owner: Option<&str>,
+        mode: Option<u32>,
+        hash: &str,
+        ctx: &Context,
+    ) -> Result<(), String> {
+        let archive = self.files.path(self.team, hash);
+        if !archive.is_file() {
+            return Err(format!("the files of COPY {pattern} were never uploaded"));
+        }
+        let (a, p) = (archive.clone(), pattern.to_string());
+        let matched = tokio::task::spawn_blocking(move || crate::glob::matching_entries(&a, &p))
+            .await
+            .map_err(|e| e.to_string())??;
+        if matched.is_empty() {
+            return Err(format!("COPY {pattern}: no file in the context matches"));
+        }
+        if matched.len() > 1 && !dest.ends_with('/') {
+            return Err(format!(
+                "COPY {pattern}: {} files match, so the destination {dest:?} must be a directory ending in /",
+                matched.len()
+            ));
+        }
+        for m in &matched {
+            self.copy_archive(&archive, hash, m, dest, owner, mode, ctx)
+                .await?;
+        }
+        Ok(())
     }
 
     /// `COPY --from`: each source packed out of the stage's finished image on the host, then

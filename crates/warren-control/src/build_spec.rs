@@ -97,6 +97,16 @@ pub enum StepKind {
     },
     Workdir(String),
     User(String),
+    /// Every path of the uploaded context (a tar, `files_hash`) that `pattern` matches, each
+    /// copied as COPY copies one source: Docker's wildcard sources (Dockerfiles only). The
+    /// pattern is matched segment by segment (`*`, `?` and `[...]` never cross `/`).
+    CopyGlob {
+        pattern: String,
+        dest: String,
+        owner: Option<String>,
+        mode: Option<u32>,
+        files_hash: String,
+    },
     /// Paths out of another stage's finished image (absolute there; `.` is its root) to
     /// `dest`, with COPY's rules for owner, mode and destination.
     CopyFrom {
@@ -117,7 +127,7 @@ impl StepKind {
             StepKind::Run { .. } => "RUN",
             StepKind::Workdir(_) => "WORKDIR",
             StepKind::User(_) => "USER",
-            StepKind::CopyFrom { .. } => "COPY",
+            StepKind::CopyFrom { .. } | StepKind::CopyGlob { .. } => "COPY",
         }
     }
 
@@ -135,6 +145,7 @@ impl StepKind {
                 None => command.clone(),
             },
             StepKind::Workdir(p) | StepKind::User(p) => p.clone(),
+            StepKind::CopyGlob { pattern, dest, .. } => format!("{pattern} {dest}"),
             StepKind::CopyFrom {
                 from, srcs, dest, ..
             } => {

@@ -492,7 +492,9 @@ impl Control {
             .flat_map(|s| s.steps.iter())
             .chain(spec.steps.iter());
         for step in all_steps {
-            if let crate::build_spec::StepKind::Copy { files_hash, .. } = &step.kind {
+            if let crate::build_spec::StepKind::Copy { files_hash, .. }
+            | crate::build_spec::StepKind::CopyGlob { files_hash, .. } = &step.kind
+            {
                 if !builder
                     .has_files(&t.team, files_hash)
                     .await

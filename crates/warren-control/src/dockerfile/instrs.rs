@@ -122,10 +122,10 @@ impl Parser<'_> {
                     "COPY it and unpack it with RUN tar",
                 ));
             }
-            if src.contains(['*', '?', '[']) {
+            if from.is_some() && src.contains(['*', '?', '[']) {
                 return Err(unsupported(
                     line,
-                    format!("{kw} with a wildcard source ({src})"),
+                    format!("COPY --from with a wildcard source ({src})"),
                     "name the files or their directory",
                 ));
             }

@@ -128,6 +128,19 @@ impl Dockerfile {
                                 ));
                             }
                             for src in srcs {
+                                if src.contains(['*', '?', '[']) {
+                                    steps.push(step(
+                                        line,
+                                        StepKind::CopyGlob {
+                                            pattern: src.clone(),
+                                            dest: dest.clone(),
+                                            owner: owner.clone(),
+                                            mode: *mode,
+                                            files_hash: hash.to_string(),
+                                        },
+                                    ));
+                                    continue;
+                                }
                                 steps.push(step(
                                     line,
                                     StepKind::Copy {

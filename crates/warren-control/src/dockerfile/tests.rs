@@ -296,7 +296,11 @@ fn refusals_name_their_line() {
         ("FROM a\nADD https://example.com/x /x", 2, "ADD of a URL"),
         ("FROM a\nADD app.tar.gz /x", 2, "ADD of an archive"),
         ("FROM a\nADD --checksum=sha256:00 a /x", 2, "ADD --checksum"),
-        ("FROM a\nCOPY *.py /x/", 2, "wildcard"),
+        (
+            "FROM a AS s\nFROM a\nCOPY --from=s /x/*.py /x/",
+            3,
+            "COPY --from with a wildcard",
+        ),
         (
             "FROM a\nCOPY --from=alpine:3 /x /x",
             2,
@@ -423,6 +427,22 @@ fn the_sdk_example_gives_the_sdks_steps() {
             registry: None
         }
     );
+}
+
+#[test]
+fn wildcard_sources_copy_what_they_match() {
+    let k = kinds("FROM a\nCOPY *.py src/[ab]?.txt /app/");
+    assert_eq!(
+        k[2],
+        StepKind::CopyGlob {
+            pattern: "*.py".into(),
+            dest: "/app/".into(),
+            owner: None,
+            mode: None,
+            files_hash: HASH.into()
+        }
+    );
+    assert!(matches!(&k[3], StepKind::CopyGlob { pattern, .. } if pattern == "src/[ab]?.txt"));
 }
 
 #[test]
