@@ -177,20 +177,10 @@ impl Builder {
         log.info(Some("base"), format!("[base] FROM image {reference}"));
         let sink = log.clone();
         let progress = move |line: String| sink.info(Some("base"), line);
-        // The pull's future borrows across its own awaits in ways that are not `Send` for
-        // every lifetime (the registry client's), so it runs to completion on a blocking
-        // thread of this runtime instead of on the async workers.
-        let (r, creds, handle) = (
-            reference.to_string(),
-            credentials(auth),
-            tokio::runtime::Handle::current(),
-        );
-        let image = tokio::task::spawn_blocking(move || {
-            handle.block_on(async move { puller.pull(&r, &creds, &progress).await })
-        })
-        .await
-        .map_err(|e| failure("base", format!("fromImage '{reference}': pull task: {e}")))?
-        .map_err(|e| failure("base", format!("fromImage '{reference}': {}", chain(&e))))?;
+        let image = puller
+            .pull(reference, &credentials(auth), &progress)
+            .await
+            .map_err(|e| failure("base", format!("fromImage '{reference}': {}", chain(&e))))?;
         let key = pulled_key(&image.manifest_digest);
         let defaults = defaults_of(&image);
         let present = warren_template::built_template(&self.config.data_dir, &key)
