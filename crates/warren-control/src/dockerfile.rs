@@ -388,17 +388,25 @@ impl Parser<'_> {
             .ok_or(DockerfileError::NoFrom { line })
     }
 
+    /// An earlier stage `COPY --from` names (the current one is not earlier: it would copy
+    /// from itself before it exists).
     fn find_stage(&self, line: usize, name: &str) -> Result<Option<usize>, DockerfileError> {
         let lower = name.to_ascii_lowercase();
-        if let Some(i) = self
-            .stages
+        let earlier = &self.stages[..self.stages.len().saturating_sub(1)];
+        if let Some(i) = earlier
             .iter()
             .position(|s| s.name.as_deref() == Some(lower.as_str()))
         {
             return Ok(Some(i));
         }
+        if self.stages.last().and_then(|s| s.name.as_deref()) == Some(lower.as_str()) {
+            return Err(DockerfileError::UnknownStage {
+                line,
+                name: name.into(),
+            });
+        }
         if let Ok(i) = name.parse::<usize>() {
-            return if i < self.stages.len() {
+            return if i < earlier.len() {
                 Ok(Some(i))
             } else {
                 Err(DockerfileError::UnknownStage {

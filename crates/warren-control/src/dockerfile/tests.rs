@@ -317,6 +317,16 @@ fn refusals_name_their_line() {
             "no earlier stage named '5'",
         ),
         (
+            "FROM a AS me\nCOPY --from=me /x /x",
+            2,
+            "no earlier stage named 'me'",
+        ),
+        (
+            "FROM a\nCOPY --from=0 /x /x",
+            2,
+            "no earlier stage named '0'",
+        ),
+        (
             "FROM a\nCOPY a b c",
             2,
             "several sources needs a destination ending in /",
