@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use common::{TestServer, API_KEY};
 use serde_json::{json, Value};
 use warren_control::{
-    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, CopyOrigin, StepKind,
+    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, CopyOrigin, DiskUse, StepKind,
     TemplateBuilder,
 };
 
@@ -54,6 +54,14 @@ impl TemplateBuilder for Recording {
 
     async fn remove_image(&self, _key: &str) -> Result<(), BuilderError> {
         Ok(())
+    }
+
+    async fn disk_use(&self, _keep: &[String]) -> Result<DiskUse, BuilderError> {
+        Ok(DiskUse::default())
+    }
+
+    async fn prune(&self, _keep: &[String]) -> Result<DiskUse, BuilderError> {
+        Ok(DiskUse::default())
     }
 }
 
