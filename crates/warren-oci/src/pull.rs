@@ -235,10 +235,13 @@ impl Puller {
         let config = config::parse(&config_bytes, manifest.layers.len())?;
 
         // A few layers at a time, as Docker does; results stay in manifest order.
-        let layers: Vec<Layer> = futures::stream::iter(&manifest.layers)
+        // Owned descriptors: a closure over borrowed ones makes a future that is not `Send`
+        // for every lifetime, and callers run pulls on a multi-threaded runtime.
+        let layers: Vec<Layer> = futures::stream::iter(manifest.layers.iter().cloned())
             .map(|desc| {
                 let (client, image, ctx) = (&client, &image, &ctx);
                 async move {
+                    let desc = &desc;
                     let path = self.fetch(client, image, desc, ctx, Some(progress)).await?;
                     Ok::<_, PullError>(Layer {
                         digest: desc.digest.clone(),
