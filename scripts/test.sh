@@ -59,6 +59,13 @@ log "agent conformance suite against agents inside microVMs (TCG on hosts withou
 cargo run --release --locked -q -p warren-runtime-vm --example vm_agents -- \
   .venv/bin/python -m pytest tests/agent -q
 
+log "the e2b CLI (@e2b/cli@2.19.0) for the end-to-end suite"
+if node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)' 2>/dev/null; then
+  (cd tests/e2e/e2b-cli && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "SKIP: the e2b CLI needs Node.js >= 20.18.1 (found: $(node --version 2>/dev/null || echo none)); test_e2b_cli.py fails under WARREN_REQUIRE_ALL"
+fi
+
 log "control-plane end-to-end suite (e2b SDK against warren serve with the namespace runtime)"
 # Reuses the base image the Rust tests built in /var/lib/warren.
 # Pinned to ns (not auto): on a KVM host auto would pick vm, and ns would go untested.
