@@ -175,6 +175,7 @@ PULL_PHASES = [
     ("pull (registry -> layer cache)", "[base] FROM image", "Unpacking "),
     ("unpack + erofs of the pulled image", "Unpacking ", "Image "),
     ("build on it (sandbox, RUN true, pack)", "[base] FROM template", "Template image "),
+    ("of which: pack the image (finalize)", "Packing the template image", "Template image "),
 ]
 
 
