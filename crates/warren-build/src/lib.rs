@@ -129,7 +129,7 @@ fn with_stage_images(
 
 /// The runtime snapshot key that holds a layer.
 fn snapshot_key(layer: &str) -> String {
-    format!("bl{}", &layer[..30])
+    format!("{}{}", warren_control::BUILD_LAYER_PREFIX, &layer[..30])
 }
 
 /// A cached layer: the snapshot of the build sandbox after the step, and the context then.

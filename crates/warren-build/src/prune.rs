@@ -95,7 +95,7 @@ impl Builder {
             .snapshot_keys()
             .await
             .into_iter()
-            .filter(|k| k.starts_with("bl"))
+            .filter(|k| k.starts_with(warren_control::BUILD_LAYER_PREFIX))
             .collect();
         tokio::task::spawn_blocking(move || {
             keys.into_iter()

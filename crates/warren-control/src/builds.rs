@@ -145,6 +145,11 @@ pub trait TemplateBuilder: Send + Sync + 'static {
     async fn prune(&self, keep: &[String]) -> Result<crate::DiskUse, BuilderError>;
 }
 
+/// Prefix of the runtime snapshots a builder keeps as its per-step cache. They are the
+/// builder's records (`<data>/build-cache`), not the store's: recovery leaves them alone, and
+/// only a prune removes them.
+pub const BUILD_LAYER_PREFIX: &str = "bl";
+
 /// The build side of the control plane's state.
 pub(crate) struct BuildState {
     pub(crate) builder: std::sync::OnceLock<Arc<dyn TemplateBuilder>>,

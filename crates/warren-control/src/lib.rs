@@ -36,7 +36,7 @@ pub use build_spec::{
 };
 pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
-    Registered, TemplateBuilder, UploadLink, MAX_LOG_PAGE,
+    Registered, TemplateBuilder, UploadLink, BUILD_LAYER_PREFIX, MAX_LOG_PAGE,
 };
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use dockerfile::dockerfile_build;

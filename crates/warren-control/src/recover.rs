@@ -103,7 +103,8 @@ impl Control {
             store.update_sandbox(&sb).await?;
         }
         // Snapshots the runtime holds but nothing records: a fork's checkpoint when the server
-        // died mid-fork, a snapshot whose record was never stored.
+        // died mid-fork, a snapshot whose record was never stored. A template build's cached
+        // steps are the builder's (recorded in its cache), not the store's.
         let recorded: std::collections::HashSet<String> = store
             .snapshots()
             .await?
@@ -111,7 +112,7 @@ impl Control {
             .map(|s| s.key)
             .collect();
         for key in self.inner.runtime.snapshot_keys().await {
-            if !recorded.contains(&key) {
+            if !recorded.contains(&key) && !key.starts_with(crate::builds::BUILD_LAYER_PREFIX) {
                 tracing::info!(snapshot_key = %key, "removing a snapshot nothing records");
                 self.forget_runtime_snapshot(&key).await;
             }

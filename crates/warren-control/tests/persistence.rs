@@ -442,12 +442,15 @@ async fn a_snapshot_cannot_take_a_template_name() {
 }
 
 #[tokio::test]
-async fn a_restart_removes_runtime_snapshots_nothing_records() {
+async fn a_restart_removes_runtime_snapshots_nothing_records_but_build_layers() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
     let sb = c.create(base()).await.unwrap();
     let kept = c.create_snapshot(&sb.id, None, None).await.unwrap();
     // What a fork leaves when the server dies before deleting its checkpoint.
     rt.snapshot(&sb.id, "forkleftover", true).await.unwrap();
+    // A template build's cached step: the builder records it, not the store.
+    let layer = format!("{}0123456789abcdef", warren_control::BUILD_LAYER_PREFIX);
+    rt.snapshot(&sb.id, &layer, false).await.unwrap();
     c.shutdown();
     let _c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
@@ -455,6 +458,7 @@ async fn a_restart_removes_runtime_snapshots_nothing_records() {
     let keys = rt.snapshot_keys().await;
     assert!(keys.contains(&kept.key), "{keys:?}");
     assert!(!keys.contains(&"forkleftover".to_string()), "{keys:?}");
+    assert!(keys.contains(&layer), "a build layer was removed: {keys:?}");
 }
 
 /// Threat model M6: a sandbox that makes its own end-of-life pause fail is killed after a few
