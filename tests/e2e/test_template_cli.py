@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from e2b import Sandbox, Template
 
 from test_cli import warren
@@ -36,6 +38,8 @@ def test_template_commands_show_tag_log_and_delete(server):
     assert r.returncode != 0 and "no template" in r.stderr, (r.stdout, r.stderr)
 
 
+# Two cold builds: minutes each under TCG with the vm runtime.
+@pytest.mark.timeout(900)
 def test_prune_frees_what_nothing_uses_and_keeps_what_is_tagged(server):
     name = f"prune-{uuid.uuid4().hex[:8]}"
     nonce = uuid.uuid4().hex
@@ -49,15 +53,9 @@ def test_prune_frees_what_nothing_uses_and_keeps_what_is_tagged(server):
     after = json.loads(_ok(warren(server, "template", "disk", "--json")))
     assert after["imagesUnused"]["count"] == 0 and after["layers"]["count"] == 0, after
     assert after["imagesInUse"]["count"] >= 1, after
-    # The tagged build still runs, and its steps build again from scratch.
+    # The tagged build still runs.
     sb = Sandbox.create(name, timeout=60)
     try:
         assert sb.commands.run("cat /tmp/v").stdout == "second\n"
     finally:
         sb.kill()
-    logs: list[str] = []
-    Template.build(
-        Template().from_base_image().run_cmd(f"echo first > /tmp/v # {nonce}"), name,
-        on_build_logs=lambda l: logs.append(l.message),
-    )
-    assert not any(l.startswith("CACHED") for l in logs), logs
