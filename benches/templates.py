@@ -415,6 +415,9 @@ def main() -> int:
     if not reg.available():
         print("needs Debian's docker-registry and busybox-static (scripts/setup.sh installs them)", file=sys.stderr)
         return 2
+    # A SIGTERM (e.g. from `timeout`) unwinds through the finally blocks, so the server and
+    # the registry this run started are stopped rather than left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or tempfile.mkdtemp(prefix="warren-bench-templates-")
     os.makedirs(out, exist_ok=True)
     lock = open(LOCK, "a")
