@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,6 +37,15 @@ def require(what: str, ok: bool) -> None:
     if os.environ.get("WARREN_REQUIRE_ALL") == "1":
         pytest.fail(f"WARREN_REQUIRE_ALL=1 but this test cannot run here: needs {what}", pytrace=False)
     pytest.skip(f"needs {what}")
+
+
+def same_on_every_runtime(why: str) -> None:
+    """Tiering of the suite: a test of control-plane or build logic that does not depend on
+    the runtime (the same code runs for both) runs with `ns` only; under the vm runtime, where
+    every template build costs minutes of emulation, it is skipped with this reason. Tests of
+    what a runtime does (export, snapshots, start commands, pulled images) run on both."""
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
+        pytest.skip(f"runtime-independent, tested with ns: {why}")
 
 
 def _free_port() -> int:
@@ -90,11 +100,21 @@ class Server:
         self.start()
 
 
+def _registry_module():
+    """tests/e2e/registry.py, also when this file is loaded by another suite's conftest."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import registry
+
+    return registry
+
+
 @pytest.fixture(scope="session")
 def _registry():
     """A registry on loopback for templates built from images (None where this host has no
     `docker-registry`: the tests that need it then skip or fail through `require`)."""
-    import registry as reg
+    reg = _registry_module()
 
     if not reg.available():
         yield None
@@ -106,7 +126,7 @@ def _registry():
 
 @pytest.fixture
 def registry(_registry):
-    import registry as reg
+    reg = _registry_module()
 
     require("Debian's docker-registry and busybox-static (scripts/setup.sh installs them)", _registry is not None)
     assert reg.available()

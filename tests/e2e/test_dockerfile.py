@@ -22,7 +22,7 @@ import uuid
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, ROOT
+from conftest import API_KEY, ROOT, same_on_every_runtime
 
 
 def _name(prefix: str) -> str:
@@ -144,6 +144,7 @@ def test_a_multi_stage_dockerfile_builds_and_runs(server, api):
 
 
 def test_a_failing_run_names_its_dockerfile_line(server, api):
+    same_on_every_runtime('Dockerfile line numbers in failures')
     tid, bid = _register(api, _name("df-fail"))
     text = f"FROM e2bdev/base\n\nRUN echo {uuid.uuid4().hex}\nRUN exit 3\n"
     r = api.post(f"{api.base}/v2/templates/{tid}/builds/{bid}", json={"dockerfile": text})
@@ -154,6 +155,7 @@ def test_a_failing_run_names_its_dockerfile_line(server, api):
 
 
 def test_refused_dockerfiles_and_conflicts_are_400_with_the_line(server, api):
+    same_on_every_runtime('Dockerfile parsing')
     tid, bid = _register(api, _name("df-bad"))
     url = f"{api.base}/v2/templates/{tid}/builds/{bid}"
     cases = [
@@ -186,6 +188,7 @@ def _cli_builds_dockerfiles(binary: str) -> bool:
 
 
 def test_the_cli_builds_a_context_minus_its_dockerignore(server, tmp_path):
+    same_on_every_runtime('the CLI and .dockerignore')
     binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
     if not _cli_builds_dockerfiles(binary):
         pytest.skip(f"{binary} has no `template build -f` (the Dockerfile build is not wired into the CLI)")

@@ -18,7 +18,7 @@ import requests
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from conftest import API_KEY
+from conftest import API_KEY, same_on_every_runtime
 
 
 def _name(prefix: str) -> str:
@@ -88,8 +88,8 @@ def test_every_step_type_lands_in_the_sandbox(server, context):
         sb.kill()
 
 
-# Four builds, two of them cold: under TCG each cold vm build exports and packs a
-# whole root filesystem, so this test needs more than the suite's default limit.
+# Three builds, two of them packed: under TCG each vm build exports and packs a whole root
+# filesystem, so this test needs more than the suite's default limit.
 @pytest.mark.timeout(900)
 def test_unchanged_steps_come_from_the_cache(server, context):
     name = _name("cache")
@@ -112,13 +112,6 @@ def test_unchanged_steps_come_from_the_cache(server, context):
     )
     assert any(l.startswith("CACHED [builder 1/2]") for l in partial), partial
     assert any(l.startswith("[builder 2/2] RUN echo three") for l in partial), partial
-    # skip_cache rebuilds everything.
-    _, forced = build(
-        Template(file_context_path=str(context)).from_base_image().run_cmd(one).run_cmd("echo three > /tmp/two"),
-        name,
-        skip_cache=True,
-    )
-    assert not any(l.startswith("CACHED") for l in forced), forced
     sb = Sandbox.create(name, timeout=60)
     try:
         assert sb.commands.run("cat /tmp/one /tmp/two").stdout == "one\nthree\n"
@@ -126,7 +119,19 @@ def test_unchanged_steps_come_from_the_cache(server, context):
         sb.kill()
 
 
+def test_skip_cache_rebuilds_every_step(server, context):
+    same_on_every_runtime("what skip_cache does to the cache")
+    name = _name("forced")
+    one = f"echo one > /tmp/one # {uuid.uuid4().hex}"
+    tpl = lambda: Template(file_context_path=str(context)).from_base_image().run_cmd(one).run_cmd("echo 2 > /tmp/two")
+    build(tpl(), name)
+    _, forced = build(tpl(), name, skip_cache=True)
+    assert not any(l.startswith("CACHED") for l in forced), forced
+    assert any(l.startswith("[builder 2/2] RUN echo 2") for l in forced), forced
+
+
 def test_a_failing_step_names_itself(server, context):
+    same_on_every_runtime('how a failed step is reported')
     tpl = Template().from_base_image().run_cmd("true").run_cmd("echo oops >&2; exit 3")
     with pytest.raises(BuildException) as e:
         build(tpl, _name("fails"))
@@ -139,6 +144,7 @@ def test_a_failing_step_names_itself(server, context):
 
 
 def test_the_failed_step_is_in_the_status(server, api):
+    same_on_every_runtime('the status of a failed build')
     r = api.post(server.url + "/v3/templates", json={"name": _name("status")})
     assert r.status_code == 202, r.text
     t = r.json()
@@ -188,6 +194,7 @@ def test_start_and_ready_commands_run_before_create_returns(server, context):
 
 
 def test_names_listing_and_deletion(server, api, context):
+    same_on_every_runtime('names, tags, listing and deletion')
     name = _name("named")
     info, _ = build(Template().from_base_image().run_cmd("true"), name)
     assert Template.exists(name)
@@ -242,6 +249,7 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 
 
 def test_bad_build_input_gets_clear_errors(server, api):
+    same_on_every_runtime('input checks before any build')
     r = api.post(server.url + "/v3/templates", json={"name": "Not A Name!"})
     assert r.status_code == 400 and "Invalid name" in r.json()["message"], r.text
     r = api.post(server.url + "/v3/templates", json={"name": "base"})
@@ -286,6 +294,7 @@ def test_bad_build_input_gets_clear_errors(server, api):
 
 
 def test_build_in_background_reports_building_at_once(server):
+    same_on_every_runtime('build scheduling')
     # Unique to this run: a fully cached build would be ready at once.
     tpl = Template().from_base_image().run_cmd(f"sleep 2 # {uuid.uuid4().hex}")
     info = Template.build_in_background(tpl, _name("bg"))
