@@ -8,6 +8,7 @@ import uuid
 from e2b import Sandbox, Template
 
 from conftest import same_on_every_runtime
+from registry import busybox_layer
 from test_cli import warren
 
 
@@ -38,7 +39,7 @@ def test_template_commands_show_tag_log_and_delete(server):
     assert r.returncode != 0 and "no template" in r.stderr, (r.stdout, r.stderr)
 
 
-def test_prune_frees_what_nothing_uses_and_keeps_what_is_tagged(server):
+def test_prune_frees_what_nothing_uses_and_keeps_what_is_tagged(server, registry):
     # Deleting a snapshot is each runtime's own (tested with it); what prune picks is not.
     same_on_every_runtime("what prune keeps and frees")
     name = f"prune-{uuid.uuid4().hex[:8]}"
@@ -59,3 +60,6 @@ def test_prune_frees_what_nothing_uses_and_keeps_what_is_tagged(server):
         assert sb.commands.run("cat /tmp/v").stdout == "second\n"
     finally:
         sb.kill()
+    # Pulls still work after their layer cache was emptied.
+    registry.push("library/after-prune", nonce[:12], [busybox_layer()], {"Cmd": ["sh"]})
+    Template.build(Template().from_image(f"after-prune:{nonce[:12]}").run_cmd("true"), f"{name}-pulled")

@@ -177,12 +177,23 @@ impl Builder {
             for dir in staging_dirs(&data) {
                 let _ = std::fs::remove_dir_all(dir);
             }
-            let blobs_part = files_in(&blobs);
-            let removed = if blobs.exists() {
-                std::fs::remove_dir_all(&blobs).map(|()| blobs_part)
-            } else {
-                Ok(DiskPart::default())
-            };
+            // The blobs, not their directory: the puller keeps writing into it.
+            let mut removed = Ok(DiskPart::default());
+            if let Ok(entries) = std::fs::read_dir(&blobs) {
+                let mut freed = DiskPart::default();
+                for e in entries.flatten() {
+                    let bytes = allocated(&e.path());
+                    if let Err(err) = std::fs::remove_file(e.path()) {
+                        removed = Err(err);
+                        break;
+                    }
+                    freed.count += 1;
+                    freed.bytes += bytes;
+                }
+                if removed.is_ok() {
+                    removed = Ok(freed);
+                }
+            }
             (part, removed)
         })
         .await
