@@ -230,6 +230,40 @@ async fn logs(args: &ClientArgs, name: &str, build: Option<&str>) -> anyhow::Res
             .with_context(|| format!("template {name:?} has no build"))?
             .to_string(),
     };
+    let last = follow_build(&c, &tid, &bid, |e| {
+        if args.json {
+            println!("{e}");
+        } else {
+            println!(
+                "{} {:<5} {}",
+                e["timestamp"].as_str().unwrap_or_default(),
+                e["level"].as_str().unwrap_or_default(),
+                e["message"].as_str().unwrap_or_default()
+            );
+        }
+    })
+    .await?;
+    if last["status"].as_str() == Some("error") {
+        let reason = &last["reason"];
+        eprintln!(
+            "build failed at step {}: {}",
+            reason["step"].as_str().unwrap_or("?"),
+            reason["message"].as_str().unwrap_or("no reason given")
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// Follows build `bid` of template `tid`: every log entry from the first, in order, to
+/// `on_entry`, until the build has ended and its log is drained (a page holds at most 100
+/// entries, so an ended build may still have more). Answers the last status page.
+pub(crate) async fn follow_build(
+    c: &Client,
+    tid: &str,
+    bid: &str,
+    mut on_entry: impl FnMut(&Value),
+) -> anyhow::Result<Value> {
     let mut offset = 0usize;
     loop {
         let page: Value = c
@@ -243,32 +277,12 @@ async fn logs(args: &ClientArgs, name: &str, build: Option<&str>) -> anyhow::Res
             .await?;
         let entries = page["logEntries"].as_array().cloned().unwrap_or_default();
         offset += entries.len();
-        for e in &entries {
-            if args.json {
-                println!("{e}");
-            } else {
-                println!(
-                    "{} {:<5} {}",
-                    e["timestamp"].as_str().unwrap_or_default(),
-                    e["level"].as_str().unwrap_or_default(),
-                    e["message"].as_str().unwrap_or_default()
-                );
-            }
-        }
-        let status = page["status"].as_str().unwrap_or_default();
-        if entries.is_empty() && matches!(status, "ready" | "error") {
-            if status == "error" {
-                let reason = &page["reason"];
-                eprintln!(
-                    "build failed at step {}: {}",
-                    reason["step"].as_str().unwrap_or("?"),
-                    reason["message"].as_str().unwrap_or("no reason given")
-                );
-                return Ok(1);
-            }
-            return Ok(0);
-        }
+        entries.iter().for_each(&mut on_entry);
+        let ended = matches!(page["status"].as_str(), Some("ready" | "error"));
         if entries.is_empty() {
+            if ended {
+                return Ok(page);
+            }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }

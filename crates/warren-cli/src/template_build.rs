@@ -19,7 +19,6 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use reqwest::Method;
@@ -328,54 +327,35 @@ async fn build(
             })),
         )
         .await?;
-    let mut offset = 0usize;
-    loop {
-        let page: Value = client
-            .api(
-                Method::GET,
-                &format!("/templates/{tid}/builds/{bid}/status?logsOffset={offset}"),
-                None,
-            )
-            .await?
-            .json()
-            .await?;
-        let entries = page["logEntries"].as_array().cloned().unwrap_or_default();
-        for e in &entries {
-            if !client_args.json {
-                println!("{}", e["message"].as_str().unwrap_or(""));
-            }
+    let json_out = client_args.json;
+    let last = crate::template::follow_build(client, tid, bid, |e| {
+        if !json_out {
+            println!("{}", e["message"].as_str().unwrap_or(""));
         }
-        offset += entries.len();
-        match page["status"].as_str() {
-            Some("ready") => {
-                if client_args.json {
-                    println!(
-                        "{}",
-                        json!({"templateID": tid, "buildID": bid, "status": "ready"})
-                    );
-                } else {
-                    eprintln!("Template {} is ready ({tid}, build {bid})", args.name);
-                }
-                return Ok(0);
-            }
-            Some("error") => {
-                let reason = &page["reason"];
-                let message = reason["message"].as_str().unwrap_or("no reason given");
-                let step = reason["step"].as_str().unwrap_or("?");
-                if client_args.json {
-                    println!(
-                        "{}",
-                        json!({"templateID": tid, "buildID": bid, "status": "error", "reason": reason})
-                    );
-                }
-                eprintln!("Build failed at step {step}: {message}");
-                return Ok(1);
-            }
-            // Drain the log before waiting: a full page may be followed by more.
-            _ if entries.len() >= 100 => {}
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+    })
+    .await?;
+    if last["status"].as_str() == Some("error") {
+        let reason = &last["reason"];
+        let message = reason["message"].as_str().unwrap_or("no reason given");
+        let step = reason["step"].as_str().unwrap_or("?");
+        if client_args.json {
+            println!(
+                "{}",
+                json!({"templateID": tid, "buildID": bid, "status": "error", "reason": reason})
+            );
         }
+        eprintln!("Build failed at step {step}: {message}");
+        return Ok(1);
     }
+    if client_args.json {
+        println!(
+            "{}",
+            json!({"templateID": tid, "buildID": bid, "status": "ready"})
+        );
+    } else {
+        eprintln!("Template {} is ready ({tid}, build {bid})", args.name);
+    }
+    Ok(0)
 }
 
 #[cfg(test)]
