@@ -71,16 +71,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = s
-        .client()
-        .request(method, s.url(path))
-        .header("X-API-KEY", API_KEY);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    s.call_as(API_KEY, method, path, body).await
 }
 
 async fn register(s: &TestServer, name: &str) -> (String, String) {

@@ -16,17 +16,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = s
-        .client()
-        .request(method, s.url(path))
-        .header("X-API-KEY", key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    s.call_as(key, method, path, body).await
 }
 
 #[tokio::test]

@@ -361,6 +361,30 @@ impl TestServer {
         r.json().await.unwrap()
     }
 
+    /// One API call with `key`: the status and the JSON body (`Null` when there is none).
+    pub async fn call_as(
+        &self,
+        key: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = self
+            .client()
+            .request(method, self.url(path))
+            .header("X-API-KEY", key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
     pub async fn stop(self) -> (tempfile::TempDir, Arc<AgentRuntime>) {
         self.control.shutdown();
         self.task.abort();
