@@ -179,18 +179,40 @@ def test_start_and_ready_commands_run_before_create_returns(server, context):
         .run_cmd("mkdir -p /tmp/site && echo served > /tmp/site/index.html")
         .set_workdir("/tmp/site")
         .set_envs({"SVC_MODE": "from-build"})
-        .set_start_cmd("echo $SVC_MODE > /tmp/mode; sleep 1; python3 -m http.server 8080",
+        .set_start_cmd("date +%s.%N > /tmp/started; echo $SVC_MODE > /tmp/mode; sleep 1; "
+                       "python3 -m http.server 8080",
                        "curl -sf -o /dev/null localhost:8080")
     )
-    build(tpl, name)
-    sb = Sandbox.create(name, timeout=60)
+    build(tpl, name, cpu_count=2, memory_mb=768)
+    sandboxes = []
     try:
-        # Its ready command passed before create returned: no retry needed.
-        assert sb.commands.run("curl -s localhost:8080/index.html").stdout == "served\n"
-        # The start command ran with the build's environment.
-        assert sb.commands.run("cat /tmp/mode").stdout == "from-build\n"
+        started = []
+        for _ in range(2):
+            asked = time.time()
+            sb = Sandbox.create(name, timeout=60)
+            sandboxes.append(sb)
+            # Its ready command passed before create returned: no retry needed.
+            assert sb.commands.run("curl -s localhost:8080/index.html").stdout == "served\n"
+            # The start command ran with the build's environment.
+            assert sb.commands.run("cat /tmp/mode").stdout == "from-build\n"
+            started.append((asked, float(sb.commands.run("cat /tmp/started").stdout)))
+        (first_asked, first), (second_asked, second) = started
+        if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
+            # Every VM is a fork of the template's snapshot, taken once its service was
+            # ready: the second sandbox's service is the one started for the first create.
+            assert second == first and second < second_asked, started
+        else:
+            # A namespace sandbox starts its own service.
+            assert first > first_asked and second > second_asked, started
+        if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
+            # The template's cpuCount and memoryMB are the VM's.
+            sb = sandboxes[1]
+            assert sb.commands.run("nproc").stdout.strip() == "2"
+            kib = int(sb.commands.run("awk '/MemTotal/ {print $2}' /proc/meminfo").stdout)
+            assert 600 * 1024 < kib <= 768 * 1024, kib
     finally:
-        sb.kill()
+        for sb in sandboxes:
+            sb.kill()
 
 
 def test_names_listing_and_deletion(server, api, context):

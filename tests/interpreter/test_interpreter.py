@@ -304,6 +304,22 @@ def test_unsupported_language_is_a_clear_error(shared):
         shared.run_code("1", language="r")
 
 
+def test_create_time_env_vars_reach_every_kernel(server):
+    # On vm the service and its first kernel start in the template's snapshot, before the
+    # sandbox exists: the variables of the create must still reach the code it runs.
+    sbx = Sandbox.create(timeout=300, request_timeout=300, envs={"WARREN_CREATE_VAR": "created"})
+    try:
+        code = "import os; os.environ.get('WARREN_CREATE_VAR', 'unset') + ' ' + os.environ.get('E2B_SANDBOX_ID', '')"
+        assert sbx.run_code(code).text == f"created {sbx.sandbox_id}"
+        bash = sbx.run_code('echo "${WARREN_CREATE_VAR:-unset}"', language="bash")
+        assert bash.logs.stdout == ["created\n"]
+        # A per-execution value wins for that execution only.
+        assert sbx.run_code(code, envs={"WARREN_CREATE_VAR": "once"}).text.startswith("once ")
+        assert sbx.run_code(code).text.startswith("created ")
+    finally:
+        sbx.kill()
+
+
 def test_env_vars_per_execution(shared):
     code = "import os; os.environ.get('WARREN_TEST_VAR', 'unset')"
     assert shared.run_code(code, envs={"WARREN_TEST_VAR": "set"}).text == "set"

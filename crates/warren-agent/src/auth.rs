@@ -40,9 +40,23 @@ pub fn token_ok(state: &AppState, headers: &HeaderMap) -> bool {
     }
 }
 
+/// `GET /envs` from inside the sandbox (a loopback peer) needs no token: it answers only the
+/// variables every process of the sandbox is started with anyway. The template's services
+/// read them there (the code interpreter's kernels, which a vm template starts before any
+/// sandbox exists, so their environment lacks the sandbox's variables). The host reaches the
+/// agent over the slot's link, never from loopback.
+fn local_envs_read(req: &Request) -> bool {
+    req.method() == axum::http::Method::GET
+        && req.uri().path() == "/envs"
+        && req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .is_some_and(|peer| peer.0.ip().is_loopback())
+}
+
 /// Middleware for the RPC and management routes: 401 JSON unless the access token matches.
 pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if token_ok(&state, req.headers()) {
+    if token_ok(&state, req.headers()) || local_envs_read(&req) {
         next.run(req).await
     } else {
         // Read the body first so the client's connection stays usable for its next request.

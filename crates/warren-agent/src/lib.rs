@@ -61,5 +61,7 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> std::i
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    axum::serve(listener, router(state)).await
+    // The peer's address reaches the token check (see `auth::require_token`).
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app).await
 }

@@ -218,7 +218,7 @@ impl Qmp {
         loop {
             let r = self.execute("query-migrate", json!({})).await?;
             match r.get("status").and_then(Value::as_str) {
-                Some("completed") => return Ok(()),
+                Some("completed") => return self.wait_finalized(deadline).await,
                 Some("failed") | Some("cancelled") => {
                     return Err(Error::Qmp {
                         command: "migrate".into(),
@@ -238,6 +238,21 @@ impl Qmp {
                 }
             }
         }
+    }
+
+    /// QEMU reports an outgoing migration "completed" a moment before it leaves the
+    /// `finish-migrate` run state, and refuses `cont` in that state ("Migration is not
+    /// finalized yet"); no event marks the change, so this re-reads the state briefly.
+    async fn wait_finalized(&self, deadline: tokio::time::Instant) -> Result<()> {
+        let mut pause = Duration::from_millis(2);
+        while self.status().await? == "finish-migrate" {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::QmpTimeout("migration finalization".into()));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECHECK_FIRST);
+        }
+        Ok(())
     }
 
     /// The VM's run state (`running`, `paused`, `inmigrate`, ...).

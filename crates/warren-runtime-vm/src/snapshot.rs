@@ -66,6 +66,10 @@ pub struct SnapshotMeta {
     pub root_image: PathBuf,
     /// Cold boot to a listening agent, in milliseconds.
     pub boot_ms: u64,
+    /// From a listening agent to the template's service being ready (the `prepare` step of
+    /// [`create`]), in milliseconds; 0 when the template has no service.
+    #[serde(default)]
+    pub prepare_ms: u64,
 }
 
 /// A finished snapshot in `dir`.
@@ -450,9 +454,14 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
     }
 }
 
-/// Boots the template once and snapshots it into `dir`. If another builder (another server,
-/// test or benchmark sharing the data directory) made it meanwhile, returns that one.
-pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapshot> {
+/// Boots the template once, runs `prepare` (which starts the template's service through the
+/// agent and waits until it is ready, so that every fork restores a running service) and
+/// snapshots it into `dir`. If another builder (another server, test or benchmark sharing
+/// the data directory) made it meanwhile, returns that one and `prepare` never runs.
+pub async fn create<F>(spec: &TemplateSpec, key: &str, dir: &Path, prepare: F) -> Result<Snapshot>
+where
+    F: std::future::Future<Output = std::result::Result<(), warren_runtime::RuntimeError>>,
+{
     let _building = crate::cachelock::lock_async(dir).await?;
     if let Some(made) = Snapshot::open(dir) {
         return Ok(made);
@@ -465,6 +474,16 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
         files,
         boot_ms,
     } = boot(spec, &partial).await?;
+    let prepared = Instant::now();
+    if let Err(e) = prepare.await {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(files.died(format!(
+            "the template's service did not get ready: {}",
+            warren_runtime::chain(&e)
+        )));
+    }
+    let prepare_ms = prepared.elapsed().as_millis() as u64;
     let snap = Snapshot {
         dir: partial.clone(),
         meta: SnapshotMeta {
@@ -478,6 +497,7 @@ pub async fn create(spec: &TemplateSpec, key: &str, dir: &Path) -> Result<Snapsh
             initrd: spec.initrd.clone(),
             root_image: spec.root_image.clone(),
             boot_ms,
+            prepare_ms,
         },
     };
     let result = async {

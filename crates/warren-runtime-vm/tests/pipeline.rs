@@ -17,7 +17,7 @@ async fn boot_snapshot_and_independent_forks() {
     let net_a = common::TestNet::new("a");
     let net_b = common::TestNet::new("b");
     let spec = common::template_spec((&common::data_dir(), tmp.path()), &agent, &image, &net_a);
-    let snap = snapshot::create(&spec, "test", &tmp.path().join("snap"))
+    let snap = snapshot::create(&spec, "test", &tmp.path().join("snap"), async { Ok(()) })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("cold boot to agent: {} ms", snap.meta.boot_ms);

@@ -72,8 +72,10 @@ impl VmRuntime {
             let warm = self.start_pending(snap, spec.allow_internet_access).await?;
             return self.complete(spec, warm, started).await;
         }
-        let snap = self.snapshot(&spec.template).await?;
-        let warm = match self.take_warm(&spec.template).await {
+        let size = self.size_for(spec);
+        self.set_warm_size(&spec.template, size);
+        let snap = self.snapshot(&spec.template, size).await?;
+        let warm = match self.take_warm(&spec.template, size).await {
             Some(mut w) => {
                 let pool = self.pool().await?;
                 if !spec.allow_internet_access {
@@ -194,13 +196,14 @@ impl VmRuntime {
                 launch: &launch,
             };
             agent::wait_and_init(&self.client, agent, &init).await?;
-            // Templates with a service (the code interpreter) start it as `ns` does; a VM
-            // restored with memory (a resume, a snapshot's child) has it running already.
+            // A VM restored with memory (every fork of the template snapshot, which was
+            // taken with the service ready; a resume; a snapshot's child) has the template's
+            // service running already; one booted from a disk-only checkpoint starts it.
             let Some(cmd) = &launch.start else {
                 return Ok(());
             };
             let token = spec.access_token.as_deref();
-            if checkpoint.is_some_and(|c| c.has_memory()) {
+            if checkpoint.is_none_or(|c| c.has_memory()) {
                 agent::wait_ready(&self.client, agent, token, cmd).await
             } else {
                 agent::run_start_command(&self.client, agent, token, cmd).await

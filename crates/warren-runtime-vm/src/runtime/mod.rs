@@ -41,8 +41,8 @@ pub struct VmSettings {
     pub qemu: PathBuf,
     pub vminit_bin: PathBuf,
     pub agent_bin: PathBuf,
-    /// Guest RAM and vCPUs of every VM (fixed by the template snapshot; the sandbox's
-    /// `memory_mb`/`cpu_count` are not applied to the guest).
+    /// Guest RAM and vCPUs of the catalog templates' VMs (`base`, the code interpreter); a
+    /// built template's VMs get the template's `memoryMB`/`cpuCount` (see [`Size`]).
     pub memory_mb: u32,
     pub cpus: u32,
     /// Size of the guest's writable disk.
@@ -82,6 +82,27 @@ impl VmSettings {
     }
 }
 
+/// Guest RAM and vCPUs of a VM: fixed by the snapshot it is restored from, so every size of
+/// a template has its own snapshot (and its own warm QEMUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Size {
+    pub memory_mb: u32,
+    pub cpus: u32,
+}
+
+impl Size {
+    /// The size of a VM restored from `snap`.
+    fn of(snap: &Snapshot) -> Self {
+        Self {
+            memory_mb: snap.meta.memory_mb,
+            cpus: snap.meta.cpus,
+        }
+    }
+}
+
+/// A template snapshot of one size, made once by whoever asks first.
+type SnapshotCell = Arc<OnceCell<Arc<Snapshot>>>;
+
 /// What the control plane persists per VM sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
@@ -110,7 +131,7 @@ pub struct VmRuntime {
     settings: VmSettings,
     accel: Detection,
     net: OnceCell<NetPool>,
-    snapshots: Mutex<HashMap<String, Arc<OnceCell<Arc<Snapshot>>>>>,
+    snapshots: Mutex<HashMap<(String, Size), SnapshotCell>>,
     live: Mutex<HashMap<String, Arc<Machine>>>,
     /// Paused sandboxes (their checkpoint is on disk, no QEMU runs).
     paused: Mutex<HashSet<String>>,
@@ -118,6 +139,8 @@ pub struct VmRuntime {
     refilling: Mutex<()>,
     /// Warm QEMUs to keep per template, where set (`set_warm_pool`); else the settings' size.
     warm_targets: std::sync::Mutex<HashMap<String, usize>>,
+    /// The size of the last sandbox created per template: what its warm pool is filled with.
+    warm_sizes: std::sync::Mutex<HashMap<String, Size>>,
     /// Set by `stop_warm`: refills still under way discard what they start.
     stopping: std::sync::atomic::AtomicBool,
     client: reqwest::Client,
@@ -189,6 +212,7 @@ impl VmRuntime {
             warm: Mutex::new(HashMap::new()),
             refilling: Mutex::new(()),
             warm_targets: std::sync::Mutex::new(HashMap::new()),
+            warm_sizes: std::sync::Mutex::new(HashMap::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             client,
             this: this.clone(),
@@ -199,7 +223,28 @@ impl VmRuntime {
 
     /// The snapshot of `template`, made on first use (for tools that measure against it).
     pub async fn template_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
-        self.snapshot(template).await
+        self.snapshot(template, self.default_size()).await
+    }
+
+    /// The size of the catalog templates' VMs.
+    fn default_size(&self) -> Size {
+        Size {
+            memory_mb: self.settings.memory_mb,
+            cpus: self.settings.cpus,
+        }
+    }
+
+    /// The size of `spec`'s VM: a built template's own (its `memoryMB` and `cpuCount`, which
+    /// the control plane puts in every create of it, within the operator's limits), the
+    /// settings' for the catalog templates.
+    fn size_for(&self, spec: &CreateSpec) -> Size {
+        if !warren_template::is_built_key(&spec.template) {
+            return self.default_size();
+        }
+        Size {
+            memory_mb: spec.memory_mb.clamp(128, 65536),
+            cpus: spec.cpu_count.clamp(1, 64),
+        }
     }
 
     /// QEMUs of `template` waiting in the warm pool.
@@ -278,20 +323,24 @@ impl VmRuntime {
         }
     }
 
-    async fn snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+    async fn snapshot(&self, template: &str, size: Size) -> Result<Arc<Snapshot>, RuntimeError> {
         let cell = self
             .snapshots
             .lock()
             .await
-            .entry(template.to_string())
+            .entry((template.to_string(), size))
             .or_default()
             .clone();
-        cell.get_or_try_init(|| self.make_snapshot(template))
+        cell.get_or_try_init(|| self.make_snapshot(template, size))
             .await
             .cloned()
     }
 
-    async fn make_snapshot(&self, template: &str) -> Result<Arc<Snapshot>, RuntimeError> {
+    async fn make_snapshot(
+        &self,
+        template: &str,
+        size: Size,
+    ) -> Result<Arc<Snapshot>, RuntimeError> {
         let pool = self.pool().await?;
         let dns = pool.dns().servers.clone();
         let (t, data, dir, settings, accel) = (
@@ -302,7 +351,7 @@ impl VmRuntime {
             self.accel.accel,
         );
         let inputs = tokio::task::spawn_blocking(move || {
-            snapshots::inputs(&t, &data, &dir, &settings, accel, &dns)
+            snapshots::inputs(&t, size, &data, &dir, &settings, accel, &dns)
         })
         .await
         // A panic while resolving the inputs: a bug.
@@ -310,19 +359,54 @@ impl VmRuntime {
         if let Some(s) = snapshots::existing(&inputs) {
             return Ok(s);
         }
+        // A template's service starts with the internet its build had (E2B starts it at the
+        // end of the build); forks get their own policy when restored.
         let slot = pool
-            .acquire(false)
+            .acquire(inputs.launch.start.is_some())
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
         // The template boot is jailed as the slot's user like every fork (its inputs are
         // trusted, but QEMU still parses them).
         let run_as = self.run_as(&slot);
+        let agent = std::net::SocketAddr::V4(slot.agent_endpoint());
+        let prepare = self.start_service(template, &inputs.launch, agent);
         let result = match slot.lay_out_for_vm().await.map_err(slot_failed) {
-            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as).await,
+            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as, prepare).await,
             Err(e) => Err(e),
         };
         self.release_slot(slot).await;
         result
+    }
+
+    /// Starts `template`'s service in the VM being snapshotted (agent at `agent`) and waits
+    /// until it is ready. The agent is initialised without a token (each fork's `/init`
+    /// sets its own) and with the template's variables only: like E2B's, the service runs
+    /// before any sandbox exists and does not see a sandbox's id or create-time variables.
+    /// Its processes' user-space random state is shared by every fork (the kernel's pool
+    /// is reseeded per fork).
+    async fn start_service(
+        &self,
+        template: &str,
+        launch: &warren_template::Launch,
+        agent: std::net::SocketAddr,
+    ) -> Result<(), RuntimeError> {
+        let Some(cmd) = &launch.start else {
+            return Ok(());
+        };
+        let env = std::collections::BTreeMap::from([
+            ("E2B_SANDBOX".to_string(), "true".to_string()),
+            ("E2B_TEMPLATE_ID".to_string(), template.to_string()),
+        ]);
+        let init = warren_host::agent::InitArgs {
+            env_vars: &env,
+            access_token: None,
+            current_token: None,
+            signed_url_max_age: self.cfg.signed_url_max_age,
+            timeout: self.cfg.ready_timeout,
+            launch,
+        };
+        warren_host::agent::wait_and_init(&self.client, agent, &init).await?;
+        warren_host::agent::run_start_command(&self.client, agent, None, cmd).await
     }
 
     async fn release_slot(&self, slot: Slot) {
@@ -452,14 +536,14 @@ impl SandboxRuntime for VmRuntime {
     /// Makes sure template `name` has a snapshot (booting it once, minutes the very first
     /// time when the image must be built) and fills its warm pool.
     async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
-        self.snapshot(name).await?;
+        self.snapshot(name, self.warm_size(name)).await?;
         self.refill(name).await;
         Ok(())
     }
 
     async fn set_warm_pool(&self, template: &str, size: usize) -> Result<(), RuntimeError> {
         // The snapshot first: a template that cannot boot is refused here, not in a refill.
-        self.snapshot(template).await?;
+        self.snapshot(template, self.warm_size(template)).await?;
         self.warm_targets
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -4,7 +4,9 @@
 //! The key hashes everything the snapshot depends on: accelerator and CPU model, kernel
 //! package, initramfs (which hashes `warren-vminit`), the agent binary, the template image,
 //! memory, vCPUs, disk size and the kernel command line (which holds the DNS servers and the
-//! host's TSC frequency). A snapshot is never restored under another accelerator or CPU model.
+//! host's TSC frequency), and the template's start command: a template with a service is
+//! snapshotted with the service started and ready, so that its forks restore it running.
+//! A snapshot is never restored under another accelerator or CPU model.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use super::VmSettings;
 /// The boot inputs of a template, resolved (downloaded and built where needed).
 pub struct Inputs {
     pub spec: TemplateSpec,
+    /// How the template's sandboxes start (its service runs before the snapshot).
+    pub launch: warren_template::Launch,
     pub key: String,
     pub dir: PathBuf,
 }
@@ -26,6 +30,7 @@ pub struct Inputs {
 /// Resolves kernel, initramfs and image for `template` (blocking: may download and build).
 pub fn inputs(
     template: &str,
+    size: super::Size,
     data_dir: &Path,
     snapshots_dir: &Path,
     settings: &VmSettings,
@@ -34,6 +39,8 @@ pub fn inputs(
 ) -> Result<Inputs, RuntimeError> {
     // A catalog template's image (built on first use) or one built from steps.
     let (image, _) = warren_host::image_of(template, data_dir)?;
+    let launch = warren_template::launch(template, data_dir)
+        .map_err(|e| warren_host::image_error(template, e))?;
     let kernel = crate::kernel::ensure(data_dir).map_err(crate::Error::runtime("guest kernel"))?;
     let initrd = crate::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
         .map_err(crate::Error::runtime("initramfs"))?;
@@ -44,24 +51,28 @@ pub fn inputs(
     )))?;
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
-    h.update(b"warren-vm-snapshot-3\0");
+    h.update(b"warren-vm-snapshot-4\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
         &kernel.id(),
         &initrd.display().to_string(),
         &image.display().to_string(),
-        &format!(
-            "{}/{}/{}",
-            settings.memory_mb, settings.cpus, settings.disk_mb
-        ),
+        &settings.disk_mb.to_string(),
         &append,
+        // The service the snapshot holds running (`None`: the agent only).
+        &format!("{:?}", launch.start),
     ] {
         h.update(part.as_bytes());
         h.update([0]);
     }
     h.update(Sha256::digest(&agent));
-    let key = format!("{:x}", h.finalize())[..16].to_string();
+    // The key: 8 hex digits for everything but the VM's size (the snapshot's "family":
+    // snapshots of another family are outdated), 8 for the size too (snapshots of one
+    // family and other sizes are current, for the template's sandboxes of those sizes).
+    let family = format!("{:x}", h.clone().finalize());
+    h.update(format!("{}/{}", size.memory_mb, size.cpus).as_bytes());
+    let key = format!("{}{}", &family[..8], &format!("{:x}", h.finalize())[..8]);
     let spec = TemplateSpec {
         qemu: settings.qemu.clone(),
         accel,
@@ -70,8 +81,8 @@ pub fn inputs(
         append,
         root_image: image,
         agent_bin: settings.agent_bin.clone(),
-        memory_mb: settings.memory_mb,
-        cpus: settings.cpus,
+        memory_mb: size.memory_mb,
+        cpus: size.cpus,
         disk_mb: settings.disk_mb,
         tap: Some(warren_net::TAP_IFACE.into()),
         netns: None,
@@ -80,6 +91,7 @@ pub fn inputs(
     };
     Ok(Inputs {
         spec,
+        launch,
         dir: snapshots_dir.join(format!("{template}-{key}")),
         key,
     })
@@ -90,16 +102,21 @@ pub fn existing(inputs: &Inputs) -> Option<Arc<Snapshot>> {
     Snapshot::open(&inputs.dir).map(Arc::new)
 }
 
-/// Boots the template in network namespace `netns` (jailed as `run_as`) and snapshots it.
-pub async fn make(
+/// Boots the template in network namespace `netns` (jailed as `run_as`), runs `prepare`
+/// (starts its service) and snapshots it.
+pub async fn make<F>(
     inputs: &Inputs,
     netns: PathBuf,
     run_as: Option<(u32, u32)>,
-) -> Result<Arc<Snapshot>, RuntimeError> {
+    prepare: F,
+) -> Result<Arc<Snapshot>, RuntimeError>
+where
+    F: std::future::Future<Output = Result<(), RuntimeError>>,
+{
     let mut spec = inputs.spec.clone();
     spec.netns = Some(netns);
     spec.run_as = run_as;
-    let snap = snapshot::create(&spec, &inputs.key, &inputs.dir)
+    let snap = snapshot::create(&spec, &inputs.key, &inputs.dir, prepare)
         .await
         .map_err(crate::Error::runtime(format!(
             "snapshot template {}",
@@ -112,20 +129,22 @@ pub async fn make(
         key = %inputs.key,
         accel = spec.accel.as_str(),
         boot_ms = snap.meta.boot_ms,
+        service_ms = snap.meta.prepare_ms,
         "template snapshot ready"
     );
     Ok(Arc::new(snap))
 }
 
-/// Removes the other snapshots of the same template (older agent, kernel, image...): they
-/// hold RAM on tmpfs. VMs restored from them keep working: their QEMU has the memory file
-/// mapped and the disk open, and unlinked files live on until closed.
+/// Removes the other snapshots of the same template of another family (older agent, kernel,
+/// image...; the first half of the key): they hold RAM on tmpfs. Those of the same family
+/// are of other sizes, current. VMs restored from removed ones keep working: their QEMU has
+/// the memory file mapped and the disk open, and unlinked files live on until closed.
 fn remove_older(current: &Path) {
     let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
         return;
     };
     let name = name.to_string_lossy();
-    let Some((template, _)) = name.rsplit_once('-') else {
+    let Some((template, current_key)) = name.rsplit_once('-') else {
         return;
     };
     let Ok(rd) = std::fs::read_dir(parent) else {
@@ -138,10 +157,10 @@ fn remove_older(current: &Path) {
             Some(d) => (d, true),
             None => (other.as_str(), false),
         };
-        let same_template = dir_name
-            .rsplit_once('-')
-            .is_some_and(|(t, key)| t == template && key.len() == 16);
-        if !same_template || dir_name == name {
+        let outdated = dir_name.rsplit_once('-').is_some_and(|(t, key)| {
+            t == template && key.len() == 16 && key.get(..8) != current_key.get(..8)
+        });
+        if !outdated {
             continue;
         }
         if is_lock {
@@ -150,5 +169,45 @@ fn remove_older(current: &Path) {
             tracing::info!(snapshot = %other, "removing an outdated template snapshot");
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remove_older;
+
+    #[test]
+    fn only_snapshots_of_another_family_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let names = [
+            "base-aaaaaaaa11111111",      // the current one
+            "base-aaaaaaaa22222222",      // same family, another size: kept
+            "base-bbbbbbbb11111111",      // outdated: removed
+            "base-bbbbbbbb11111111.lock", // its builder's lock: removed
+            "b0123-bbbbbbbb11111111",     // another template: kept
+            "base-short",                 // not a snapshot's name: kept
+        ];
+        for n in names {
+            if n.ends_with(".lock") {
+                std::fs::write(tmp.path().join(n), "").unwrap();
+            } else {
+                std::fs::create_dir(tmp.path().join(n)).unwrap();
+            }
+        }
+        remove_older(&tmp.path().join(names[0]));
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "b0123-bbbbbbbb11111111",
+                "base-aaaaaaaa11111111",
+                "base-aaaaaaaa22222222",
+                "base-short"
+            ]
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{VmRuntime, Warm};
+use super::{Size, VmRuntime, Warm};
 
 impl VmRuntime {
     /// Tops the warm pool of `template` up to its target.
@@ -17,17 +17,36 @@ impl VmRuntime {
             .unwrap_or(self.settings.warm_pool)
     }
 
+    /// The size `template`'s warm QEMUs have: that of its last create (the catalog size
+    /// before the first).
+    pub(super) fn warm_size(&self, template: &str) -> Size {
+        self.warm_sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(template)
+            .copied()
+            .unwrap_or_else(|| self.default_size())
+    }
+
+    /// Records that `template` was last created at `size`.
+    pub(super) fn set_warm_size(&self, template: &str, size: Size) {
+        self.warm_sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(template.to_string(), size);
+    }
+
     pub(super) async fn refill(&self, template: &str) {
         if self.warm_target(template) == 0 {
             return;
         }
         let _guard = self.refilling.lock().await;
-        let Ok(snap) = self.snapshot(template).await else {
+        let Ok(snap) = self.snapshot(template, self.warm_size(template)).await else {
             return;
         };
         loop {
             let have = self.warm.lock().await.get(template).map_or(0, |q| q.len());
-            if have >= self.warm_target(template) {
+            if have >= self.warm_target(template) || Size::of(&snap) != self.warm_size(template) {
                 return;
             }
             if self.stopping.load(Ordering::SeqCst) {
@@ -74,10 +93,16 @@ impl VmRuntime {
         }
     }
 
-    /// A warm QEMU of `template` whose process still waits, if any.
-    pub(super) async fn take_warm(&self, template: &str) -> Option<Warm> {
+    /// A warm QEMU of `template` at `size` whose process still waits, if any. Warm QEMUs
+    /// of another size (the template's sandboxes were created at another size before) are
+    /// discarded: the pool follows the latest size.
+    pub(super) async fn take_warm(&self, template: &str, size: Size) -> Option<Warm> {
         loop {
             let mut w = self.warm.lock().await.get_mut(template)?.pop_front()?;
+            if Size::of(w.pending.snapshot()) != size {
+                self.discard_warm(w).await;
+                continue;
+            }
             if matches!(w.pending.child.try_wait(), Ok(None)) {
                 return Some(w);
             }

@@ -9,6 +9,11 @@ Supervision: a kernel that dies while running code ends that execution with a cl
 restarted at once; one that dies while idle is restarted by `Registry.watch` (or at the start of
 the next execution, whichever comes first). Either way the context keeps its id, language and
 cwd, and the next execution works.
+
+Sandbox-wide variables (the create's `envs`, the sandbox id) are read from the agent's
+`GET /envs` (open to loopback) before every execution and applied to the kernel when they
+changed: on the vm runtime this service starts in the template's snapshot, before any sandbox
+exists, so the environment it and its first kernel inherited lacks them.
 """
 
 import json
@@ -17,6 +22,7 @@ import queue
 import re
 import threading
 import time
+import urllib.request
 import uuid
 
 from jupyter_client import KernelManager
@@ -34,6 +40,20 @@ KEEPALIVE_SECONDS = 5.0
 # How long an interrupted execution may take to stop before the kernel is restarted instead.
 INTERRUPT_GRACE_SECONDS = 5.0
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The sandbox agent's sandbox-wide variables (envd's port).
+AGENT_ENVS_URL = os.environ.get("WARREN_AGENT_ENVS_URL", "http://127.0.0.1:49983/envs")
+
+
+def sandbox_env():
+    """The sandbox-wide environment variables the agent holds ({} if it cannot be asked)."""
+    try:
+        with urllib.request.urlopen(AGENT_ENVS_URL, timeout=2) as r:
+            data = json.load(r)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str) and ENV_NAME.match(k)}
 
 
 class UnsupportedLanguage(Exception):
@@ -77,6 +97,8 @@ class Context:
         self.kc = None
         # Set by Registry.remove: a removed context's kernel is never started again.
         self.removed = False
+        # The environment the kernel has (as started, plus sandbox-wide variables applied).
+        self.applied = {}
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -86,7 +108,9 @@ class Context:
     def start(self):
         os.makedirs(self.cwd, exist_ok=True)
         km = KernelManager(kernel_name=KERNELS[self.language])
-        km.start_kernel(cwd=self.cwd, env=_kernel_env())
+        env = _kernel_env()
+        env.update(sandbox_env())
+        km.start_kernel(cwd=self.cwd, env=env)
         kc = km.client()
         kc.start_channels()
         try:
@@ -96,6 +120,7 @@ class Context:
             km.shutdown_kernel(now=True)
             raise
         self.km, self.kc = km, kc
+        self.applied = env
 
     def stop(self):
         if self.kc is not None:
@@ -199,6 +224,13 @@ class Context:
         if not self.alive():
             # Died while idle and the watcher has not caught it yet.
             self.restart()
+        fresh = {k: v for k, v in sandbox_env().items() if self.applied.get(k) != v}
+        if fresh:
+            # Kept for good (no restore): they are the sandbox's from now on.
+            set_fresh, _ = self._env_code(fresh)
+            if set_fresh:
+                self._run_quietly(set_fresh)
+            self.applied.update(fresh)
         set_env, restore_env = self._env_code(env_vars)
         if set_env:
             self._run_quietly(set_env)
