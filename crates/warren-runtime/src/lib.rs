@@ -8,6 +8,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod egress;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
