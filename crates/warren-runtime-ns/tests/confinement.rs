@@ -387,11 +387,14 @@ async fn m7_the_agent_requires_its_token_from_the_first_request_and_nesting_is_a
     })
     .await;
     assert!(
-        status_of(&r, "/envs", None).contains("401"),
+        status_of(&r, "/metrics", None).contains("401"),
         "answered without a token"
     );
-    assert!(status_of(&r, "/envs", Some("wrong")).contains("401"));
-    assert!(status_of(&r, "/envs", Some("t0ken-before-listen")).contains("200"));
+    assert!(status_of(&r, "/metrics", Some("wrong")).contains("401"));
+    assert!(status_of(&r, "/metrics", Some("t0ken-before-listen")).contains("200"));
+    // These requests come from the sandbox's own loopback: there, and only there, the
+    // sandbox-wide variables are open (every process of the sandbox has them anyway).
+    assert!(status_of(&r, "/envs", None).contains("200"));
     // The token is not in the environment of the agent's processes.
     let (_, env) = r.run("cat /proc/self/environ | tr '\\0' '\\n'");
     assert!(!env.contains("t0ken"), "{env}");

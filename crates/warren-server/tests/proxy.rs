@@ -54,10 +54,12 @@ async fn header_and_host_routing_over_http1_and_h2c() {
         .unwrap();
     assert_eq!(r.status(), 204);
 
-    // Without the access token the agent itself refuses.
+    // Without the access token the agent itself refuses. (Not `/envs`: these test agents
+    // listen on the host's loopback, where the agent opens that one to the sandbox's own
+    // processes.)
     let r = s
         .client()
-        .get(s.url("/envs"))
+        .get(s.url("/metrics"))
         .header("E2b-Sandbox-Id", &id)
         .send()
         .await
