@@ -478,10 +478,13 @@ where
     if let Err(e) = prepare.await {
         let _ = child.start_kill();
         let _ = child.wait().await;
-        return Err(files.died(format!(
+        let died = files.died(format!(
             "the template's service did not get ready: {}",
             warren_runtime::chain(&e)
-        )));
+        ));
+        // Its memory file holds RAM on tmpfs; nothing retries this key by itself.
+        remove_tree(&partial).await;
+        return Err(died);
     }
     let prepare_ms = prepared.elapsed().as_millis() as u64;
     let snap = Snapshot {

@@ -73,8 +73,9 @@ impl VmRuntime {
             return self.complete(spec, warm, started).await;
         }
         let size = self.size_for(spec);
-        self.set_warm_size(&spec.template, size);
         let snap = self.snapshot(&spec.template, size).await?;
+        // Only a size that has a snapshot: a refill never boots one under its lock.
+        self.set_warm_size(&spec.template, size);
         let warm = match self.take_warm(&spec.template, size).await {
             Some(mut w) => {
                 let pool = self.pool().await?;

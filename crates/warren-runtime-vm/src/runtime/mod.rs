@@ -370,8 +370,15 @@ impl VmRuntime {
         let run_as = self.run_as(&slot);
         let agent = std::net::SocketAddr::V4(slot.agent_endpoint());
         let prepare = self.start_service(template, &inputs.launch, agent);
+        let in_use: Vec<PathBuf> = self
+            .snapshots
+            .lock()
+            .await
+            .values()
+            .filter_map(|cell| cell.get().map(|s| s.dir.clone()))
+            .collect();
         let result = match slot.lay_out_for_vm().await.map_err(slot_failed) {
-            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as, prepare).await,
+            Ok(()) => snapshots::make(&inputs, slot.netns_path(), run_as, prepare, in_use).await,
             Err(e) => Err(e),
         };
         self.release_slot(slot).await;

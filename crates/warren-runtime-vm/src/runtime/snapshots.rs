@@ -109,6 +109,7 @@ pub async fn make<F>(
     netns: PathBuf,
     run_as: Option<(u32, u32)>,
     prepare: F,
+    in_use: Vec<PathBuf>,
 ) -> Result<Arc<Snapshot>, RuntimeError>
 where
     F: std::future::Future<Output = Result<(), RuntimeError>>,
@@ -124,7 +125,7 @@ where
         )))?;
     // Deleting older snapshots frees RAM-sized files: on the blocking pool.
     let current = inputs.dir.clone();
-    let _ = tokio::task::spawn_blocking(move || remove_older(&current)).await;
+    let _ = tokio::task::spawn_blocking(move || remove_older(&current, &in_use)).await;
     tracing::info!(
         key = %inputs.key,
         accel = spec.accel.as_str(),
@@ -139,7 +140,10 @@ where
 /// image...; the first half of the key): they hold RAM on tmpfs. Those of the same family
 /// are of other sizes, current. VMs restored from removed ones keep working: their QEMU has
 /// the memory file mapped and the disk open, and unlinked files live on until closed.
-fn remove_older(current: &Path) {
+/// Snapshots in `in_use` (the ones this process forks from) are never removed: an input that
+/// drifts while the server runs (the kernel line's TSC frequency on a host that scales it)
+/// must not take them away.
+fn remove_older(current: &Path, in_use: &[PathBuf]) {
     let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
         return;
     };
@@ -160,7 +164,11 @@ fn remove_older(current: &Path) {
         let outdated = dir_name.rsplit_once('-').is_some_and(|(t, key)| {
             t == template && key.len() == 16 && key.get(..8) != current_key.get(..8)
         });
-        if !outdated {
+        if !outdated
+            || in_use
+                .iter()
+                .any(|d| d.file_name() == Some(dir_name.as_ref()))
+        {
             continue;
         }
         if is_lock {
@@ -186,6 +194,7 @@ mod tests {
             "base-bbbbbbbb11111111.lock", // its builder's lock: removed
             "b0123-bbbbbbbb11111111",     // another template: kept
             "base-short",                 // not a snapshot's name: kept
+            "base-cccccccc11111111",      // outdated but in use by this process: kept
         ];
         for n in names {
             if n.ends_with(".lock") {
@@ -194,7 +203,10 @@ mod tests {
                 std::fs::create_dir(tmp.path().join(n)).unwrap();
             }
         }
-        remove_older(&tmp.path().join(names[0]));
+        remove_older(
+            &tmp.path().join(names[0]),
+            &[tmp.path().join("base-cccccccc11111111")],
+        );
         let mut left: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -206,6 +218,7 @@ mod tests {
                 "b0123-bbbbbbbb11111111",
                 "base-aaaaaaaa11111111",
                 "base-aaaaaaaa22222222",
+                "base-cccccccc11111111",
                 "base-short"
             ]
         );

@@ -38,6 +38,7 @@ def test_variables_come_from_the_agent_and_bad_names_are_dropped(monkeypatch):
         assert contexts.sandbox_env() == {"A_VAR": "1", "E2B_SANDBOX_ID": "sbx"}
     finally:
         srv.shutdown()
+        srv.server_close()
 
 
 def test_an_agent_that_cannot_answer_gives_nothing(monkeypatch):
@@ -47,5 +48,26 @@ def test_an_agent_that_cannot_answer_gives_nothing(monkeypatch):
         assert contexts.sandbox_env() == {}
     finally:
         srv.shutdown()
+        srv.server_close()
     monkeypatch.setattr(contexts, "AGENT_ENVS_URL", f"http://127.0.0.1:{srv.server_port}/envs")
     assert contexts.sandbox_env() == {}
+
+
+def test_sandbox_variables_are_set_for_good_and_a_new_sandbox_reseeds(monkeypatch):
+    ctx = contexts.Context("python", "/tmp")
+    code = ctx._sandbox_env_code({"A": "it's"}, reseed=True)
+    ns = {}
+    monkeypatch.delenv("A", raising=False)
+    import random
+
+    random.seed(1)
+    before = random.random()
+    random.seed(1)
+    exec(code, ns)
+    assert os.environ["A"] == "it's"
+    # Reseeded from the kernel's pool: not the sequence seed 1 gives.
+    assert random.random() != before
+    # Nothing of ours is left in the user's namespace.
+    assert [k for k in ns if k != "__builtins__"] == []
+    bash = contexts.Context("bash", "/tmp")._sandbox_env_code({"A": "it's"}, reseed=False)
+    assert bash == "export A='it'\\''s'"

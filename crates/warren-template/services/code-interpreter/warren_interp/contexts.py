@@ -44,12 +44,16 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 AGENT_ENVS_URL = os.environ.get("WARREN_AGENT_ENVS_URL", "http://127.0.0.1:49983/envs")
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def sandbox_env():
     """The sandbox-wide environment variables the agent holds ({} if it cannot be asked)."""
     try:
-        with urllib.request.urlopen(AGENT_ENVS_URL, timeout=2) as r:
+        # Straight to the agent: never through an HTTP proxy a user's variables name.
+        with _DIRECT.open(AGENT_ENVS_URL, timeout=2) as r:
             data = json.load(r)
-    except (OSError, ValueError):
+    except Exception:  # unreachable, refused, a torn or malformed answer: nothing to apply
         return {}
     if not isinstance(data, dict):
         return {}
@@ -162,6 +166,27 @@ class Context:
             ):
                 return
 
+    def _sandbox_env_code(self, items, reseed):
+        """Code that sets `items` in the kernel's environment for good; with `reseed`, it
+        also reseeds the language's global random generator from the (per-sandbox) kernel
+        pool, so kernels restored from one snapshot stop producing the same numbers."""
+        data = json.dumps(items)
+        if self.language == "python":
+            code = f"import os as _w_os, json as _w_json\n_w_os.environ.update(_w_json.loads({data!r}))\n"
+            code += "del _w_os, _w_json\n"
+            if reseed:
+                code += "import random as _w_random\n_w_random.seed()\ndel _w_random\n"
+            return code
+        if self.language == "javascript":
+            return f"Object.assign(process.env, {data});\n"
+        lines = []
+        for k, v in items.items():
+            quoted = "'" + v.replace("'", "'\\''") + "'"
+            lines.append(f"export {k}={quoted}")
+        if reseed:
+            lines.append("RANDOM=$(( $(od -An -N2 -tu2 /dev/urandom) ))")
+        return "\n".join(lines)
+
     def _env_code(self, env_vars):
         """(set, restore) code for per-execution environment variables in this language."""
         items = {k: str(v) for k, v in (env_vars or {}).items() if ENV_NAME.match(k)}
@@ -226,10 +251,10 @@ class Context:
             self.restart()
         fresh = {k: v for k, v in sandbox_env().items() if self.applied.get(k) != v}
         if fresh:
-            # Kept for good (no restore): they are the sandbox's from now on.
-            set_fresh, _ = self._env_code(fresh)
-            if set_fresh:
-                self._run_quietly(set_fresh)
+            # Kept for good (no restore): they are the sandbox's from now on. A new sandbox
+            # id means this kernel was started in a snapshot other sandboxes restore too.
+            reseed = "E2B_SANDBOX_ID" in fresh
+            self._run_quietly(self._sandbox_env_code(fresh, reseed))
             self.applied.update(fresh)
         set_env, restore_env = self._env_code(env_vars)
         if set_env:
