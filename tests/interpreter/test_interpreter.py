@@ -320,6 +320,20 @@ def test_create_time_env_vars_reach_every_kernel(server):
         sbx.kill()
 
 
+def test_sandboxes_do_not_share_random_state(server, shared):
+    # On vm every sandbox's first kernel was started in the one template snapshot: without a
+    # reseed each would draw the same "random" numbers.
+    other = Sandbox.create(timeout=300, request_timeout=300)
+    try:
+        code = "import random; random.random()"
+        assert shared.run_code(code).text != other.run_code(code).text
+        bash = 'echo $RANDOM$RANDOM$RANDOM'
+        assert (shared.run_code(bash, language="bash").logs.stdout
+                != other.run_code(bash, language="bash").logs.stdout)
+    finally:
+        other.kill()
+
+
 def test_env_vars_per_execution(shared):
     code = "import os; os.environ.get('WARREN_TEST_VAR', 'unset')"
     assert shared.run_code(code, envs={"WARREN_TEST_VAR": "set"}).text == "set"
