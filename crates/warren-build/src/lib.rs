@@ -211,6 +211,7 @@ impl Builder {
             memory_mb: job.memory_mb,
             disk_mb: job.disk_mb,
             allow_internet_access: true,
+            egress: Default::default(),
             env_vars: Default::default(),
             access_token: Some(token.clone()),
             from_snapshot,

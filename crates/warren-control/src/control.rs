@@ -351,6 +351,7 @@ impl Control {
             )));
         }
         self.check_lifecycle(&req.lifecycle)?;
+        self.check_egress(&req.network.egress)?;
         let cfg = &self.inner.config;
         // A snapshot id or name is a valid `templateID` (SDKs create from snapshots that way).
         // The template built here that this create spawns from, to count it.
@@ -745,6 +746,7 @@ pub(crate) fn spec_of(sb: &Sandbox) -> CreateSpec {
         memory_mb: sb.memory_mb,
         disk_mb: sb.disk_mb,
         allow_internet_access: sb.allow_internet_access,
+        egress: sb.network.egress.clone(),
         env_vars: sb.env_vars.clone(),
         access_token: Some(sb.envd_access_token.clone()),
         from_snapshot: None,

@@ -20,6 +20,7 @@ mod fork;
 mod keys;
 mod list;
 mod model;
+mod network;
 mod pause;
 mod recover;
 mod secrets;
@@ -45,6 +46,7 @@ pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey, Scope, DEFAULT_TEAM};
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
+pub use network::NetworkUpdate;
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
 pub use template_disk::{DiskPart, DiskUse};
@@ -54,4 +56,5 @@ pub use templates::{
     DEFAULT_TAG,
 };
 pub use tenant::Tenant;
+pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::{Capabilities, PauseMode};

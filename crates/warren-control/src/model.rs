@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use warren_runtime::egress::EgressPolicy;
 use warren_runtime::{PauseMode, RuntimeSandbox};
 
 /// Lifecycle of a sandbox as the control plane records it.
@@ -137,12 +138,17 @@ pub struct Network {
     /// requests carrying the sandbox's traffic access token (`false`). In-image service ports
     /// (the code interpreter's) always need a token.
     pub allow_public_traffic: bool,
+    /// What the sandbox may connect to (`allowOut`, `denyOut`) as given; the runtime also
+    /// applies `allow_internet_access` ([`warren_runtime::CreateSpec::egress_policy`]).
+    #[serde(flatten)]
+    pub egress: EgressPolicy,
 }
 
 impl Default for Network {
     fn default() -> Self {
         Network {
             allow_public_traffic: true,
+            egress: EgressPolicy::default(),
         }
     }
 }

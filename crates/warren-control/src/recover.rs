@@ -85,6 +85,9 @@ impl Control {
             match result {
                 Ok(rt) => {
                     sb.runtime = Some(rt);
+                    if sb.state == SandboxState::Running {
+                        self.restore_egress(&mut sb).await;
+                    }
                     store.update_sandbox(&sb).await?;
                     self.register(&sb, None);
                     reattached += 1;

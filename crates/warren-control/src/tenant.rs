@@ -121,6 +121,16 @@ impl Tenant {
         self.control.pause(id, memory).await
     }
 
+    pub async fn update_network(
+        &self,
+        id: &str,
+        update: crate::network::NetworkUpdate,
+    ) -> Result<(), ControlError> {
+        self.control.check_egress(&update.egress)?;
+        self.own(id).await?;
+        self.control.update_network(id, update).await
+    }
+
     pub async fn create_snapshot(
         &self,
         sandbox_id: &str,

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod cgroup;
 mod config;
 pub mod durable;
+pub mod egress;
 pub mod hardening;
 mod lock;
 mod templates;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use warren_net::{NetConfig, NetPool};
+use warren_net::{NetConfig, NetPool, SlotPolicy};
 
 fn config(pool_size: usize, flush_conntrack: bool) -> NetConfig {
     NetConfig {
@@ -56,15 +56,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut slots = Vec::new();
     let mut create = Vec::new();
     for _ in 0..rounds {
-        let (slot, t) = timed(pool.acquire(true)).await;
+        let (slot, t) = timed(pool.acquire(&SlotPolicy::open())).await;
         slots.push(slot?);
         create.push(t);
     }
     report("create on demand (acquire, empty pool)", create);
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for slot in &mut slots {
-        off.push(timed(pool.set_internet_access(slot, false)).await.1);
-        on.push(timed(pool.set_internet_access(slot, true)).await.1);
+        off.push(
+            timed(pool.set_policy(slot, &SlotPolicy::deny_all()))
+                .await
+                .1,
+        );
+        on.push(timed(pool.set_policy(slot, &SlotPolicy::open())).await.1);
     }
     report("internet access off (nft set element)", off);
     report("internet access on", on);
@@ -88,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         let mut acquire = Vec::new();
         for _ in 0..rounds {
-            let (slot, t) = timed(pool.acquire(true)).await;
+            let (slot, t) = timed(pool.acquire(&SlotPolicy::open())).await;
             slots.push(slot?);
             acquire.push(t);
         }

@@ -15,6 +15,7 @@ use crate::cmd::{Invocation, IP, NFT};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::netns::netns_path;
+use crate::policy::SlotPolicy;
 use crate::slot::Slot;
 
 /// What a server persists for each leased slot, so that a restarted server can take the
@@ -22,12 +23,27 @@ use crate::slot::Slot;
 ///
 /// The slot's name and addresses follow from `index` and the pool's configuration
 /// (`prefix`, `host_cidr`), which must therefore be the same after the restart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AdoptSlot {
     /// [`Slot::index`].
     pub index: u32,
-    /// [`Slot::internet_access`]: the adopted slot's egress is set to this.
+    /// [`Slot::internet_access`].
     pub allow_internet_access: bool,
+    /// [`Slot::policy`]: the adopted slot's filter gets this policy. Records written before
+    /// policies existed have none: then `allow_internet_access` decides (open or deny-all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<SlotPolicy>,
+}
+
+impl AdoptSlot {
+    /// The policy the adopted slot gets.
+    pub fn effective_policy(&self) -> SlotPolicy {
+        match &self.policy {
+            Some(p) => p.clone(),
+            None if self.allow_internet_access => SlotPolicy::open(),
+            None => SlotPolicy::deny_all(),
+        }
+    }
 }
 
 impl From<&Slot> for AdoptSlot {
@@ -35,6 +51,7 @@ impl From<&Slot> for AdoptSlot {
         Self {
             index: slot.index(),
             allow_internet_access: slot.internet_access(),
+            policy: (!slot.policy().is_open()).then(|| slot.policy().clone()),
         }
     }
 }
@@ -444,9 +461,29 @@ mod tests {
         let a = AdoptSlot {
             index: 7,
             allow_internet_access: false,
+            policy: None,
         };
         let json = serde_json::to_string(&a).unwrap();
         assert_eq!(json, r#"{"index":7,"allow_internet_access":false}"#);
         assert_eq!(serde_json::from_str::<AdoptSlot>(&json).unwrap(), a);
+        // A record without a policy (older releases) decides by internet access.
+        assert_eq!(a.effective_policy(), SlotPolicy::deny_all());
+        let open = AdoptSlot {
+            allow_internet_access: true,
+            ..a.clone()
+        };
+        assert!(open.effective_policy().is_open());
+        let restricted = AdoptSlot {
+            policy: Some(SlotPolicy {
+                deny: vec!["192.0.2.0/24".parse().unwrap()],
+                ..SlotPolicy::default()
+            }),
+            ..open
+        };
+        assert_eq!(
+            serde_json::to_string(&restricted).unwrap(),
+            r#"{"index":7,"allow_internet_access":true,"policy":{"deny":["192.0.2.0/24"]}}"#
+        );
+        assert_eq!(restricted.effective_policy().deny.len(), 1);
     }
 }

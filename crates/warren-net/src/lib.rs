@@ -5,16 +5,17 @@
 //! [`SANDBOX_IFACE`], gateway [`SANDBOX_GATEWAY`]), so a VM snapshot restores into any slot.
 //! The host reaches each slot at a unique *host-side address* from a configurable pool;
 //! nftables NAT inside the slot maps one to the other. Host-wide nftables rules in the table
-//! `inet <prefix>` give slots NAT egress through the host's routes, cut egress per slot
+//! `inet <prefix>` give slots NAT egress through the host's routes, cut all egress of a slot
 //! (`allow_internet_access = false`), and keep slots away from each other and from the
-//! host's own services. The address plan and rules are described in docs/networking.md.
+//! host's own services; each slot's own filter table enforces its sandbox's address policy
+//! ([`SlotPolicy`]: allow and deny CIDRs, a refused TCP connection reset at once). The address plan and rules are described in docs/networking.md.
 //!
 //! [`NetPool`] builds slots ahead of demand and recycles them:
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), warren_net::Error> {
 //! let pool = warren_net::NetPool::start(warren_net::NetConfig::default()).await?;
-//! let slot = pool.acquire(true).await?;
+//! let slot = pool.acquire(&warren_net::SlotPolicy::open()).await?;
 //! // Start the sandbox inside `slot.netns_path()`, write `slot.resolv_conf()` into its
 //! // /etc/resolv.conf, reach its agent at `slot.agent_endpoint()`...
 //! pool.release(slot).await?;
@@ -35,6 +36,7 @@ mod dns;
 mod error;
 mod host;
 pub mod netns;
+mod policy;
 mod pool;
 mod rules;
 mod slot;
@@ -50,6 +52,7 @@ pub use cleanup::{cleanup_stale, CleanupReport};
 pub use config::{default_blocked, DnsSource, NetConfig};
 pub use dns::{parse_nameservers, DnsConfig};
 pub use error::{Error, Result};
+pub use policy::SlotPolicy;
 pub use pool::{NetPool, PoolStats};
 pub use slot::Slot;
 pub use watchdog::TableCheck;

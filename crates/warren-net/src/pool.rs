@@ -18,6 +18,7 @@ use crate::dns::DnsConfig;
 use crate::error::{Error, Result};
 use crate::host::{self, Forwarding, PrefixLock};
 use crate::netns::netns_path;
+use crate::policy::SlotPolicy;
 use crate::rules::{self, HostRules, SlotFilter};
 use crate::slot::{self, Returned, Slot};
 use crate::watchdog::{self, TableCheck};
@@ -232,15 +233,16 @@ impl NetPool {
         Ok((pool, slots))
     }
 
-    /// Leases a slot. O(1) when a ready slot exists; otherwise builds one on the spot
-    /// (about 10 ms). `allow_internet_access = false` costs one extra nft call.
+    /// Leases a slot with egress `policy`. O(1) when a ready slot exists and the policy is
+    /// open; a restricted policy costs one nft call in the slot (two when it denies
+    /// everything). Otherwise builds one on the spot (about 10 ms).
     ///
     /// Cancel-safe, like every pool operation: work that touches the system runs in its own
     /// task, and a slot whose caller went away returns to the pool.
     ///
     /// Fails with [`Error::HostTableMissing`] while the host table is known to be gone and
     /// could not be restored (see [`NetPool::check_host_table`]).
-    pub async fn acquire(&self, allow_internet_access: bool) -> Result<Slot> {
+    pub async fn acquire(&self, policy: &SlotPolicy) -> Result<Slot> {
         if !self.is_healthy() {
             return Err(Error::HostTableMissing {
                 table: format!("inet {}", self.inner.config.prefix),
@@ -248,30 +250,29 @@ impl NetPool {
         }
         let ready = self.inner.pop_ready();
         self.inner.wake.notify_one();
-        if let (Some((name, addrs)), true) = (&ready, allow_internet_access) {
+        if let (Some((name, addrs)), true) = (&ready, policy.is_open()) {
             return Ok(self.inner.slot(name.clone(), *addrs));
         }
         let inner = self.inner.clone();
+        let policy = policy.clone();
         run_detached(async move {
             let (name, addrs) = match ready {
                 Some(r) => r,
                 None => inner.create_one(false).await?,
             };
             let mut slot = inner.slot(name, addrs);
-            if !allow_internet_access {
-                // On failure the slot is dropped here, which hands it back for recycling.
-                inner.set_internet_access(&mut slot, false).await?;
-            }
+            // On failure the slot is dropped here, which hands it back for recycling.
+            inner.set_policy(&mut slot, &policy).await?;
             Ok(slot)
         })
         .await
     }
 
-    /// Turns the sandbox's egress on or off. Open connections are cut when turning it off;
-    /// the host keeps reaching the sandbox either way.
-    pub async fn set_internet_access(&self, slot: &mut Slot, allow: bool) -> Result<()> {
+    /// Replaces the sandbox's egress policy. Open connections the new policy does not allow
+    /// are cut (their next packet is refused); the host keeps reaching the sandbox either way.
+    pub async fn set_policy(&self, slot: &mut Slot, policy: &SlotPolicy) -> Result<()> {
         self.check_owner(slot)?;
-        self.inner.set_internet_access(slot, allow).await
+        self.inner.set_policy(slot, policy).await
     }
 
     /// Returns a slot: resets it (internet access back on, conntrack entries flushed) and
@@ -282,9 +283,9 @@ impl NetPool {
         self.check_owner(&slot)?;
         slot.returner = None;
         let name = std::mem::take(&mut slot.name);
-        let (addrs, internet) = (slot.addrs, slot.internet);
+        let (addrs, internet, restricted) = (slot.addrs, slot.internet, slot.restricted);
         let inner = self.inner.clone();
-        run_detached(async move { inner.recycle(name, addrs, internet).await }).await
+        run_detached(async move { inner.recycle(name, addrs, internet, restricted).await }).await
     }
 
     /// Builds slots until the pool holds its target of ready slots (e.g. before a server
@@ -417,23 +418,39 @@ impl Inner {
                 name,
                 addrs,
                 internet: true,
+                restricted: false,
                 discard: true,
             });
         }
         None
     }
 
-    /// A lease of an existing slot. It starts with internet access on, as every ready slot
-    /// has.
+    /// A lease of an existing slot. It starts with an open policy, as every ready slot has.
     fn slot(&self, name: String, addrs: SlotAddrs) -> Slot {
         Slot {
             name,
             addrs,
             pool_id: self.id,
             internet: true,
+            policy: SlotPolicy::open(),
+            restricted: false,
             resolv_conf: self.resolv_conf.clone(),
             returner: Some(self.returner.clone()),
         }
+    }
+
+    /// The slot filter's policy first, then the host's no-egress set: each layer holds the
+    /// old policy or the new one at any moment, and the sandbox gets only what both allow.
+    async fn set_policy(&self, slot: &mut Slot, policy: &SlotPolicy) -> Result<()> {
+        if slot.policy != *policy {
+            // Pessimistic first (see `Slot::restricted`).
+            slot.restricted = true;
+            slot::set_policy(&self.config.prefix, &slot.name, policy).await?;
+            slot.policy = policy.clone();
+            slot.restricted = !policy.is_open();
+        }
+        self.set_internet_access(slot, !policy.denies_everything())
+            .await
     }
 
     async fn set_internet_access(&self, slot: &mut Slot, allow: bool) -> Result<()> {
@@ -594,7 +611,20 @@ impl Inner {
 
     /// Resets a returned slot and puts it back into the pool, or destroys it when the pool
     /// is full or the reset failed.
-    async fn recycle(&self, name: String, addrs: SlotAddrs, internet: bool) -> Result<()> {
+    async fn recycle(
+        &self,
+        name: String,
+        addrs: SlotAddrs,
+        internet: bool,
+        restricted: bool,
+    ) -> Result<()> {
+        if restricted {
+            if let Err(e) = slot::set_policy(&self.config.prefix, &name, &SlotPolicy::open()).await
+            {
+                self.discard(&name, addrs.index, !internet).await;
+                return Err(e);
+            }
+        }
         if !internet {
             if let Err(e) = self.set_egress(&name, true).await {
                 // Still listed as "no egress": removal must take the element out first.
@@ -678,7 +708,7 @@ async fn install_host_layers(
     let no_egress: Vec<String> = adopt
         .iter()
         .zip(verdicts)
-        .filter(|(a, v)| v.is_ok() && !a.allow_internet_access)
+        .filter(|(a, v)| v.is_ok() && a.effective_policy().denies_everything())
         .map(|(a, _)| config.slot_name(a.index))
         .collect();
     host::install_table(rules::host_ruleset(&HostRules {
@@ -700,7 +730,7 @@ async fn install_host_layers(
     for (a, v) in adopt.iter().zip(verdicts) {
         if let Ok(addrs) = v {
             let name = config.slot_name(a.index);
-            slot::install_filter(&name, addrs, &filter).await?;
+            slot::install_filter(&name, addrs, &filter, &a.effective_policy()).await?;
             if forward_per_link {
                 host::enable_link_forwarding(&name)?;
             }
@@ -728,7 +758,9 @@ fn adopted_slots(
             match verdict {
                 Ok(addrs) => {
                     let mut slot = inner.slot(name, addrs);
-                    slot.internet = a.allow_internet_access;
+                    slot.policy = a.effective_policy();
+                    slot.internet = !slot.policy.denies_everything();
+                    slot.restricted = !slot.policy.is_open();
                     Ok(slot)
                 }
                 Err(reason) => {
@@ -749,7 +781,9 @@ async fn background(inner: Arc<Inner>, mut returns: UnboundedReceiver<Returned>)
                 let Some(r) = returned else { return };
                 if r.discard {
                     inner.discard(&r.name, r.addrs.index, false).await;
-                } else if let Err(e) = inner.recycle(r.name.clone(), r.addrs, r.internet).await {
+                } else if let Err(e) =
+                    inner.recycle(r.name.clone(), r.addrs, r.internet, r.restricted).await
+                {
                     tracing::warn!(slot = %r.name, error = %e, "could not recycle a dropped slot");
                 }
             }

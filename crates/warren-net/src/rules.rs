@@ -10,6 +10,7 @@ use crate::addr::{
     Ipv4Cidr, SlotAddrs, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC,
     SANDBOX_PREFIX_LEN,
 };
+use crate::policy::{self, SlotPolicy, POLICY_CHAIN};
 
 /// Set of host links (slot names) whose sandbox has internet access off.
 pub(crate) const NO_EGRESS_SET: &str = "no_egress";
@@ -125,7 +126,7 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
     s
 }
 
-fn elements<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+pub(crate) fn elements<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
     let list: Vec<String> = items.map(|i| i.to_string()).collect();
     if list.is_empty() {
         String::new()
@@ -179,7 +180,7 @@ pub(crate) struct SlotFilter {
 /// neighbour that routes to the pool through the host (a LAN peer, a slot with the host
 /// table gone) reaches nothing either. The leading `table`/`delete table` pair makes
 /// loading it an atomic replace (adoption re-installs it).
-pub(crate) fn slot_filter_ruleset(f: &SlotFilter, a: &SlotAddrs) -> String {
+pub(crate) fn slot_filter_ruleset(f: &SlotFilter, a: &SlotAddrs, policy: &SlotPolicy) -> String {
     let table = &f.table;
     let host_veth = a.host_veth;
     let mut limits = String::new();
@@ -230,13 +231,17 @@ table inet {table} {{
 \t}}
 \tchain egress {{
 \t\tmeta nfproto ipv6 counter drop
+\t\t# The sandbox's own policy, for every packet of a connection it opened (not replies
+\t\t# to the host's): before the established accept, so a new policy cuts open ones.
+\t\tct direction original jump {POLICY_CHAIN}
 \t\tct state established,related accept
 {limits}\t\tip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
 \t\tip daddr @isolated counter drop
 \t\tip daddr @blocked counter reject with icmpx type admin-prohibited
 \t}}
-}}
+{policy}}}
 ",
+        policy = policy::declarations(policy),
         isolated = elements(f.isolated.iter()),
         blocked = elements(f.blocked.iter()),
         dns = elements(f.dns_servers.iter()),
@@ -364,7 +369,7 @@ mod tests {
             max_connections: 4096,
             new_per_second: Some(50),
         };
-        let text = slot_filter_ruleset(&filter, &addrs());
+        let text = slot_filter_ruleset(&filter, &addrs(), &SlotPolicy::open());
         assert!(text.starts_with("table inet w\ndelete table inet w\n"));
         assert!(text.contains("elements = { 10.11.0.0/16, 192.0.2.2/32 }"));
         // New connections only from this slot's host veth end (slot 5: 10.11.0.21).
@@ -388,6 +393,7 @@ mod tests {
                 ..filter
             },
             &addrs(),
+            &SlotPolicy::open(),
         );
         assert!(!unlimited.contains("ct count") && !unlimited.contains("limit rate"));
     }

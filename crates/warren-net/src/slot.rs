@@ -11,6 +11,7 @@ use crate::cmd::{Invocation, CONNTRACK, IP, NFT};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::netns::netns_path;
+use crate::policy::{self, SlotPolicy};
 use crate::rules::SlotFilter;
 use crate::{host, rules};
 
@@ -28,6 +29,11 @@ pub struct Slot {
     /// turns egress off and set only *after* one that turns it on, so an interrupted call
     /// errs on the side of a (idempotent) reset at release.
     pub(crate) internet: bool,
+    /// The policy in the slot's filter table, as far as known.
+    pub(crate) policy: SlotPolicy,
+    /// Set *before* any change to a restricted policy and cleared only after the open one
+    /// is back, so release always resets a slot whose filter may still restrict.
+    pub(crate) restricted: bool,
     pub(crate) resolv_conf: Arc<str>,
     /// Set while leased; taken by `release` so that `Drop` does nothing afterwards.
     pub(crate) returner: Option<UnboundedSender<Returned>>,
@@ -39,6 +45,7 @@ pub(crate) struct Returned {
     pub name: String,
     pub addrs: SlotAddrs,
     pub internet: bool,
+    pub restricted: bool,
     /// Remove instead of recycling (its namespace vanished).
     pub discard: bool,
 }
@@ -97,9 +104,15 @@ impl Slot {
         std::net::SocketAddrV4::new(self.addrs.host_side, AGENT_PORT)
     }
 
-    /// Whether the sandbox may reach the internet (`allow_internet_access`).
+    /// Whether anything may leave the slot (`false`: its policy denies everything, and the
+    /// host's no-egress set holds it too).
     pub fn internet_access(&self) -> bool {
         self.internet
+    }
+
+    /// The sandbox's egress policy (see [`crate::NetPool::set_policy`]).
+    pub fn policy(&self) -> &SlotPolicy {
+        &self.policy
     }
 
     /// The content of the sandbox's /etc/resolv.conf; the runtime writes it.
@@ -116,6 +129,7 @@ impl Drop for Slot {
                 name: std::mem::take(&mut self.name),
                 addrs: self.addrs,
                 internet: self.internet,
+                restricted: self.restricted,
                 discard: false,
             });
         }
@@ -167,7 +181,7 @@ async fn create_inner(
         .stdin(format!(
             "{}{}",
             rules::slot_ruleset(&config.prefix, addrs),
-            rules::slot_filter_ruleset(filter, addrs)
+            rules::slot_filter_ruleset(filter, addrs, &SlotPolicy::open())
         ))
         .in_netns(&ns)
         .run();
@@ -183,10 +197,22 @@ pub(crate) async fn install_filter(
     name: &str,
     addrs: &SlotAddrs,
     filter: &SlotFilter,
+    policy: &SlotPolicy,
 ) -> Result<()> {
     Invocation::new(NFT)
         .args(["-f", "-"])
-        .stdin(rules::slot_filter_ruleset(filter, addrs))
+        .stdin(rules::slot_filter_ruleset(filter, addrs, policy))
+        .in_netns(&netns_path(name))
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Replaces the policy in the slot's filter table: one atomic nft transaction in the slot.
+pub(crate) async fn set_policy(table: &str, name: &str, policy: &SlotPolicy) -> Result<()> {
+    Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(policy::update(table, policy))
         .in_netns(&netns_path(name))
         .run()
         .await

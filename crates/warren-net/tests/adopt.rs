@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use common::{accept, assert_blocked, assert_connects, connect, listen, read_some, OPEN};
-use warren_net::{AdoptSlot, Error, NetPool, Slot, AGENT_PORT};
+use warren_net::{AdoptSlot, Error, NetPool, Slot, SlotPolicy, AGENT_PORT};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
@@ -80,8 +80,12 @@ fn a_restarted_pool_adopts_running_slots() {
         .block_on(NetPool::start(config.clone()))
         .expect("start pool");
     rt.block_on(pool.fill()).expect("fill");
-    let a = rt.block_on(pool.acquire(true)).expect("acquire a");
-    let b = rt.block_on(pool.acquire(false)).expect("acquire b");
+    let a = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire a");
+    let b = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire b");
     wait_for("refill", || pool.stats().ready == 2);
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
     let agent_a = listen(Some(&a_ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
@@ -103,11 +107,13 @@ fn a_restarted_pool_adopts_running_slots() {
         vec![
             AdoptSlot {
                 index: a.index(),
-                allow_internet_access: true
+                allow_internet_access: true,
+                policy: None,
             },
             AdoptSlot {
                 index: b.index(),
-                allow_internet_access: false
+                allow_internet_access: false,
+                policy: Some(SlotPolicy::deny_all()),
             },
         ]
     );
@@ -163,7 +169,10 @@ fn a_restarted_pool_adopts_running_slots() {
     rt.block_on(pool.fill()).expect("fill");
     let adopted_indices = [a.index(), b.index()];
     let fresh: Vec<Slot> = (0..3)
-        .map(|_| rt.block_on(pool.acquire(true)).expect("acquire"))
+        .map(|_| {
+            rt.block_on(pool.acquire(&SlotPolicy::open()))
+                .expect("acquire")
+        })
         .collect();
     for s in &fresh {
         assert!(!adopted_indices.contains(&s.index()), "{} reused", s.name());
@@ -188,7 +197,7 @@ fn a_restarted_pool_adopts_running_slots() {
     wait_for("dropped adopted slot recycled", || pool.stats().in_use == 0);
     assert_eq!(pool.stats().broken, 0);
     let s = rt
-        .block_on(pool.acquire(true))
+        .block_on(pool.acquire(&SlotPolicy::open()))
         .expect("acquire after release");
     rt.block_on(pool.release(s)).expect("release");
 
@@ -214,7 +223,10 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
         .expect("start pool");
     let mut slots = Vec::new();
     for _ in 0..4 {
-        slots.push(rt.block_on(pool.acquire(false)).expect("acquire"));
+        slots.push(
+            rt.block_on(pool.acquire(&SlotPolicy::deny_all()))
+                .expect("acquire"),
+        );
     }
     let names: Vec<String> = slots.iter().map(|s| s.name().to_owned()).collect();
     let indices: Vec<u32> = slots.iter().map(Slot::index).collect();
@@ -240,6 +252,7 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
     let record = |index| AdoptSlot {
         index,
         allow_internet_access: false,
+        policy: None,
     };
     let unknown = 40; // inside the /24 (64 slots), never created
     let records = vec![
@@ -296,7 +309,9 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
     assert_eq!(pool.stats().in_use, 1);
 
     // Its index is not handed out again, the freed ones are.
-    let next = rt.block_on(pool.acquire(true)).expect("acquire");
+    let next = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     assert_ne!(next.index(), good.index());
     rt.block_on(pool.release(next)).expect("release");
     rt.block_on(pool.release(good)).expect("release adopted");
@@ -315,7 +330,9 @@ fn adopting_nothing_is_a_plain_start() {
     let pool = rt
         .block_on(NetPool::start(config.clone()))
         .expect("start pool");
-    let slot = rt.block_on(pool.acquire(false)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
     std::mem::forget(slot);
     rt.block_on(pool.fill()).expect("fill");
     drop(pool);

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{accept, assert_blocked, assert_connects, connect, listen, sh, OPEN};
-use warren_net::{NetPool, TableCheck, AGENT_PORT};
+use warren_net::{NetPool, SlotPolicy, TableCheck, AGENT_PORT};
 
 /// The unprivileged user of the M7 test (`nobody` on Debian).
 const NOBODY: u32 = 65534;
@@ -81,7 +81,9 @@ fn only_root_on_the_host_reaches_slots() {
     let pool = rt
         .block_on(NetPool::start(ctx.config(1)))
         .expect("start pool");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let ns = slot.netns_path();
     let agent = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
     let user_port = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, 8000));
@@ -182,8 +184,12 @@ fn isolation_survives_removal_of_the_host_table() {
     let pool_cidr = config.host_cidr.to_string();
     let rt = rt();
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let a = rt.block_on(pool.acquire(true)).expect("acquire a");
-    let b = rt.block_on(pool.acquire(false)).expect("acquire b");
+    let a = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire a");
+    let b = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire b");
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
 
     // Without the host table nothing masquerades: let the outside world route the pool back
@@ -312,7 +318,9 @@ fn the_watchdog_restores_a_removed_host_table() {
     let prefix = config.prefix.clone();
     let rt = rt();
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt.block_on(pool.acquire(false)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
 
     sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
     wait_for("the watchdog to restore the host table", || {
@@ -333,7 +341,9 @@ fn wireserver_and_connection_limit_are_in_place() {
     let pool = rt
         .block_on(NetPool::start(ctx.config(1)))
         .expect("start pool");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
 
     let host_blocked = sh(
         "nft",
@@ -384,7 +394,9 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     let rt = rt();
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
     rt.block_on(pool.fill()).expect("fill");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let ns = slot.netns_path();
     let server = listen(Some(&outside_ns), sa(server_ip, 8080));
     let target = sa(server_ip, 8080);
@@ -404,7 +416,9 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     // the next tenant of the recycled slot still gets the whole limit.
     let name = slot.name().to_owned();
     rt.block_on(pool.release(slot)).expect("release");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire again");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire again");
     assert_eq!(slot.name(), name, "the slot was recycled");
     let mut again = Vec::new();
     for _ in 0..3 {

@@ -10,7 +10,7 @@ use common::{
     accept, assert_blocked, assert_connects, connect, listen, read_some, udp_echo, udp_roundtrip,
     OPEN,
 };
-use warren_net::{DnsSource, NetPool, AGENT_PORT, SANDBOX_ADDR};
+use warren_net::{DnsSource, NetPool, SlotPolicy, AGENT_PORT, SANDBOX_ADDR};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
@@ -32,7 +32,9 @@ fn egress_follows_internet_access_and_the_agent_stays_reachable() {
     let pool = rt
         .block_on(NetPool::start(ctx.config(1)))
         .expect("start pool");
-    let mut slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let mut slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let ns = slot.netns_path();
     let server = listen(Some(&outside_ns), sa(Ipv4Addr::UNSPECIFIED, 8080));
     let agent = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
@@ -52,7 +54,7 @@ fn egress_follows_internet_access_and_the_agent_stays_reachable() {
     assert_eq!(peer.ip(), std::net::IpAddr::V4(slot.host_veth_addr()));
 
     // Egress off: new connections fail, the open one is cut, the agent is still reachable.
-    rt.block_on(pool.set_internet_access(&mut slot, false))
+    rt.block_on(pool.set_policy(&mut slot, &SlotPolicy::deny_all()))
         .expect("internet off");
     assert!(!slot.internet_access());
     assert_blocked(Some(&ns), target, Some(&server));
@@ -69,13 +71,13 @@ fn egress_follows_internet_access_and_the_agent_stays_reachable() {
     assert_connects(None, &agent, slot.agent_endpoint().into());
 
     // And back on: toggling is cheap and symmetric.
-    rt.block_on(pool.set_internet_access(&mut slot, true))
+    rt.block_on(pool.set_policy(&mut slot, &SlotPolicy::open()))
         .expect("internet on");
     assert_connects(Some(&ns), &server, target);
 
     // A slot acquired with internet access off starts without egress.
     let other = rt
-        .block_on(pool.acquire(false))
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
         .expect("acquire without internet");
     let other_ns = other.netns_path();
     assert_blocked(Some(&other_ns), target, Some(&server));
@@ -98,8 +100,12 @@ fn slots_reach_neither_each_other_nor_the_host() {
     let pool = rt
         .block_on(NetPool::start(ctx.config(2)))
         .expect("start pool");
-    let a = rt.block_on(pool.acquire(true)).expect("acquire a");
-    let b = rt.block_on(pool.acquire(true)).expect("acquire b");
+    let a = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire a");
+    let b = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire b");
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
 
     // B runs an agent; the host can reach it (so the listener is fine) ...
@@ -170,8 +176,12 @@ fn every_slot_looks_the_same_inside() {
     let pool = rt
         .block_on(NetPool::start(ctx.config(2)))
         .expect("start pool");
-    let a = rt.block_on(pool.acquire(true)).expect("acquire a");
-    let b = rt.block_on(pool.acquire(true)).expect("acquire b");
+    let a = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire a");
+    let b = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire b");
     assert_ne!(a.host_side_addr(), b.host_side_addr());
     assert_eq!(a.sandbox_addr(), SANDBOX_ADDR);
 
@@ -233,7 +243,9 @@ fn dns_servers_stay_reachable_on_port_53_only() {
     config.dns = DnsSource::Servers(vec![dns_ip]);
     let rt = rt();
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let mut slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let mut slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let ns = slot.netns_path();
 
     // The runtime writes this file; it names the configured server.
@@ -260,7 +272,7 @@ fn dns_servers_stay_reachable_on_port_53_only() {
     );
 
     // Without internet access, DNS goes too (it is a way out).
-    rt.block_on(pool.set_internet_access(&mut slot, false))
+    rt.block_on(pool.set_policy(&mut slot, &SlotPolicy::deny_all()))
         .expect("internet off");
     assert!(!udp_roundtrip(
         &ns,

@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use warren_net::{cleanup_stale, DnsSource, Error, NetPool};
+use warren_net::{cleanup_stale, DnsSource, Error, NetPool, SlotPolicy};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
@@ -52,9 +52,15 @@ fn acquire_release_and_recycle() {
     assert_eq!(ready_names.len(), 2);
 
     // Two come from the pool, the third is built on demand.
-    let a = rt.block_on(pool.acquire(true)).expect("acquire");
-    let mut b = rt.block_on(pool.acquire(true)).expect("acquire");
-    let c = rt.block_on(pool.acquire(false)).expect("acquire");
+    let a = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
+    let mut b = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
+    let c = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
     assert!(ready_names.contains(a.name()) && ready_names.contains(b.name()));
     assert!(!c.internet_access());
     assert!(egress_blocked(&p, c.name()));
@@ -72,7 +78,7 @@ fn acquire_release_and_recycle() {
     assert_eq!(slot_netns(&p).len(), 3);
 
     // Releasing into a full pool also clears the no-egress state of the destroyed slot.
-    rt.block_on(pool.set_internet_access(&mut b, false))
+    rt.block_on(pool.set_policy(&mut b, &SlotPolicy::deny_all()))
         .expect("internet off");
     let b_name = b.name().to_owned();
     assert!(egress_blocked(&p, &b_name));
@@ -95,13 +101,17 @@ fn released_slots_are_reset_and_reused() {
     config.max_slots = Some(2);
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
     rt.block_on(pool.fill()).expect("fill");
-    let mut x = rt.block_on(pool.acquire(true)).expect("acquire");
-    let y = rt.block_on(pool.acquire(false)).expect("acquire");
-    match rt.block_on(pool.acquire(true)) {
+    let mut x = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
+    let y = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
+    match rt.block_on(pool.acquire(&SlotPolicy::open())) {
         Err(Error::Exhausted { max: 2 }) => {}
         other => panic!("expected Exhausted, got {other:?}"),
     }
-    rt.block_on(pool.set_internet_access(&mut x, false))
+    rt.block_on(pool.set_policy(&mut x, &SlotPolicy::deny_all()))
         .expect("internet off");
     let names: HashSet<String> = [x.name().to_owned(), y.name().to_owned()].into();
     rt.block_on(pool.release(x)).expect("release");
@@ -117,7 +127,9 @@ fn released_slots_are_reset_and_reused() {
         "internet access is back on"
     );
 
-    let z = rt.block_on(pool.acquire(true)).expect("acquire");
+    let z = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     assert!(names.contains(z.name()));
     assert!(z.internet_access());
 
@@ -144,7 +156,9 @@ fn a_new_pool_removes_what_a_crashed_one_left() {
         .block_on(NetPool::start(config.clone()))
         .expect("start pool");
     rt.block_on(pool.fill()).expect("fill");
-    let slot = rt.block_on(pool.acquire(false)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
     wait_for("refill", || pool.stats().ready == 2);
     std::mem::forget(slot);
     drop(pool);
@@ -196,7 +210,9 @@ fn a_new_pool_removes_what_a_crashed_one_left() {
     assert_eq!(report.netns, vec![stray.clone()]);
     assert!(report.tables.is_empty());
     assert_eq!(slot_netns(&p).len(), 2);
-    let slot = rt.block_on(pool.acquire(true)).expect("pool still works");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("pool still works");
     rt.block_on(pool.release(slot)).expect("release");
 
     rt.block_on(pool.shutdown()).expect("shutdown");
@@ -210,7 +226,9 @@ fn resolv_conf_names_the_hosts_upstream_servers() {
     let mut config = ctx.config(0);
     config.dns = DnsSource::Host;
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let conf = slot.resolv_conf().to_owned();
     assert_eq!(conf, pool.resolv_conf());
 
@@ -282,12 +300,22 @@ fn cancelled_operations_do_not_leak_slots() {
     for allow in [true, false] {
         // Cancelled while the slot is being built on demand.
         let cancelled = rt.block_on(async {
-            tokio::time::timeout(Duration::from_micros(1), pool.acquire(allow)).await
+            tokio::time::timeout(
+                Duration::from_micros(1),
+                pool.acquire(&if allow {
+                    SlotPolicy::open()
+                } else {
+                    SlotPolicy::deny_all()
+                }),
+            )
+            .await
         });
         assert!(cancelled.is_err(), "acquire finished in 1 us?");
     }
     // Cancelled while being released.
-    let slot = rt.block_on(pool.acquire(false)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::deny_all()))
+        .expect("acquire");
     let _ = rt.block_on(async {
         tokio::time::timeout(Duration::from_micros(1), pool.release(slot)).await
     });

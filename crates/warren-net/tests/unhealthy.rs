@@ -4,7 +4,7 @@
 
 mod common;
 
-use warren_net::{Error, NetPool, TableCheck};
+use warren_net::{Error, NetPool, SlotPolicy, TableCheck};
 
 fn which(program: &str) -> String {
     let out = common::sh("sh", &["-c", &format!("command -v {program}")], None)
@@ -35,7 +35,7 @@ fn no_new_slots_while_the_host_table_cannot_be_restored() {
     std::env::set_var("PATH", &bin);
     let failed = rt.block_on(pool.check_host_table());
     let healthy = pool.is_healthy();
-    let refused = rt.block_on(pool.acquire(true));
+    let refused = rt.block_on(pool.acquire(&SlotPolicy::open()));
     std::env::set_var("PATH", old_path);
     let _ = std::fs::remove_dir_all(&bin);
 
@@ -51,7 +51,7 @@ fn no_new_slots_while_the_host_table_cannot_be_restored() {
     assert_eq!(verdict, TableCheck::RestoredMissing);
     assert!(pool.is_healthy());
     let slot = rt
-        .block_on(pool.acquire(true))
+        .block_on(pool.acquire(&SlotPolicy::open()))
         .expect("acquire when healthy");
     rt.block_on(pool.release(slot)).expect("release");
     rt.block_on(pool.shutdown()).expect("shutdown");

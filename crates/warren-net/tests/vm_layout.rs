@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use common::{assert_blocked, assert_connects, listen, sh};
 use warren_net::{
-    netns, NetPool, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
+    netns, NetPool, SlotPolicy, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
     SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
 
@@ -31,7 +31,9 @@ fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
     let pool_cidr = config.host_cidr.to_string();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt.block_on(pool.acquire(true)).expect("acquire");
+    let slot = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
     let name = slot.name().to_owned();
 
     // The guest: its own netns (named with the test prefix, so the guard removes it).

@@ -33,6 +33,7 @@ fn spec(id: &str, internet: bool) -> CreateSpec {
         memory_mb: 512,
         disk_mb: 256,
         allow_internet_access: internet,
+        egress: Default::default(),
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
         access_token: Some("tok".into()),
         from_snapshot: None,

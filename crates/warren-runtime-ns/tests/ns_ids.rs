@@ -34,6 +34,7 @@ fn spec(id: &str, from_snapshot: Option<&str>) -> CreateSpec {
         memory_mb: 256,
         disk_mb: 128,
         allow_internet_access: false,
+        egress: Default::default(),
         env_vars: BTreeMap::new(),
         access_token: Some("tok".into()),
         from_snapshot: from_snapshot.map(String::from),

@@ -52,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
         memory_mb: 512,
         disk_mb: 2048,
         allow_internet_access: false,
+        egress: Default::default(),
         env_vars: BTreeMap::new(),
         access_token: token,
         from_snapshot: None,

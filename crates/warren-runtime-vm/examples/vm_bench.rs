@@ -72,6 +72,7 @@ fn spec(id: String) -> CreateSpec {
         memory_mb: 256,
         disk_mb: 1024,
         allow_internet_access: true,
+        egress: Default::default(),
         env_vars: BTreeMap::new(),
         access_token: None,
         from_snapshot: None,

@@ -39,6 +39,7 @@ fn spec(id: &str) -> CreateSpec {
         memory_mb: 256,
         disk_mb: 256,
         allow_internet_access: true,
+        egress: Default::default(),
         env_vars: BTreeMap::new(),
         access_token: Some("tok".into()),
         from_snapshot: None,

@@ -42,6 +42,7 @@ fn spec(id: &str) -> CreateSpec {
         memory_mb: 256,
         disk_mb: 256,
         allow_internet_access: false,
+        egress: Default::default(),
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
         access_token: Some("tok".into()),
         from_snapshot: None,

@@ -201,9 +201,10 @@ fn all_traffic() -> Ipv4Net {
 }
 
 impl EgressPolicy {
-    /// The policy of a create (or a `PUT .../network`) from the E2B fields.
-    /// `allow_internet_access == Some(false)` denies all traffic, replacing `deny_out` but
-    /// keeping `allow_out` (as E2B).
+    /// The policy of a create (or a `PUT .../network`) from the E2B lists, as given.
+    /// `allow_internet_access == Some(false)` counts as denying all traffic for the checks
+    /// (it replaces `deny_out` but keeps `allow_out`, as E2B); the lists are returned without
+    /// it, and [`EgressPolicy::with_internet_access`] folds it in for enforcement.
     pub fn from_lists(
         allow_out: &[String],
         deny_out: &[String],
@@ -229,19 +230,37 @@ impl EgressPolicy {
             }
             Ok(rules)
         };
-        let allow_out = parse("allowOut", allow_out)?;
-        let deny_out = match allow_internet_access {
-            Some(false) => vec![Rule::Net(all_traffic())],
-            _ => parse("denyOut", deny_out)?,
-        };
         let policy = Self {
-            allow_out,
-            deny_out,
+            allow_out: parse("allowOut", allow_out)?,
+            deny_out: parse("denyOut", deny_out)?,
         };
-        if policy.allow_out.iter().any(Rule::is_name) && !policy.denies_all() {
+        let enforced = policy
+            .clone()
+            .with_internet_access(allow_internet_access != Some(false));
+        if enforced.allow_out.iter().any(Rule::is_name) && !enforced.denies_all() {
             return Err(PolicyError::DomainNeedsDenyAll);
         }
         Ok(policy)
+    }
+
+    /// This policy, or with `allow = false` one that denies all traffic but what `allow_out`
+    /// allows (`allow_internet_access = false` replaces `denyOut`, as on E2B).
+    pub fn with_internet_access(self, allow: bool) -> Self {
+        if allow {
+            return self;
+        }
+        Self {
+            deny_out: vec![Rule::Net(all_traffic())],
+            ..self
+        }
+    }
+
+    /// Whether any rule names a domain (those need the resolver and the egress proxy).
+    pub fn has_names(&self) -> bool {
+        self.allow_out
+            .iter()
+            .chain(&self.deny_out)
+            .any(Rule::is_name)
     }
 
     /// Whether anything is restricted (no policy: the sandbox's egress is open).

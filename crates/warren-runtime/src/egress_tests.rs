@@ -83,17 +83,20 @@ fn a_domain_in_allow_out_needs_all_traffic_denied_as_on_e2b() {
     assert_eq!(e.to_string(), DOMAIN_NEEDS_DENY_ALL);
     // allow_internet_access=false counts as denying all traffic.
     let p = EgressPolicy::from_lists(&["example.com".into()], &[], Some(false)).unwrap();
-    assert!(p.denies_all());
+    assert!(!p.denies_all() && p.with_internet_access(false).denies_all());
 }
 
 #[test]
 fn allow_internet_access_false_replaces_deny_out_and_keeps_allow_out() {
-    let p = EgressPolicy::from_lists(
+    let given = EgressPolicy::from_lists(
         &["192.0.2.0/24".into()],
-        &["198.51.100.1".into(), "bad entry ignored: replaced".into()],
+        &["198.51.100.1".into()],
         Some(false),
     )
     .unwrap();
+    // Kept as given (what the API reads back); folded for enforcement.
+    assert_eq!(given.deny_out, vec![Rule::parse("198.51.100.1").unwrap()]);
+    let p = given.with_internet_access(false);
     assert_eq!(p.deny_out, vec![Rule::parse("0.0.0.0/0").unwrap()]);
     assert_eq!(p.allow_out, vec![Rule::parse("192.0.2.0/24").unwrap()]);
     let none = OperatorRanges::default();

@@ -27,6 +27,10 @@ pub struct CreateSpec {
     /// Size of the sandbox's writable root filesystem.
     pub disk_mb: u32,
     pub allow_internet_access: bool,
+    /// What the sandbox may connect to. `allow_internet_access = false` overrides its
+    /// `deny_out` (see [`CreateSpec::egress_policy`]).
+    #[serde(default)]
+    pub egress: egress::EgressPolicy,
     /// Sandbox-wide environment variables of every process.
     pub env_vars: BTreeMap<String, String>,
     /// Token the agent demands in `X-Access-Token` (none: open agent).
@@ -35,6 +39,15 @@ pub struct CreateSpec {
     /// pristine state: its filesystem, and its memory where the back end captures memory.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+}
+
+impl CreateSpec {
+    /// The policy the runtime enforces: `egress` with `allow_internet_access` folded in.
+    pub fn egress_policy(&self) -> egress::EgressPolicy {
+        self.egress
+            .clone()
+            .with_internet_access(self.allow_internet_access)
+    }
 }
 
 /// A sandbox as the runtime created or found it.
@@ -75,6 +88,11 @@ pub struct Capabilities {
     pub snapshot_memory: bool,
     /// Snapshots can keep only the filesystem (sandboxes from them start afresh on it).
     pub snapshot_filesystem: bool,
+    /// Egress policies by address (`allowOut` / `denyOut` IPs and CIDRs), on create and
+    /// live ([`SandboxRuntime::set_egress`]).
+    pub egress_addresses: bool,
+    /// Egress rules by name (domains, `*.domain`) are enforced too.
+    pub egress_names: bool,
 }
 
 /// What a pause keeps.
@@ -351,6 +369,21 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         let _ = (id, out);
         Err(RuntimeError::Unsupported(format!(
             "the {} runtime cannot export a sandbox's filesystem (template builds need it)",
+            self.name()
+        )))
+    }
+
+    /// Replaces a running (or memory-paused) sandbox's egress policy; connections it no longer
+    /// allows are cut. `policy` is complete (internet access folded in, see
+    /// [`CreateSpec::egress_policy`]). The returned record replaces the stored one.
+    async fn set_egress(
+        &self,
+        id: &str,
+        policy: &egress::EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let _ = policy;
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime cannot change sandbox {id}'s egress policy",
             self.name()
         )))
     }

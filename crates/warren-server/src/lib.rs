@@ -25,7 +25,7 @@ pub mod types;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{middleware, Router};
 use warren_control::Control;
 
@@ -77,6 +77,10 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             get(routes::get_sandbox).delete(routes::kill_sandbox),
         )
         .route("/sandboxes/{sandbox_id}/timeout", post(routes::set_timeout))
+        .route(
+            "/sandboxes/{sandbox_id}/network",
+            put(routes::update_network),
+        )
         .route(
             "/sandboxes/{sandbox_id}/metrics",
             get(routes::sandbox_metrics),

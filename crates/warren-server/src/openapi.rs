@@ -6,8 +6,9 @@ use utoipa::{Modify, OpenApi};
 
 use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, ForkResultItem, ForkSandbox, LifecycleInfo,
-    ListedSandbox, NetworkConfig, NetworkInfo, NewSandbox, NewSnapshot, PauseSandbox, RuntimeInfo,
-    SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout, SnapshotInfo,
+    ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox, NewSnapshot,
+    PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
+    SnapshotInfo,
 };
 use crate::{persistence, routes, template_disk, template_tags, templates};
 
@@ -22,6 +23,7 @@ use crate::{persistence, routes, template_disk, template_tags, templates};
         routes::get_sandbox,
         routes::kill_sandbox,
         routes::set_timeout,
+        routes::update_network,
         routes::sandbox_metrics,
         persistence::pause_sandbox,
         persistence::create_snapshot,
@@ -45,7 +47,8 @@ use crate::{persistence, routes, template_disk, template_tags, templates};
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
-        ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo
+        ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
+        NetworkUpdateBody
     )),
     modifiers(&ApiKeyAuth)
 )]

@@ -10,8 +10,8 @@ use warren_control::{parse_metadata_query, CreateRequest, ListQuery, ListStates,
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Authed, OptionalJson};
 use crate::types::{
-    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NetworkConfig, NewSandbox,
-    RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
+    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NetworkUpdateBody,
+    NewSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
 };
 use crate::AppState;
 
@@ -48,10 +48,9 @@ pub(crate) async fn create_sandbox(
     let lifecycle = lifecycle_of(&body);
     let network = body
         .network
-        .map(NetworkConfig::into_network)
-        .transpose()
-        .map_err(ApiError::bad_request)?
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .into_network(body.allow_internet_access)
+        .map_err(ApiError::bad_request)?;
     let sandbox = me
         .create(CreateRequest {
             template: body.template_id,
@@ -237,6 +236,28 @@ pub(crate) async fn set_timeout(
     ApiJson(body): ApiJson<SetTimeout>,
 ) -> ApiResult<StatusCode> {
     me.set_timeout(&id, body.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Replaces a sandbox's egress policy (an omitted list is cleared). A running sandbox gets it
+/// at once, open connections it no longer allows included; a paused one when it resumes.
+#[utoipa::path(
+    put, path = "/sandboxes/{sandboxID}/network", request_body = NetworkUpdateBody,
+    params(("sandboxID" = String, Path)),
+    responses((status = 204, description = "Policy replaced"), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "The sandbox is not running or paused", body = ErrorBody),
+              (status = 503, description = "The policy is stored but could not be applied yet",
+               body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn update_network(
+    Authed(me): Authed,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<NetworkUpdateBody>,
+) -> ApiResult<StatusCode> {
+    let update = body.into_update().map_err(ApiError::bad_request)?;
+    me.update_network(&id, update).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

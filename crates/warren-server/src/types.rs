@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+use warren_control::EgressPolicy;
 use warren_control::{Capabilities, OnTimeout, PauseMode, Sandbox, Snapshot};
 
 /// Every error response.
@@ -45,36 +46,91 @@ pub struct NewSandbox {
 }
 
 /// `network` of create (`e2b-compat-wave2.md` §2.1). `allowPublicTraffic` is enforced by the
-/// proxy; the egress fields are not enforced yet and are refused (400) rather than ignored,
-/// so nobody believes a sandbox is fenced when it is not.
+/// proxy, `allowOut` / `denyOut` by the sandbox's network slot; fields Warren does not
+/// enforce yet are refused (400) rather than ignored, so nobody believes a sandbox is fenced
+/// when it is not.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
     /// `false`: user ports need the `e2b-traffic-access-token` header.
     pub allow_public_traffic: Option<bool>,
-    /// Every other key (`allowOut`, `denyOut`, `rules`, `maskRequestHost`, ...).
+    /// Reachable destinations: IPv4 addresses and CIDRs (allow beats deny).
+    pub allow_out: Option<Vec<String>>,
+    /// Refused destinations: IPv4 addresses and CIDRs; `0.0.0.0/0` denies all but `allowOut`.
+    pub deny_out: Option<Vec<String>>,
+    /// Every other key (`rules`, `maskRequestHost`, `dnsServers`, ...).
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub unsupported: BTreeMap<String, serde_json::Value>,
 }
 
+/// Body of `PUT /sandboxes/{sandboxID}/network` (`e2b-compat-wave2.md` §2.2): the whole egress
+/// configuration, replacing the previous one (an omitted list is cleared).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdateBody {
+    pub allow_out: Option<Vec<String>>,
+    pub deny_out: Option<Vec<String>>,
+    /// `false` denies all traffic but `allowOut`; absent means allowed.
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    /// Every other key (`rules`, `dnsServers`, `egressProxy`, ...).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub unsupported: BTreeMap<String, serde_json::Value>,
+}
+
+/// The first key of `extra` that holds a value Warren does not enforce, as a 400 message.
+fn refuse_unsupported(extra: &BTreeMap<String, serde_json::Value>) -> Result<(), String> {
+    let empty = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(a) => a.is_empty(),
+        serde_json::Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    match extra.iter().find(|(_, v)| !empty(v)) {
+        Some((key, _)) => Err(format!(
+            "network.{key} is not supported by this server yet; remove it (network.allowOut, \
+             network.denyOut and allow_internet_access are enforced)"
+        )),
+        None => Ok(()),
+    }
+}
+
+fn egress_of(
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    allow_internet_access: Option<bool>,
+) -> Result<EgressPolicy, String> {
+    EgressPolicy::from_lists(
+        &allow_out.unwrap_or_default(),
+        &deny_out.unwrap_or_default(),
+        allow_internet_access,
+    )
+    .map_err(|e| e.to_string())
+}
+
 impl NetworkConfig {
-    /// The enforced settings, or why the request asks for something Warren does not do yet.
-    pub fn into_network(self) -> Result<warren_control::Network, String> {
-        let empty = |v: &serde_json::Value| match v {
-            serde_json::Value::Null => true,
-            serde_json::Value::Array(a) => a.is_empty(),
-            serde_json::Value::Object(o) => o.is_empty(),
-            _ => false,
-        };
-        if let Some((key, _)) = self.unsupported.iter().find(|(_, v)| !empty(v)) {
-            return Err(format!(
-                "network.{key} is not supported by this server yet (egress policy is not \
-                 enforced); remove it, or use allow_internet_access to cut egress"
-            ));
-        }
+    /// The enforced settings (`allow_internet_access` is the create's top-level field), or
+    /// why the request asks for something Warren does not do.
+    pub fn into_network(
+        self,
+        allow_internet_access: Option<bool>,
+    ) -> Result<warren_control::Network, String> {
+        refuse_unsupported(&self.unsupported)?;
         Ok(warren_control::Network {
             allow_public_traffic: self.allow_public_traffic.unwrap_or(true),
+            egress: egress_of(self.allow_out, self.deny_out, allow_internet_access)?,
+        })
+    }
+}
+
+impl NetworkUpdateBody {
+    pub fn into_update(self) -> Result<warren_control::NetworkUpdate, String> {
+        refuse_unsupported(&self.unsupported)?;
+        Ok(warren_control::NetworkUpdate {
+            egress: egress_of(self.allow_out, self.deny_out, self.allow_internet_access)?,
+            allow_internet_access: self.allow_internet_access,
         })
     }
 }
@@ -84,6 +140,10 @@ impl NetworkConfig {
 #[serde(rename_all = "camelCase")]
 pub struct NetworkInfo {
     pub allow_public_traffic: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_out: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_out: Vec<String>,
 }
 
 /// `autoResume` of create.
@@ -381,6 +441,20 @@ impl SandboxDetail {
             },
             network: NetworkInfo {
                 allow_public_traffic: s.network.allow_public_traffic,
+                allow_out: s
+                    .network
+                    .egress
+                    .allow_out
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect(),
+                deny_out: s
+                    .network
+                    .egress
+                    .deny_out
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect(),
             },
             pause_mode: s.pause_mode.map(|m| {
                 match m {

@@ -266,8 +266,6 @@ async fn egress_fields_that_are_not_enforced_are_refused() {
     let t = setup(ServerConfig::default(), ListenerLimits::default()).await;
     let s = &t.server;
     for network in [
-        json!({"allowOut": ["203.0.113.0/24"]}),
-        json!({"denyOut": ["0.0.0.0/0"]}),
         json!({"rules": {"example.test": [{"transform": {"headers": {"a": "b"}}}]}}),
         json!({"maskRequestHost": "localhost:${PORT}"}),
         json!({"somethingNew": true}),

@@ -30,6 +30,12 @@ fn sandbox(id: &str) -> Sandbox {
         pause_mode: None,
         network: Network {
             allow_public_traffic: false,
+            egress: warren_control::EgressPolicy::from_lists(
+                &["192.0.2.0/24".into()],
+                &["0.0.0.0/0".into()],
+                None,
+            )
+            .unwrap(),
         },
         team: "team-a".into(),
     }

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use warren_control::{
     ApiKey, Config, Control, CreateRequest, Sandbox, SandboxState, Snapshot, Store, StoreError,
 };
+use warren_runtime::egress::EgressPolicy;
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
     SandboxRuntime, SnapshotInfo,
@@ -40,6 +41,10 @@ pub struct FakeRuntime {
     pub pause_io_error: Mutex<Option<std::io::ErrorKind>>,
     /// What `headroom` reports (`None`: the runtime cannot tell).
     pub headroom: Mutex<Option<warren_runtime::Headroom>>,
+    /// Every policy `set_egress` applied, in order.
+    pub egress: Mutex<Vec<(String, EgressPolicy)>>,
+    /// `set_egress` fails (the host's nftables did not answer).
+    pub fail_egress: Mutex<bool>,
 }
 
 #[async_trait]
@@ -161,6 +166,30 @@ impl SandboxRuntime for FakeRuntime {
         } else {
             Err(RuntimeError::NotFound(id.into()))
         }
+    }
+    async fn set_egress(
+        &self,
+        id: &str,
+        policy: &EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        if *self.fail_egress.lock().unwrap() {
+            return Err(RuntimeError::unavailable(
+                "load the slot's rules",
+                "nft failed",
+            ));
+        }
+        let rt = self
+            .alive
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        self.egress
+            .lock()
+            .unwrap()
+            .push((id.to_string(), policy.clone()));
+        Ok(rt)
     }
     async fn reattach(
         &self,
@@ -440,6 +469,8 @@ pub fn full_caps() -> Capabilities {
         snapshot: true,
         snapshot_memory: true,
         snapshot_filesystem: true,
+        egress_addresses: true,
+        egress_names: false,
     }
 }
 
@@ -451,6 +482,8 @@ pub fn ns_caps() -> Capabilities {
         snapshot: true,
         snapshot_memory: false,
         snapshot_filesystem: true,
+        egress_addresses: true,
+        egress_names: false,
     }
 }
 

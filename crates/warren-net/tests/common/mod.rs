@@ -292,6 +292,47 @@ impl TestCtx {
         Ipv4Addr::new(10, self.octet2(), 200 + self.no, 54)
     }
 
+    /// A second public-looking address of the fake internet (call after [`TestCtx::outside`]):
+    /// routed by the host to the outside namespace only, like its main address.
+    pub fn outside_second(&self) -> Ipv4Addr {
+        let o = self.outside.as_ref().expect("outside() first");
+        let extra = Ipv4Addr::new(198, 19, self.salt, self.no);
+        sh(
+            "ip",
+            &[
+                "route",
+                "add",
+                &format!("{extra}/32"),
+                "via",
+                &o.addr.to_string(),
+                "dev",
+                &o.name,
+            ],
+            None,
+        )
+        .expect("route the second outside address");
+        sh(
+            "ip",
+            &[
+                "-n",
+                &o.name,
+                "address",
+                "add",
+                &format!("{extra}/32"),
+                "dev",
+                "eth0",
+            ],
+            None,
+        )
+        .expect("add the second outside address");
+        let route = sh("ip", &["route", "get", &extra.to_string()], None).expect("ip route get");
+        assert!(
+            route.contains(&format!("dev {} ", o.name)),
+            "{extra} is not routed to the test namespace: {route}"
+        );
+        extra
+    }
+
     /// Creates this test's fake internet (`<prefix>x`). The host routes the outside /30 and
     /// [`TestCtx::private_addr`] to it.
     pub fn outside(&mut self) -> &Outside {

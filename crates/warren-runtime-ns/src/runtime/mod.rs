@@ -6,6 +6,7 @@
 //! sandbox process is ever left unreaped, and on its first `reattach` removes whatever a
 //! crashed predecessor left behind.
 
+mod egress;
 mod persist;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use warren_host::cgroup::Limits;
 use warren_host::{agent, hardening, headroom, valid_id, HostConfig, HostLock, Templates};
-use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
     SandboxRuntime, SnapshotInfo,
@@ -46,6 +47,9 @@ struct Record {
     pid1: u32,
     slot: u32,
     allow_internet_access: bool,
+    /// The slot's egress policy (none: open, or deny-all without internet access).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<SlotPolicy>,
     /// Set while paused: what the pause kept.
     #[serde(default)]
     paused: Option<PauseMode>,
@@ -57,8 +61,22 @@ struct Record {
 struct Live {
     sandbox: Sandbox,
     slot: Slot,
-    allow_internet_access: bool,
     template: Option<String>,
+}
+
+impl Record {
+    /// The record of a running sandbox on `slot`.
+    fn running(pid1: u32, slot: &Slot, template: Option<String>) -> Self {
+        let adopt = AdoptSlot::from(slot);
+        Self {
+            pid1,
+            slot: adopt.index,
+            allow_internet_access: adopt.allow_internet_access,
+            policy: adopt.policy,
+            paused: None,
+            template,
+        }
+    }
 }
 
 /// Sandboxes as namespace containers on this host.
@@ -206,7 +224,6 @@ impl NsRuntime {
                     Live {
                         sandbox,
                         slot,
-                        allow_internet_access: record.allow_internet_access,
                         template: record.template.clone(),
                     },
                     out,
@@ -316,7 +333,17 @@ impl SandboxRuntime for NsRuntime {
             snapshot: true,
             snapshot_memory: false,
             snapshot_filesystem: true,
+            egress_addresses: true,
+            egress_names: false,
         }
+    }
+
+    async fn set_egress(
+        &self,
+        id: &str,
+        policy: &warren_runtime::egress::EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        self.set_egress_and_record(id, policy).await
     }
 
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
@@ -448,7 +475,8 @@ impl NsRuntime {
                 this.release_ids(&spec.id);
             }
         };
-        let slot = match pool.acquire(spec.allow_internet_access).await {
+        let policy = warren_host::egress::slot_policy(&spec.egress_policy());
+        let slot = match pool.acquire(&policy).await {
             Ok(slot) => slot,
             Err(e) => {
                 forget_ids(self);
@@ -466,13 +494,7 @@ impl NsRuntime {
                 return Err(e);
             }
         };
-        let record = Record {
-            pid1: sandbox.pid1,
-            slot: slot.index(),
-            allow_internet_access: spec.allow_internet_access,
-            paused: None,
-            template: Some(spec.template.clone()),
-        };
+        let record = Record::running(sandbox.pid1, &slot, Some(spec.template.clone()));
         let out = RuntimeSandbox {
             id: spec.id.clone(),
             agent: SocketAddr::V4(slot.agent_endpoint()),
@@ -483,7 +505,6 @@ impl NsRuntime {
             Live {
                 sandbox,
                 slot,
-                allow_internet_access: spec.allow_internet_access,
                 template: Some(spec.template.clone()),
             },
         );
@@ -519,6 +540,7 @@ impl NsRuntime {
                 rec.as_ref().map(|r| AdoptSlot {
                     index: r.slot,
                     allow_internet_access: r.allow_internet_access,
+                    policy: r.policy.clone(),
                 })
             })
             .collect();

@@ -42,12 +42,12 @@ pub(super) fn saved_id_bases(data_dir: &std::path::Path) -> Vec<u32> {
 
 /// What an operation needs of a live sandbox, taken without holding the runtime's lock over
 /// slow copies (the control plane serialises operations on one sandbox).
-struct Handle {
-    cgroup: SandboxCgroup,
+pub(super) struct Handle {
+    pub(super) cgroup: SandboxCgroup,
     id_base: u32,
     upper: PathBuf,
-    agent: SocketAddr,
-    record: Record,
+    pub(super) agent: SocketAddr,
+    pub(super) record: Record,
 }
 
 impl NsRuntime {
@@ -111,7 +111,7 @@ impl NsRuntime {
         }
     }
 
-    async fn handle(&self, id: &str) -> Result<Handle, RuntimeError> {
+    pub(super) async fn handle(&self, id: &str) -> Result<Handle, RuntimeError> {
         let live = self.live.lock().await;
         let Some(l) = live.get(id) else {
             return Err(if self.paused_fs.lock().await.contains(id) {
@@ -125,13 +125,7 @@ impl NsRuntime {
             id_base: l.sandbox.id_base,
             upper: l.sandbox.upper_dir(),
             agent: SocketAddr::V4(l.slot.agent_endpoint()),
-            record: Record {
-                pid1: l.sandbox.pid1,
-                slot: l.slot.index(),
-                allow_internet_access: l.allow_internet_access,
-                paused: None,
-                template: l.template.clone(),
-            },
+            record: Record::running(l.sandbox.pid1, &l.slot, l.template.clone()),
         })
     }
 
@@ -231,6 +225,8 @@ impl NsRuntime {
                 }
             };
         }
+        // A policy changed while it was paused applies before its processes run again.
+        self.set_egress_now(&id, &spec.egress_policy()).await?;
         let h = self.handle(&id).await?;
         let cg = h.cgroup.clone();
         blocking(move || cg.thaw())

@@ -16,11 +16,11 @@ impl VmRuntime {
     pub(super) async fn start_pending(
         &self,
         snap: &Snapshot,
-        allow_internet_access: bool,
+        policy: &warren_runtime::egress::EgressPolicy,
     ) -> Result<Warm, RuntimeError> {
         let pool = self.pool().await?;
         let slot = pool
-            .acquire(allow_internet_access)
+            .acquire(&warren_host::egress::slot_policy(policy))
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
         if let Err(e) = slot.lay_out_for_vm().await.map_err(slot_failed) {
@@ -69,7 +69,7 @@ impl VmRuntime {
     ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
         let started = std::time::Instant::now();
         if let Some(snap) = checkpoint {
-            let warm = self.start_pending(snap, spec.allow_internet_access).await?;
+            let warm = self.start_pending(snap, &spec.egress_policy()).await?;
             return self.complete(spec, warm, started).await;
         }
         let size = self.size_for(spec);
@@ -79,21 +79,14 @@ impl VmRuntime {
         let warm = match self.take_warm(&spec.template, size).await {
             Some(mut w) => {
                 let pool = self.pool().await?;
-                if !spec.allow_internet_access {
-                    if let Err(e) = pool.set_internet_access(&mut w.slot, false).await {
-                        self.discard_warm(w).await;
-                        return Err(RuntimeError::unavailable(
-                            "cut the network slot's internet access",
-                            e,
-                        ));
-                    }
+                let policy = spec.egress_policy();
+                if let Err(e) = warren_host::egress::apply(pool, &mut w.slot, &policy).await {
+                    self.discard_warm(w).await;
+                    return Err(e);
                 }
                 w
             }
-            None => {
-                self.start_pending(&snap, spec.allow_internet_access)
-                    .await?
-            }
+            None => self.start_pending(&snap, &spec.egress_policy()).await?,
         };
         self.spawn_refill(&spec.template);
         self.complete(spec, warm, started).await
@@ -221,13 +214,7 @@ impl VmRuntime {
             };
             return Err(RuntimeError::unavailable(what, e));
         }
-        let record = Record {
-            pid: m.pid,
-            slot: m.slot_index(),
-            allow_internet_access: spec.allow_internet_access,
-            name: m.name.clone(),
-            paused: false,
-        };
+        let record = Record::running(&m);
         Ok(RuntimeSandbox {
             id: spec.id,
             agent,

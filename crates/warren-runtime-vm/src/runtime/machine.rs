@@ -187,16 +187,6 @@ async fn wait_pid_exit(pid: u32, dir: &std::path::Path) {
 }
 
 impl Machine {
-    /// Index of its network slot (0 once the slot is released).
-    pub fn slot_index(&self) -> u32 {
-        self.slot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|s| s.index())
-            .unwrap_or(0)
-    }
-
     /// Where the host reaches its agent (none once the slot is released).
     pub fn agent(&self) -> Option<std::net::SocketAddr> {
         let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());

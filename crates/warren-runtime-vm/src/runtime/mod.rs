@@ -7,6 +7,7 @@
 //! next server take them back). A pool of QEMUs already waiting for their incoming snapshot
 //! is kept per template, so a create pays only for the state load and the agent's `/init`.
 
+mod egress;
 mod fork;
 mod machine;
 mod persist;
@@ -26,7 +27,7 @@ use crate::snapshot::{Pending, Snapshot};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use warren_host::cgroup::SandboxCgroup;
-use warren_net::{NetPool, Slot};
+use warren_net::{NetPool, Slot, SlotPolicy};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
     SandboxRuntime, SnapshotInfo,
@@ -109,6 +110,9 @@ struct Record {
     pid: u32,
     slot: u32,
     allow_internet_access: bool,
+    /// The slot's egress policy (none: open, or deny-all without internet access).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    policy: Option<SlotPolicy>,
     /// The VM's directory name under `<data_dir>/vm/vms/<cgroup parent>-vm` (also its
     /// cgroup's name).
     name: String,
@@ -361,8 +365,13 @@ impl VmRuntime {
         }
         // A template's service starts with the internet its build had (E2B starts it at the
         // end of the build); forks get their own policy when restored.
+        let policy = if inputs.launch.start.is_some() {
+            SlotPolicy::open()
+        } else {
+            SlotPolicy::deny_all()
+        };
         let slot = pool
-            .acquire(inputs.launch.start.is_some())
+            .acquire(&policy)
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
         // The template boot is jailed as the slot's user like every fork (its inputs are
@@ -575,7 +584,17 @@ impl SandboxRuntime for VmRuntime {
             snapshot: true,
             snapshot_memory: true,
             snapshot_filesystem: true,
+            egress_addresses: true,
+            egress_names: false,
         }
+    }
+
+    async fn set_egress(
+        &self,
+        id: &str,
+        policy: &warren_runtime::egress::EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        self.set_egress_now(id, policy).await
     }
 
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {

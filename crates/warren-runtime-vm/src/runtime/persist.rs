@@ -293,6 +293,7 @@ impl VmRuntime {
             pid: 0,
             slot: 0,
             allow_internet_access: m.allow_internet_access,
+            policy: None,
             name: String::new(),
             paused: true,
         };

@@ -52,6 +52,7 @@ impl VmRuntime {
                 rec.as_ref().map(|r| AdoptSlot {
                     index: r.slot,
                     allow_internet_access: r.allow_internet_access,
+                    policy: r.policy.clone(),
                 })
             })
             .collect();

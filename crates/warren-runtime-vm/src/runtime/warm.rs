@@ -52,7 +52,7 @@ impl VmRuntime {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            match self.start_pending(&snap, true).await {
+            match self.start_pending(&snap, &Default::default()).await {
                 Ok(w) if self.stopping.load(Ordering::SeqCst) => {
                     self.discard_warm(w).await;
                     return;

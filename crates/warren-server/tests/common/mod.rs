@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use warren_control::{Config, Control};
+use warren_runtime::egress::EgressPolicy;
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
     SandboxRuntime, SnapshotInfo,
@@ -83,6 +84,8 @@ pub struct AgentRuntime {
     caps: Mutex<Capabilities>,
     agents: Mutex<HashMap<String, SocketAddr>>,
     pub snapshots: Mutex<Vec<String>>,
+    /// Every egress policy the runtime was given (create and live changes), in order.
+    pub egress: Mutex<Vec<(String, EgressPolicy)>>,
 }
 
 fn signal(child: &Child, sig: &str) -> Result<(), RuntimeError> {
@@ -99,6 +102,13 @@ fn signal(child: &Child, sig: &str) -> Result<(), RuntimeError> {
 }
 
 impl AgentRuntime {
+    /// A runtime that takes egress policies by address (and records them).
+    pub fn with_egress() -> AgentRuntime {
+        let rt = AgentRuntime::persistence();
+        rt.caps.lock().unwrap().egress_addresses = true;
+        rt
+    }
+
     pub fn persistence() -> AgentRuntime {
         let rt = AgentRuntime::default();
         *rt.caps.lock().unwrap() = Capabilities {
@@ -107,6 +117,7 @@ impl AgentRuntime {
             snapshot: true,
             snapshot_memory: false,
             snapshot_filesystem: true,
+            ..Capabilities::default()
         };
         rt
     }
@@ -124,6 +135,10 @@ impl SandboxRuntime for AgentRuntime {
         if spec.template != "base" {
             return Err(RuntimeError::UnknownTemplate(spec.template));
         }
+        self.egress
+            .lock()
+            .unwrap()
+            .push((spec.id.clone(), spec.egress_policy()));
         let port = free_port();
         let mut cmd = Command::new(agent_bin());
         cmd.arg("--listen")
@@ -166,6 +181,30 @@ impl SandboxRuntime for AgentRuntime {
             id: spec.id,
             agent,
             record: serde_json::json!({"port": port}),
+        })
+    }
+    async fn set_egress(
+        &self,
+        id: &str,
+        policy: &EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        if !self.caps.lock().unwrap().egress_addresses {
+            return Err(RuntimeError::Unsupported("no egress policies".into()));
+        }
+        let agent = *self
+            .agents
+            .lock()
+            .unwrap()
+            .get(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.into()))?;
+        self.egress
+            .lock()
+            .unwrap()
+            .push((id.to_string(), policy.clone()));
+        Ok(RuntimeSandbox {
+            id: id.into(),
+            agent,
+            record: serde_json::json!({"port": agent.port(), "egress": policy}),
         })
     }
     async fn pause(&self, id: &str, _mode: PauseMode) -> Result<RuntimeSandbox, RuntimeError> {

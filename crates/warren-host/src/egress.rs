@@ -1,0 +1,60 @@
+//! A sandbox's egress policy turned into what its network slot enforces.
+
+use warren_net::{Ipv4Cidr, NetPool, Slot, SlotPolicy};
+use warren_runtime::egress::{EgressPolicy, Rule};
+use warren_runtime::RuntimeError;
+
+/// The address rules of `policy` for the slot's nftables filter. Name rules are not
+/// addresses: when `allowOut` names any, DNS to the slot's resolvers stays open so that
+/// they can be resolved.
+pub fn slot_policy(policy: &EgressPolicy) -> SlotPolicy {
+    let nets = |rules: &[Rule]| -> Vec<Ipv4Cidr> {
+        rules
+            .iter()
+            .filter_map(|r| match r {
+                Rule::Net(n) => Ipv4Cidr::new(n.network(), n.prefix_len()).ok(),
+                _ => None,
+            })
+            .collect()
+    };
+    SlotPolicy {
+        allow: nets(&policy.allow_out),
+        deny: nets(&policy.deny_out),
+        dns: policy.allow_out.iter().any(Rule::is_name),
+    }
+}
+
+/// Applies `policy` to a leased slot.
+pub async fn apply(
+    pool: &NetPool,
+    slot: &mut Slot,
+    policy: &EgressPolicy,
+) -> Result<(), RuntimeError> {
+    pool.set_policy(slot, &slot_policy(policy))
+        .await
+        .map_err(|e| RuntimeError::unavailable("change the sandbox's egress policy", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_rules_become_sets_and_names_open_dns() {
+        let p = EgressPolicy::from_lists(
+            &["192.0.2.7".into(), "example.com".into()],
+            &["198.51.100.0/24".into()],
+            Some(false),
+        )
+        .unwrap()
+        .with_internet_access(false);
+        let s = slot_policy(&p);
+        assert_eq!(s.allow, vec!["192.0.2.7/32".parse().unwrap()]);
+        assert_eq!(s.deny, vec!["0.0.0.0/0".parse().unwrap()]);
+        assert!(s.dns);
+        assert!(slot_policy(&EgressPolicy::default()).is_open());
+        let cidrs = EgressPolicy::from_lists(&[], &["198.51.100.0/24".into()], None).unwrap();
+        let s = slot_policy(&cidrs);
+        assert!(!s.dns && s.allow.is_empty() && !s.denies_everything());
+    }
+}

@@ -1,0 +1,69 @@
+//! A VM sandbox's egress policy: its record, and changing it while the VM runs.
+
+use warren_net::AdoptSlot;
+use warren_runtime::egress::EgressPolicy;
+use warren_runtime::{RuntimeError, RuntimeSandbox};
+
+use super::{failed, Machine, Record, VmRuntime};
+
+impl Record {
+    /// The record of running VM `m`, with its slot's current policy.
+    pub(super) fn running(m: &Machine) -> Self {
+        let adopt = m
+            .slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(AdoptSlot::from);
+        Self {
+            pid: m.pid,
+            slot: adopt.as_ref().map_or(0, |a| a.index),
+            allow_internet_access: adopt
+                .as_ref()
+                .map_or(m.allow_internet_access, |a| a.allow_internet_access),
+            policy: adopt.and_then(|a| a.policy),
+            name: m.name.clone(),
+            paused: false,
+        }
+    }
+}
+
+impl VmRuntime {
+    /// [`warren_runtime::SandboxRuntime::set_egress`] for a running VM. Its slot is taken
+    /// out of the machine for the nft call (a std mutex cannot be held across it) and put
+    /// back; a VM torn down meanwhile hands it back to the pool when it is dropped.
+    pub(super) async fn set_egress_now(
+        &self,
+        id: &str,
+        policy: &EgressPolicy,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let m = match self.live.lock().await.get(id) {
+            Some(m) => m.clone(),
+            None if self.paused.lock().await.contains(id) => {
+                return Err(RuntimeError::Conflict(format!(
+                    "sandbox {id} is paused; its policy applies on resume"
+                )))
+            }
+            None => return Err(RuntimeError::NotFound(id.to_string())),
+        };
+        let pool = self.pool().await?;
+        let taken = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut slot) = taken else {
+            return Err(RuntimeError::Conflict(format!(
+                "sandbox {id} is being stopped"
+            )));
+        };
+        let result = warren_host::egress::apply(pool, &mut slot, policy).await;
+        let agent = std::net::SocketAddr::V4(slot.agent_endpoint());
+        *m.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+        result?;
+        Ok(RuntimeSandbox {
+            id: id.to_string(),
+            agent,
+            record: warren_runtime::tag_record(
+                "vm",
+                serde_json::to_value(Record::running(&m)).map_err(failed)?,
+            ),
+        })
+    }
+}
