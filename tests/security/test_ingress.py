@@ -55,8 +55,12 @@ def test_private_sandbox_needs_the_traffic_token(server):
 def test_unenforced_egress_fields_are_refused(server):
     # TEST-NET addresses only; the request never gets as far as a sandbox.
     with pytest.raises(Exception) as e:
-        Sandbox.create(timeout=60, network={"allow_out": ["203.0.113.7"], "deny_out": ["0.0.0.0/0"]})
+        Sandbox.create(timeout=60, network={"rules": {"api.example.test": [{"transform": {"headers": {"a": "b"}}}]}})
     assert "not supported" in str(e.value)
+    # Domain rules need the resolver and the egress proxy, which this server does not run yet.
+    with pytest.raises(Exception) as e:
+        Sandbox.create(timeout=60, network={"allow_out": ["api.example.test"], "deny_out": ["0.0.0.0/0"]})
+    assert "domain rules" in str(e.value)
 
 
 def test_api_key_and_traffic_token_never_reach_the_sandbox(server):

@@ -5,6 +5,7 @@
 mod client;
 mod connect;
 mod keys;
+mod network;
 mod persist;
 mod sandbox;
 mod serve;

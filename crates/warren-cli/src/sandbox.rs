@@ -1,4 +1,4 @@
-//! `warren sandbox create|list|info|exec|shell|kill|pause|resume|snapshot|fork`.
+//! `warren sandbox create|list|info|exec|shell|kill|pause|resume|snapshot|fork|network`.
 
 use std::io::{IsTerminal, Write};
 
@@ -14,6 +14,7 @@ use warren_proto::process::process_event::{DataEvent, Event};
 use warren_proto::process::{ProcessConfig, StartRequest, StartResponse};
 
 use crate::client::Client;
+use crate::network::{self, EgressArgs};
 use crate::{connect, persist, shell, ClientArgs};
 
 #[derive(Subcommand)]
@@ -78,6 +79,12 @@ pub enum SandboxCommand {
         #[arg(long)]
         filesystem: bool,
     },
+    /// Replaces a sandbox's egress policy (no option: everything allowed again).
+    Network {
+        id: String,
+        #[command(flatten)]
+        egress: EgressArgs,
+    },
     /// Creates COUNT copies of a running sandbox and prints their ids.
     Fork {
         id: String,
@@ -113,6 +120,8 @@ pub struct CreateArgs {
     /// With --auto-pause: traffic through the proxy resumes it.
     #[arg(long, requires = "auto_pause")]
     auto_resume: bool,
+    #[command(flatten)]
+    egress: EgressArgs,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -180,6 +189,9 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             let memory = persist::memory_flag(full, filesystem);
             persist::snapshot(&client, &args, &id, name, memory).await?
         }
+        SandboxCommand::Network { id, egress } => {
+            network::update(&client, &args, &id, &egress).await?
+        }
         SandboxCommand::Fork { id, count, timeout } => {
             return persist::fork(&client, &args, &id, count, timeout).await
         }
@@ -206,6 +218,7 @@ fn create_body(c: CreateArgs) -> Value {
             body["autoResume"] = json!({"enabled": true});
         }
     }
+    c.egress.add_to_create(&mut body);
     body
 }
 
@@ -416,6 +429,7 @@ mod tests {
             "--auto-pause",
             "--auto-pause-filesystem",
             "--auto-resume",
+            "--deny-out=198.51.100.0/24",
         ]);
         assert_eq!(
             create_body(all),
@@ -423,6 +437,7 @@ mod tests {
                 "templateID": "py", "metadata": {"a": "1"}, "envVars": {"E": "x"},
                 "timeout": 60, "autoPause": true, "autoPauseMemory": false,
                 "autoResume": {"enabled": true},
+                "network": {"allowOut": [], "denyOut": ["198.51.100.0/24"]},
             })
         );
         assert!(

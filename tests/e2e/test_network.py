@@ -1,0 +1,259 @@
+"""Egress policy end to end through the unmodified E2B SDK, on the server's runtime.
+
+"The internet" is a network namespace this module creates: two servers on TEST-NET addresses
+(198.51.100.2 on the link, 203.0.113.7 routed through it), each answering TCP on 8080 with the
+address it was reached at and echoing UDP on 5353. The host routes only those two addresses
+to it, and every test checks that before sending anything; nothing goes anywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from e2b import Sandbox
+
+from conftest import require
+
+NEAR = "198.51.100.2"
+FAR = "203.0.113.7"
+HOST_SIDE = "198.51.100.1"
+
+SERVER = r"""
+import socket, sys, threading
+def tcp(addr):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 8080)); s.listen(64)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c, addr), daemon=True).start()
+def serve(c, addr):
+    with c:
+        f = c.makefile("rwb")
+        for line in f:
+            f.write(("%s %s" % (addr, line.decode().strip())).encode() + b"\n"); f.flush()
+def udp(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((addr, 5353))
+    while True:
+        d, peer = s.recvfrom(512); s.sendto(d, peer)
+for a in sys.argv[1:]:
+    threading.Thread(target=tcp, args=(a,), daemon=True).start()
+    threading.Thread(target=udp, args=(a,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+# Run inside the sandbox: one probe, its outcome and how long it took, as JSON.
+PROBE = r"""
+import json, socket, sys, time
+kind, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+t = time.monotonic()
+try:
+    if kind == "tcp":
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"hi\n"); out = "ok:" + s.makefile().readline().strip()
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+        out = "timeout"
+        for _ in range(3):
+            try:
+                s.sendto(b"ping", (host, port)); s.recvfrom(64); out = "ok"; break
+            except socket.timeout:
+                pass
+except ConnectionRefusedError:
+    out = "refused"
+except socket.timeout:
+    out = "timeout"
+except OSError as e:
+    out = "error:%d" % e.errno
+print(json.dumps({"out": out, "secs": time.monotonic() - t}))
+"""
+
+# Run in the background inside the sandbox: holds one connection open, sending a line every
+# 0.2 s, and writes how it ended to a file.
+HOLD = r"""
+import errno, socket, sys, time
+host, out = sys.argv[1], sys.argv[2]
+s = socket.create_connection((host, 8080), timeout=5); f = s.makefile("rwb")
+def say(w): open(out, "w").write(w)
+try:
+    while True:
+        f.write(b"x\n"); f.flush()
+        if not f.readline():
+            say("closed"); break
+        say("connected"); time.sleep(0.2)
+except OSError as e:
+    say("cut:" + errno.errorcode.get(e.errno, str(e.errno)))
+"""
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def internet(server):
+    require("iproute2 (`ip`)", shutil.which("ip") is not None)
+    name = "wti" + uuid.uuid4().hex[:8]
+    proc = None
+    try:
+        sh("ip", "netns", "add", name)
+        sh("ip", "link", "add", "name", name, "type", "veth", "peer", "name", "eth0", "netns", name)
+        sh("ip", "address", "add", f"{HOST_SIDE}/30", "dev", name)
+        sh("ip", "link", "set", "dev", name, "up")
+        sh("ip", "route", "add", f"{FAR}/32", "via", NEAR, "dev", name)
+        # Replies to the sandboxes come back through this link (forwarding is per link here).
+        sh("sysctl", "-qw", f"net.ipv4.conf.{name}.forwarding=1")
+        for cmd in (
+            ["link", "set", "dev", "lo", "up"],
+            ["address", "add", f"{NEAR}/30", "dev", "eth0"],
+            ["address", "add", f"{FAR}/32", "dev", "eth0"],
+            ["link", "set", "dev", "eth0", "up"],
+        ):
+            sh("ip", "-n", name, *cmd)
+        # The safety net: both addresses must lead into our namespace, nowhere else.
+        for target in (NEAR, FAR):
+            route = sh("ip", "route", "get", target).stdout
+            assert f"dev {name} " in route, f"{target} is not routed to the test namespace: {route}"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c", SERVER, NEAR, FAR],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert proc.stdout.readline().strip() == "ready"
+        yield name
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        sh("ip", "link", "del", "dev", name, check=False)
+        sh("ip", "netns", "del", name, check=False)
+
+
+def probe(sbx: Sandbox, kind: str, host: str, port: int) -> dict:
+    r = sbx.commands.run(f"python3 /tmp/probe.py {kind} {host} {port}", timeout=30)
+    return json.loads(r.stdout)
+
+
+def new_sandbox(**kw) -> Sandbox:
+    sbx = Sandbox.create(timeout=300, **kw)
+    sbx.files.write("/tmp/probe.py", PROBE)
+    sbx.files.write("/tmp/hold.py", HOLD)
+    return sbx
+
+
+def assert_reached(sbx: Sandbox, host: str) -> None:
+    got = probe(sbx, "tcp", host, 8080)
+    assert got["out"] == f"ok:{host} hi", got
+    assert probe(sbx, "udp", host, 5353)["out"] == "ok"
+
+
+def assert_refused(sbx: Sandbox, host: str) -> None:
+    got = probe(sbx, "tcp", host, 8080)
+    # A reset at once: the client fails instead of hanging until its timeout.
+    assert got["out"] == "refused", got
+    assert got["secs"] < 2, got
+    assert probe(sbx, "udp", host, 5353)["out"] != "ok"
+
+
+def test_deny_out_refuses_at_once_and_allow_beats_deny(internet):
+    sbx = new_sandbox(network={"deny_out": [FAR]})
+    try:
+        assert_reached(sbx, NEAR)
+        assert_refused(sbx, FAR)
+        assert sbx.get_info().network.get("deny_out") == [FAR]
+    finally:
+        sbx.kill()
+    only_far = new_sandbox(network={"allow_out": [f"{FAR}/32"], "deny_out": ["0.0.0.0/0"]})
+    try:
+        assert_reached(only_far, FAR)
+        assert_refused(only_far, NEAR)
+    finally:
+        only_far.kill()
+
+
+def test_internet_access_off_keeps_allow_out(internet):
+    sbx = new_sandbox(allow_internet_access=False, network={"allow_out": [NEAR]})
+    try:
+        assert_reached(sbx, NEAR)
+        assert_refused(sbx, FAR)
+    finally:
+        sbx.kill()
+
+
+def wait_for_file(sbx: Sandbox, path: str, prefix: str, seconds: float = 20) -> str:
+    deadline = time.monotonic() + seconds
+    text = ""
+    while time.monotonic() < deadline:
+        text = sbx.commands.run(f"cat {path} 2>/dev/null || true").stdout
+        if text.startswith(prefix):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never started with {prefix!r}: {text!r}")
+
+
+def test_update_network_replaces_the_policy_and_cuts_open_connections(internet, server):
+    sbx = new_sandbox()
+    try:
+        assert_reached(sbx, NEAR)
+        sbx.commands.run("python3 /tmp/hold.py %s /tmp/hold.out" % NEAR, background=True)
+        wait_for_file(sbx, "/tmp/hold.out", "connected")
+
+        sbx.update_network({"deny_out": [NEAR]})
+        # The open connection's next packet is refused: the sandbox sees a reset.
+        assert wait_for_file(sbx, "/tmp/hold.out", "cut:") == "cut:ECONNRESET"
+        assert_refused(sbx, NEAR)
+        assert_reached(sbx, FAR)
+
+        # The policy is the server's record: a restart puts it back on the same sandbox.
+        server.restart()
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert_refused(again, NEAR)
+        assert again.get_info().network.get("deny_out") == [NEAR]
+
+        # A second update replaces the first: nothing is denied any more.
+        again.update_network({})
+        assert_reached(again, NEAR)
+        assert again.get_info().network.get("deny_out") is None
+    finally:
+        sbx.kill()
+
+
+def test_paused_sandbox_gets_its_new_policy_on_resume(internet):
+    sbx = new_sandbox()
+    try:
+        assert_reached(sbx, FAR)
+        sbx.pause()
+        # Stored while paused, applied before the sandbox runs again.
+        sbx.update_network({"deny_out": [FAR]})
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert_refused(resumed, FAR)
+        assert_reached(resumed, NEAR)
+    finally:
+        sbx.kill()
+
+
+def test_cli_sets_and_replaces_the_policy(internet, server):
+    from test_cli import warren
+
+    created = warren(server, "sandbox", "create", "--deny-out", FAR, "--timeout", "300")
+    assert created.returncode == 0, created.stderr
+    sid = created.stdout.strip()
+    try:
+        sbx = Sandbox.connect(sid)
+        sbx.files.write("/tmp/probe.py", PROBE)
+        assert_refused(sbx, FAR)
+        assert_reached(sbx, NEAR)
+        changed = warren(server, "sandbox", "network", sid, "--allow-out", FAR, "--no-internet")
+        assert changed.returncode == 0, changed.stderr
+        assert_reached(sbx, FAR)
+        assert_refused(sbx, NEAR)
+        bad = warren(server, "sandbox", "network", sid, "--deny-out", "198.51.100.0/33")
+        assert bad.returncode != 0 and "invalid denyOut entry" in bad.stderr, bad.stderr
+    finally:
+        warren(server, "sandbox", "kill", sid)
