@@ -63,25 +63,41 @@ def test_unenforced_egress_fields_are_refused(server):
     assert "domain rules" in str(e.value)
 
 
+def start_header_echo(sbx) -> None:
+    """A server on port 8001 in the sandbox that answers with the headers it received."""
+    sbx.files.write(
+        "/tmp/echo.py",
+        "import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        b = str(self.headers).lower().encode()\n"
+        "        self.send_response(200); self.send_header('content-length', str(len(b)))\n"
+        "        self.end_headers(); self.wfile.write(b)\n"
+        "http.server.HTTPServer(('0.0.0.0', 8001), H).serve_forever()\n",
+    )
+    sbx.commands.run("python3 /tmp/echo.py", background=True)
+    sbx.commands.run(
+        "for i in $(seq 100); do python3 -c \"import urllib.request; "
+        "urllib.request.urlopen('http://127.0.0.1:8001/')\" 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+    )
+
+
+def test_mask_request_host_is_the_host_the_service_sees(server):
+    sbx = Sandbox.create(timeout=300, network={"mask_request_host": "app.example.test:${PORT}"})
+    try:
+        start_header_echo(sbx)
+        r = proxy_get(server, sbx.sandbox_id, 8001)
+        assert r.status_code == 200
+        assert "host: app.example.test:8001" in r.text, r.text
+        assert sbx.get_info().network.get("mask_request_host") == "app.example.test:${PORT}"
+    finally:
+        sbx.kill()
+
+
 def test_api_key_and_traffic_token_never_reach_the_sandbox(server):
     sbx = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
     try:
-        # A server that prints the headers it receives.
-        sbx.files.write(
-            "/tmp/echo.py",
-            "import http.server\n"
-            "class H(http.server.BaseHTTPRequestHandler):\n"
-            "    def do_GET(self):\n"
-            "        b = str(self.headers).lower().encode()\n"
-            "        self.send_response(200); self.send_header('content-length', str(len(b)))\n"
-            "        self.end_headers(); self.wfile.write(b)\n"
-            "http.server.HTTPServer(('0.0.0.0', 8001), H).serve_forever()\n",
-        )
-        sbx.commands.run("python3 /tmp/echo.py", background=True)
-        sbx.commands.run(
-            "for i in $(seq 100); do python3 -c \"import urllib.request; "
-            "urllib.request.urlopen('http://127.0.0.1:8001/')\" 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
-        )
+        start_header_echo(sbx)
         r = proxy_get(server, sbx.sandbox_id, 8001, {
             "e2b-traffic-access-token": sbx.traffic_access_token,
             "X-API-KEY": "e2e-test-key-0123456789abcdef",

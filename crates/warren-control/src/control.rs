@@ -78,6 +78,8 @@ pub struct Access {
     pub allow_public_traffic: bool,
     /// Ports that need a token whatever `allow_public_traffic` says.
     pub service_ports: Arc<[u16]>,
+    /// `Host` for every port but the agent's (`${PORT}` replaced), if the sandbox asked.
+    pub mask_request_host: Option<String>,
 }
 
 impl std::fmt::Debug for Access {
@@ -269,6 +271,7 @@ impl Control {
             traffic_access_token: sandbox.traffic_access_token.clone(),
             allow_public_traffic: sandbox.network.allow_public_traffic,
             service_ports: self.inner.config.service_ports.clone().into(),
+            mask_request_host: sandbox.network.mask_request_host.clone(),
         })
     }
 

@@ -142,6 +142,10 @@ pub struct Network {
     /// applies `allow_internet_access` ([`warren_runtime::CreateSpec::egress_policy`]).
     #[serde(flatten)]
     pub egress: EgressPolicy,
+    /// The `Host` header services on user ports get (`${PORT}`: the port), instead of the
+    /// sandbox's own address (E2B's `maskRequestHost`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 impl Default for Network {
@@ -149,6 +153,7 @@ impl Default for Network {
         Network {
             allow_public_traffic: true,
             egress: EgressPolicy::default(),
+            mask_request_host: None,
         }
     }
 }

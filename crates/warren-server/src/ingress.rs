@@ -165,6 +165,7 @@ mod tests {
             traffic_access_token: "ta_secret".into(),
             allow_public_traffic: public,
             service_ports: vec![49999].into(),
+            mask_request_host: None,
         }
     }
 

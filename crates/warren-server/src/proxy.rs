@@ -467,7 +467,13 @@ fn outbound_request(
     if target.port != AGENT_PORT && !route.access.service_ports.contains(&target.port) {
         parts.headers.remove(ingress::ACCESS_TOKEN);
     }
-    if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
+    let host = match &route.access.mask_request_host {
+        Some(mask) if target.port != AGENT_PORT => {
+            mask.replace("${PORT}", &target.port.to_string())
+        }
+        _ => addr.to_string(),
+    };
+    if let Ok(host) = HeaderValue::from_str(&host) {
         parts.headers.insert(header::HOST, host);
     }
     if let Some(up) = upgrade_header.filter(|_| upgrade) {

@@ -58,7 +58,10 @@ pub struct NetworkConfig {
     pub allow_out: Option<Vec<String>>,
     /// Refused destinations: IPv4 addresses and CIDRs; `0.0.0.0/0` denies all but `allowOut`.
     pub deny_out: Option<Vec<String>>,
-    /// Every other key (`rules`, `maskRequestHost`, `dnsServers`, ...).
+    /// The `Host` header services on user ports get, as `host[:port]`; `${PORT}` is replaced
+    /// by the port.
+    pub mask_request_host: Option<String>,
+    /// Every other key (`rules`, `dnsServers`, ...).
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub unsupported: BTreeMap<String, serde_json::Value>,
@@ -110,6 +113,23 @@ fn egress_of(
     .map_err(|e| e.to_string())
 }
 
+/// A `maskRequestHost` must be an ASCII `host[:port]` once `${PORT}` is replaced (as E2B).
+fn check_mask(mask: &str) -> Result<(), String> {
+    let probe = mask.replace("${PORT}", "1");
+    let ok = !probe.is_empty()
+        && probe.is_ascii()
+        && !probe.contains(['@', '/', '?', '#', ' '])
+        && probe.parse::<axum::http::uri::Authority>().is_ok();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "network.maskRequestHost {mask:?} is not an ASCII host[:port] (\"${{PORT}}\" may \
+             stand for the port)"
+        ))
+    }
+}
+
 impl NetworkConfig {
     /// The enforced settings (`allow_internet_access` is the create's top-level field), or
     /// why the request asks for something Warren does not do.
@@ -118,9 +138,13 @@ impl NetworkConfig {
         allow_internet_access: Option<bool>,
     ) -> Result<warren_control::Network, String> {
         refuse_unsupported(&self.unsupported)?;
+        if let Some(mask) = &self.mask_request_host {
+            check_mask(mask)?;
+        }
         Ok(warren_control::Network {
             allow_public_traffic: self.allow_public_traffic.unwrap_or(true),
             egress: egress_of(self.allow_out, self.deny_out, allow_internet_access)?,
+            mask_request_host: self.mask_request_host,
         })
     }
 }
@@ -144,6 +168,8 @@ pub struct NetworkInfo {
     pub allow_out: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny_out: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 /// `autoResume` of create.
@@ -455,6 +481,7 @@ impl SandboxDetail {
                     .iter()
                     .map(|r| r.to_string())
                     .collect(),
+                mask_request_host: s.network.mask_request_host.clone(),
             },
             pause_mode: s.pause_mode.map(|m| {
                 match m {

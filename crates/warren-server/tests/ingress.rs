@@ -267,7 +267,6 @@ async fn egress_fields_that_are_not_enforced_are_refused() {
     let s = &t.server;
     for network in [
         json!({"rules": {"example.test": [{"transform": {"headers": {"a": "b"}}}]}}),
-        json!({"maskRequestHost": "localhost:${PORT}"}),
         json!({"somethingNew": true}),
     ] {
         let r = s
@@ -429,4 +428,69 @@ async fn a_hostile_metrics_answer_is_bounded() {
     // Reading stopped near the cap: the server wrote at most what socket buffers hold.
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(sent < 64 * 1024 * 1024, "{sent} bytes were taken in");
+}
+
+#[tokio::test]
+async fn mask_request_host_is_the_host_user_ports_see() {
+    let t = setup(ServerConfig::default(), ListenerLimits::default()).await;
+    let s = &t.server;
+    let created = s
+        .create(json!({"templateID": "base",
+                       "network": {"maskRequestHost": "app.example.test:${PORT}"}}))
+        .await;
+    let (id, envd, _) = tokens(&created);
+    let (status, head) = send(s, &id, t.user_port, &[]).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.contains(&format!("\r\nhost: app.example.test:{}\r\n", t.user_port)),
+        "{head}"
+    );
+    // Service ports get it too (every port but the agent's, as E2B).
+    let (_, head) = send(s, &id, t.service_port, &[("X-Access-Token", &envd)]).await;
+    assert!(head.contains("host: app.example.test:"), "{head}");
+    let detail: Value = s
+        .client()
+        .get(s.url(&format!("/sandboxes/{id}")))
+        .header("X-API-KEY", API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        detail["network"]["maskRequestHost"],
+        "app.example.test:${PORT}"
+    );
+
+    // Without a mask: the sandbox's own address.
+    let (plain, _, _) = tokens(&s.create(json!({"templateID": "base"})).await);
+    let (_, head) = send(s, &plain, t.user_port, &[]).await;
+    assert!(
+        head.contains(&format!("host: 127.0.0.1:{}", t.user_port)),
+        "{head}"
+    );
+
+    for bad in [
+        "exa mple.test",
+        "user@host",
+        "host/path",
+        "h\u{e9}te.test",
+        "",
+    ] {
+        let r = s
+            .client()
+            .post(s.url("/v2/sandboxes"))
+            .header("X-API-KEY", API_KEY)
+            .json(&json!({"templateID": "base", "network": {"maskRequestHost": bad}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["message"].as_str().unwrap().contains("maskRequestHost"),
+            "{v}"
+        );
+    }
 }

@@ -36,6 +36,7 @@ fn sandbox(id: &str) -> Sandbox {
                 None,
             )
             .unwrap(),
+            mask_request_host: Some("app.test:${PORT}".into()),
         },
         team: "team-a".into(),
     }
