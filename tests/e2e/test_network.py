@@ -75,6 +75,26 @@ except OSError as e:
 print(json.dumps({"out": out, "secs": time.monotonic() - t}))
 """
 
+# Run inside the sandbox: one DNS question (type A) for a name to the first nameserver of
+# /etc/resolv.conf, over UDP or TCP; prints the answer's response code (5: REFUSED).
+ASK = r"""
+import random, socket, struct, sys
+name, via = sys.argv[1], sys.argv[2]
+server = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+qid = random.randrange(65536)
+q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+if via == "udp":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+    s.sendto(q, (server, 53)); a = s.recv(1500)
+else:
+    s = socket.create_connection((server, 53), timeout=5)
+    s.sendall(struct.pack(">H", len(q)) + q)
+    n = struct.unpack(">H", s.recv(2))[0]; a = s.recv(n)
+assert struct.unpack(">H", a[:2])[0] == qid
+print(a[3] & 0x0F)
+"""
+
 # Run in the background inside the sandbox: holds one connection open, sending a line every
 # 0.2 s, and writes how it ended to a file.
 HOLD = r"""
@@ -257,3 +277,23 @@ def test_cli_sets_and_replaces_the_policy(internet, server):
         assert bad.returncode != 0 and "invalid denyOut entry" in bad.stderr, bad.stderr
     finally:
         warren(server, "sandbox", "kill", sid)
+
+
+def test_domain_rules_refuse_other_names_without_asking_anyone(internet):
+    """With rules by name, every DNS query goes to the server's per-sandbox resolver: a name the
+    policy does not allow is REFUSED there and never forwarded (no exfiltration by query), over
+    UDP and TCP. Allowed names are resolved upstream and pinned (crates/warren-net/tests/names.rs,
+    against a test DNS server; here upstream is the host's real resolver, which no test may ask
+    for anything)."""
+    sbx = new_sandbox(network={"allow_out": ["allowed.example.test", NEAR], "deny_out": ["0.0.0.0/0"]})
+    try:
+        sbx.files.write("/tmp/ask.py", ASK)
+        for via in ("udp", "tcp"):
+            r = sbx.commands.run(f"python3 /tmp/ask.py denied.example.test {via}", timeout=30)
+            assert r.stdout.strip() == "5", (via, r.stdout, r.stderr)
+        # Addresses: only allowOut's; an address known from elsewhere (/etc/hosts) is refused.
+        assert_reached(sbx, NEAR)
+        assert_refused(sbx, FAR)
+        assert sbx.get_info().network.get("allow_out") == ["allowed.example.test", NEAR]
+    finally:
+        sbx.kill()

@@ -4,9 +4,9 @@ use warren_net::{Ipv4Cidr, NetPool, Slot, SlotPolicy};
 use warren_runtime::egress::{EgressPolicy, Rule};
 use warren_runtime::RuntimeError;
 
-/// The address rules of `policy` for the slot's nftables filter. Name rules are not
-/// addresses: when `allowOut` names any, DNS to the slot's resolvers stays open so that
-/// they can be resolved.
+/// `policy` as the slot enforces it: address rules in its nftables filter, and, when it has
+/// rules by name, the whole policy for the pool's resolver (which answers only allowed names
+/// and pins what it answered).
 pub fn slot_policy(policy: &EgressPolicy) -> SlotPolicy {
     let nets = |rules: &[Rule]| -> Vec<Ipv4Cidr> {
         rules
@@ -20,7 +20,7 @@ pub fn slot_policy(policy: &EgressPolicy) -> SlotPolicy {
     SlotPolicy {
         allow: nets(&policy.allow_out),
         deny: nets(&policy.deny_out),
-        dns: policy.allow_out.iter().any(Rule::is_name),
+        names: policy.has_names().then(|| policy.clone()),
     }
 }
 
@@ -51,10 +51,10 @@ mod tests {
         let s = slot_policy(&p);
         assert_eq!(s.allow, vec!["192.0.2.7/32".parse().unwrap()]);
         assert_eq!(s.deny, vec!["0.0.0.0/0".parse().unwrap()]);
-        assert!(s.dns);
+        assert_eq!(s.names.as_ref(), Some(&p));
         assert!(slot_policy(&EgressPolicy::default()).is_open());
         let cidrs = EgressPolicy::from_lists(&[], &["198.51.100.0/24".into()], None).unwrap();
         let s = slot_policy(&cidrs);
-        assert!(!s.dns && s.allow.is_empty() && !s.denies_everything());
+        assert!(s.names.is_none() && s.allow.is_empty() && !s.denies_everything());
     }
 }

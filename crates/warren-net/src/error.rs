@@ -61,6 +61,14 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The pool's DNS resolver could not start.
+    #[error("Could not {what}")]
+    Resolver {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
     /// Another pool (in this or another process) holds the prefix.
     #[error("Network prefix `{prefix}` is in use by another pool (lock file {path})")]
     PrefixInUse { prefix: String, path: PathBuf },

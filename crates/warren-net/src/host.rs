@@ -276,5 +276,6 @@ pub(crate) async fn slot_filter(
         dns_servers: dns.to_vec(),
         max_connections: config.max_connections_per_slot,
         new_per_second: config.new_connections_per_second,
+        resolver_port: None,
     })
 }

@@ -38,6 +38,7 @@ mod host;
 pub mod netns;
 mod policy;
 mod pool;
+mod resolver;
 mod rules;
 mod slot;
 mod vmslot;

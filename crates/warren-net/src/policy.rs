@@ -12,7 +12,11 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
-use crate::addr::Ipv4Cidr;
+use std::net::Ipv4Addr;
+
+use warren_runtime::egress::EgressPolicy;
+
+use crate::addr::{Ipv4Cidr, SANDBOX_IFACE};
 
 /// Name of the slot filter's chain that holds the policy (rewritten on every change).
 pub(crate) const POLICY_CHAIN: &str = "sandbox_policy";
@@ -27,10 +31,20 @@ pub struct SlotPolicy {
     /// Refused unless `allow` covers them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<Ipv4Cidr>,
-    /// DNS (port 53) to the slot's configured resolvers stays open even where `deny` covers
-    /// them: the policy allows names, which need resolving.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub dns: bool,
+    /// The sandbox's rules by name, when it has any. Then every DNS query it sends (port 53,
+    /// to any address) goes to the pool's resolver, which answers only names these rules
+    /// allow ([`EgressPolicy::answers_name`]) and pins the addresses it returned: the slot may
+    /// reach them (any port) until their TTL ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<EgressPolicy>,
+}
+
+/// Where a slot's sandbox reaches the pool's resolver: the host end of its veth, and the
+/// resolver's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ResolverAt {
+    pub host_veth: Ipv4Addr,
+    pub port: u16,
 }
 
 impl SlotPolicy {
@@ -42,27 +56,27 @@ impl SlotPolicy {
     /// Nothing may leave the slot (`allow_internet_access = false`), DNS included.
     pub fn deny_all() -> Self {
         Self {
-            deny: vec![
-                Ipv4Cidr::new(std::net::Ipv4Addr::UNSPECIFIED, 0).expect("a /0 is a valid prefix")
-            ],
+            deny: vec![Ipv4Cidr::new(Ipv4Addr::UNSPECIFIED, 0).expect("a /0 is a valid prefix")],
             ..Self::default()
         }
     }
 
     /// Whether the policy restricts nothing.
     pub fn is_open(&self) -> bool {
-        self.deny.is_empty()
+        self.deny.is_empty() && self.names.is_none()
     }
 
     /// Whether nothing at all may leave: then the host table's no-egress set holds the slot
     /// too, a second layer outside the slot.
     pub fn denies_everything(&self) -> bool {
-        self.allow.is_empty() && !self.dns && self.deny.iter().any(|c| c.prefix_len() == 0)
+        self.allow.is_empty()
+            && self.names.is_none()
+            && self.deny.iter().any(|c| c.prefix_len() == 0)
     }
 }
 
 /// The policy's sets and chains, as part of the slot filter table's definition.
-pub(crate) fn declarations(policy: &SlotPolicy) -> String {
+pub(crate) fn declarations(policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
     format!(
         "\tset allow_net {{
 \t\ttype ipv4_addr
@@ -74,6 +88,10 @@ pub(crate) fn declarations(policy: &SlotPolicy) -> String {
 \t\tflags interval
 \t\tauto-merge
 {deny}\t}}
+\tset pinned {{
+\t\ttype ipv4_addr
+\t\tflags timeout
+\t}}
 \tchain {POLICY_CHAIN} {{
 {rules}\t}}
 \tchain refuse {{
@@ -83,25 +101,68 @@ pub(crate) fn declarations(policy: &SlotPolicy) -> String {
 ",
         allow = crate::rules::elements(policy.allow.iter()),
         deny = crate::rules::elements(policy.deny.iter()),
-        rules = policy_rules(policy),
+        rules = policy_rules(policy, resolver),
     )
 }
 
 /// The policy chain's rules. Sets are referenced, not inlined, so a change rewrites both in
 /// one transaction ([`update`]).
-fn policy_rules(policy: &SlotPolicy) -> String {
+fn policy_rules(policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
     let mut s = String::from("\t\tip daddr @allow_net return\n");
-    if policy.dns {
-        s.push_str("\t\tip daddr @dns_servers meta l4proto { tcp, udp } th dport 53 return\n");
+    if policy.names.is_some() {
+        if let Some(r) = resolver {
+            let _ = writeln!(
+                s,
+                "\t\tip daddr {} meta l4proto {{ tcp, udp }} th dport {} return",
+                r.host_veth, r.port
+            );
+        }
+        s.push_str("\t\tip daddr @pinned return\n");
     }
     s.push_str("\t\tip daddr @deny_net jump refuse\n");
     s
 }
 
-/// `nft -f` input, run inside the slot, that replaces the policy in one atomic transaction:
-/// packets see the old policy or the new one, never none.
-pub(crate) fn update(table: &str, policy: &SlotPolicy) -> String {
+/// The slot NAT table's DNS redirect: with name rules, every query to port 53 goes to the
+/// resolver (a sandbox's own server, or one in its /etc/hosts, gets our resolver instead).
+/// `add chain` is idempotent, so slots built before the redirect existed get it too.
+pub(crate) fn dns_redirect(
+    table: &str,
+    policy: &SlotPolicy,
+    resolver: Option<ResolverAt>,
+) -> String {
     let mut s = String::new();
+    for (chain, hook) in [("dns_pre", "prerouting"), ("dns_out", "output")] {
+        let _ = writeln!(
+            s,
+            "add chain ip {table} {chain} {{ type nat hook {hook} priority -101; policy accept; }}"
+        );
+        let _ = writeln!(s, "flush chain ip {table} {chain}");
+    }
+    if let (Some(_), Some(r)) = (&policy.names, resolver) {
+        let to = format!(
+            "meta l4proto {{ tcp, udp }} th dport 53 dnat to {}:{}",
+            r.host_veth, r.port
+        );
+        // A VM's queries arrive from its tap; a namespace sandbox's own leave through eth0.
+        let _ = writeln!(
+            s,
+            "add rule ip {table} dns_pre iifname != \"{SANDBOX_IFACE}\" {to}"
+        );
+        let _ = writeln!(
+            s,
+            "add rule ip {table} dns_out oifname \"{SANDBOX_IFACE}\" {to}"
+        );
+    }
+    s
+}
+
+/// `nft -f` input, run inside the slot, that replaces the policy in one atomic transaction:
+/// packets see the old policy or the new one, never none. Addresses pinned for an earlier
+/// policy are forgotten.
+pub(crate) fn update(table: &str, policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
+    let mut s = format!("add set inet {table} pinned {{ type ipv4_addr; flags timeout; }}\n");
+    s.push_str(&format!("flush set inet {table} pinned\n"));
     for (set, items) in [("allow_net", &policy.allow), ("deny_net", &policy.deny)] {
         let _ = writeln!(s, "flush set inet {table} {set}");
         if !items.is_empty() {
@@ -114,10 +175,23 @@ pub(crate) fn update(table: &str, policy: &SlotPolicy) -> String {
         }
     }
     let _ = writeln!(s, "flush chain inet {table} {POLICY_CHAIN}");
-    for rule in policy_rules(policy).lines() {
+    for rule in policy_rules(policy, resolver).lines() {
         let _ = writeln!(s, "add rule inet {table} {POLICY_CHAIN} {}", rule.trim());
     }
+    s.push_str(&dns_redirect(table, policy, resolver));
     s
+}
+
+/// `nft -f` input, run inside the slot, that pins `ips` for `ttl_secs`.
+pub(crate) fn pin(table: &str, ips: &[Ipv4Addr], ttl_secs: u32) -> String {
+    let items: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{ip} timeout {ttl_secs}s"))
+        .collect();
+    format!(
+        "add element inet {table} pinned {{ {} }}\n",
+        items.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -127,6 +201,15 @@ mod tests {
     fn cidr(s: &str) -> Ipv4Cidr {
         s.parse().unwrap()
     }
+
+    fn names() -> EgressPolicy {
+        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap()
+    }
+
+    const AT: ResolverAt = ResolverAt {
+        host_veth: Ipv4Addr::new(10, 11, 0, 21),
+        port: 40053,
+    };
 
     #[test]
     fn open_deny_all_and_everything() {
@@ -138,11 +221,11 @@ mod tests {
             ..SlotPolicy::deny_all()
         };
         assert!(!some.denies_everything() && !some.is_open());
-        let names = SlotPolicy {
-            dns: true,
+        let by_name = SlotPolicy {
+            names: Some(names()),
             ..SlotPolicy::deny_all()
         };
-        assert!(!names.denies_everything());
+        assert!(!by_name.denies_everything() && !by_name.is_open());
     }
 
     #[test]
@@ -150,17 +233,24 @@ mod tests {
         let p = SlotPolicy {
             allow: vec![cidr("192.0.2.0/28")],
             deny: vec![cidr("0.0.0.0/0")],
-            dns: true,
+            names: Some(names()),
         };
-        let text = declarations(&p);
+        let text = declarations(&p, Some(AT));
         assert!(text.contains("elements = { 192.0.2.0/28 }"), "{text}");
         assert!(text.contains("elements = { 0.0.0.0/0 }"), "{text}");
         let allow = text.find("@allow_net return").unwrap();
-        let dns = text.find("th dport 53 return").unwrap();
+        let resolver = text
+            .find("ip daddr 10.11.0.21 meta l4proto { tcp, udp } th dport 40053 return")
+            .unwrap();
+        let pinned = text.find("@pinned return").unwrap();
         let deny = text.find("@deny_net jump refuse").unwrap();
-        assert!(allow < dns && dns < deny, "{text}");
+        assert!(
+            allow < resolver && resolver < pinned && pinned < deny,
+            "{text}"
+        );
         assert!(text.contains("meta l4proto tcp counter reject with tcp reset"));
-        assert!(!declarations(&SlotPolicy::deny_all()).contains("dport 53"));
+        let plain = declarations(&SlotPolicy::deny_all(), Some(AT));
+        assert!(!plain.contains("dport 40053") && !plain.contains("@pinned return"));
         for line in text.lines() {
             let t = line.trim();
             assert!(!t.ends_with('}') || t == "}" || t.contains('{'), "{line}");
@@ -168,16 +258,38 @@ mod tests {
     }
 
     #[test]
-    fn update_replaces_sets_and_chain_in_one_batch() {
-        let text = update("w", &SlotPolicy::deny_all());
-        assert_eq!(
-            text,
-            "flush set inet w allow_net\n\
+    fn update_replaces_sets_chain_pins_and_the_dns_redirect_in_one_batch() {
+        let text = update("w", &SlotPolicy::deny_all(), Some(AT));
+        assert!(
+            text.starts_with(
+                "add set inet w pinned { type ipv4_addr; flags timeout; }\n\
+             flush set inet w pinned\n\
+             flush set inet w allow_net\n\
              flush set inet w deny_net\n\
              add element inet w deny_net { 0.0.0.0/0 }\n\
              flush chain inet w sandbox_policy\n\
              add rule inet w sandbox_policy ip daddr @allow_net return\n\
              add rule inet w sandbox_policy ip daddr @deny_net jump refuse\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("flush chain ip w dns_out\n"));
+        assert!(!text.contains("dnat"), "no names, no redirect: {text}");
+        let named = SlotPolicy {
+            names: Some(names()),
+            ..SlotPolicy::deny_all()
+        };
+        let text = update("w", &named, Some(AT));
+        assert!(text.contains(
+            "add rule ip w dns_out oifname \"eth0\" meta l4proto { tcp, udp } th dport 53 dnat to 10.11.0.21:40053\n"
+        ), "{text}");
+        assert!(
+            text.contains("add rule ip w dns_pre iifname != \"eth0\""),
+            "{text}"
+        );
+        assert_eq!(
+            pin("w", &[Ipv4Addr::new(192, 0, 2, 7)], 60),
+            "add element inet w pinned { 192.0.2.7 timeout 60s }\n"
         );
     }
 

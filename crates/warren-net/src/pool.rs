@@ -11,14 +11,17 @@ use tokio::task::JoinHandle;
 
 use crate::addr::SlotAddrs;
 use crate::adopt::{self, AdoptSlot};
+
+mod start;
 use crate::cleanup::{remove_prefix_objects, CleanupReport, Tables};
 use crate::cmd::{Invocation, CONNTRACK};
 use crate::config::NetConfig;
 use crate::dns::DnsConfig;
 use crate::error::{Error, Result};
-use crate::host::{self, Forwarding, PrefixLock};
+use crate::host::{self, PrefixLock};
 use crate::netns::netns_path;
 use crate::policy::SlotPolicy;
+use crate::resolver::Resolver;
 use crate::rules::{self, HostRules, SlotFilter};
 use crate::slot::{self, Returned, Slot};
 use crate::watchdog::{self, TableCheck};
@@ -60,7 +63,7 @@ pub struct NetPool {
     _lock: PrefixLock,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     id: u64,
     config: NetConfig,
     max_slots: u32,
@@ -69,6 +72,8 @@ struct Inner {
     flush_conntrack: bool,
     /// The in-slot filter every slot gets.
     filter: SlotFilter,
+    /// Answers the DNS queries of sandboxes with name rules.
+    resolver: Resolver,
     /// Slot links need their own forwarding switch (the host has `ip_forward` off).
     forward_per_link: bool,
     /// Serialises changes of the host table (no-egress elements) with the watchdog's check
@@ -183,8 +188,10 @@ impl NetPool {
                  set `dns` in the network configuration"
             );
         }
-        let layers = install_host_layers(&config, &dns, &adopt, &verdicts).await?;
-        let HostLayers {
+        let resolver = Resolver::start(&config.prefix, dns.servers.clone()).await?;
+        let layers =
+            start::install_host_layers(&config, &dns, resolver.port(), &adopt, &verdicts).await?;
+        let start::HostLayers {
             filter,
             forward_per_link,
             no_egress,
@@ -203,6 +210,7 @@ impl NetPool {
             max_slots,
             flush_conntrack,
             filter,
+            resolver,
             forward_per_link,
             table_lock: tokio::sync::Mutex::new(()),
             expected_table: Mutex::new(expected_table),
@@ -213,7 +221,7 @@ impl NetPool {
             wake: Notify::new(),
             returner,
         });
-        let slots = adopted_slots(&inner, &adopt, verdicts);
+        let slots = start::adopted_slots(&inner, &adopt, verdicts);
         tracing::info!(prefix = %inner.config.prefix, pool = %inner.config.host_cidr,
             target = inner.config.pool_size, dns = ?inner.dns.servers,
             adopted = keep.len(), not_adopted = adopt.len() - keep.len(),
@@ -445,9 +453,12 @@ impl Inner {
         if slot.policy != *policy {
             // Pessimistic first (see `Slot::restricted`).
             slot.restricted = true;
-            slot::set_policy(&self.config.prefix, &slot.name, policy).await?;
+            let at = self.filter.resolver_at(&slot.addrs);
+            slot::set_policy(&self.config.prefix, &slot.name, policy, at).await?;
             slot.policy = policy.clone();
             slot.restricted = !policy.is_open();
+            self.resolver
+                .register(slot.addrs.host_side, &slot.name, policy.names.as_ref());
         }
         self.set_internet_access(slot, !policy.denies_everything())
             .await
@@ -493,6 +504,7 @@ impl Inner {
             blocked: &self.config.blocked_destinations,
             dns_servers: &self.dns.servers,
             no_egress,
+            resolver_port: Some(self.resolver.port()),
         })
     }
 
@@ -618,9 +630,11 @@ impl Inner {
         internet: bool,
         restricted: bool,
     ) -> Result<()> {
+        self.resolver.register(addrs.host_side, &name, None);
         if restricted {
-            if let Err(e) = slot::set_policy(&self.config.prefix, &name, &SlotPolicy::open()).await
-            {
+            let open = SlotPolicy::open();
+            let at = self.filter.resolver_at(&addrs);
+            if let Err(e) = slot::set_policy(&self.config.prefix, &name, &open, at).await {
                 self.discard(&name, addrs.index, !internet).await;
                 return Err(e);
             }
@@ -675,101 +689,6 @@ impl Inner {
             }
         }
     }
-}
-
-/// What the host-side layers of a starting pool are: the in-slot filter, whether forwarding
-/// is per link, the slots without egress and the host table as installed.
-struct HostLayers {
-    filter: crate::rules::SlotFilter,
-    forward_per_link: bool,
-    no_egress: Vec<String>,
-    expected_table: String,
-}
-
-/// Sets up forwarding, installs the host table (adopted slots keep their egress setting) and
-/// puts the current in-slot filter into every adopted slot.
-async fn install_host_layers(
-    config: &NetConfig,
-    dns: &DnsConfig,
-    adopt: &[AdoptSlot],
-    verdicts: &[std::result::Result<crate::addr::SlotAddrs, String>],
-) -> Result<HostLayers> {
-    let forwarding = host::setup_forwarding(config).await?;
-    if let Forwarding::PerLink { uplinks } = &forwarding {
-        tracing::info!(
-            ?uplinks,
-            "IPv4 forwarding is off on the host; enabled it on \
-                the uplinks and on each slot link only"
-        );
-    }
-    let forward_per_link = forwarding != Forwarding::Global;
-    let filter = host::slot_filter(config, &dns.servers).await?;
-    let link_glob = config.link_glob();
-    let no_egress: Vec<String> = adopt
-        .iter()
-        .zip(verdicts)
-        .filter(|(a, v)| v.is_ok() && a.effective_policy().denies_everything())
-        .map(|(a, _)| config.slot_name(a.index))
-        .collect();
-    host::install_table(rules::host_ruleset(&HostRules {
-        table: &config.prefix,
-        link_glob: &link_glob,
-        pool: config.host_cidr,
-        blocked: &config.blocked_destinations,
-        dns_servers: &dns.servers,
-        no_egress: &no_egress,
-    }))
-    .await?;
-    let expected_table = watchdog::list_host_table(&config.prefix)
-        .await?
-        .ok_or_else(|| Error::HostTableMissing {
-            table: format!("inet {}", config.prefix),
-        })?
-        .shape;
-    // Adopted slots may predate the in-slot filter, or carry an older configuration's.
-    for (a, v) in adopt.iter().zip(verdicts) {
-        if let Ok(addrs) = v {
-            let name = config.slot_name(a.index);
-            slot::install_filter(&name, addrs, &filter, &a.effective_policy()).await?;
-            if forward_per_link {
-                host::enable_link_forwarding(&name)?;
-            }
-        }
-    }
-    Ok(HostLayers {
-        filter,
-        forward_per_link,
-        no_egress,
-        expected_table,
-    })
-}
-
-/// The adopted slots in the order of `adopt`, or why each could not be adopted.
-fn adopted_slots(
-    inner: &Inner,
-    adopt: &[AdoptSlot],
-    verdicts: Vec<std::result::Result<crate::addr::SlotAddrs, String>>,
-) -> Vec<Result<Slot>> {
-    adopt
-        .iter()
-        .zip(verdicts)
-        .map(|(a, verdict)| {
-            let name = inner.config.slot_name(a.index);
-            match verdict {
-                Ok(addrs) => {
-                    let mut slot = inner.slot(name, addrs);
-                    slot.policy = a.effective_policy();
-                    slot.internet = !slot.policy.denies_everything();
-                    slot.restricted = !slot.policy.is_open();
-                    Ok(slot)
-                }
-                Err(reason) => {
-                    tracing::warn!(slot = %name, %reason, "could not adopt a slot");
-                    Err(Error::NotAdoptable { name, reason })
-                }
-            }
-        })
-        .collect()
 }
 
 /// The background task: recycles slots that were dropped without `release` and keeps the

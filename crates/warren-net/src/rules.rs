@@ -10,7 +10,7 @@ use crate::addr::{
     Ipv4Cidr, SlotAddrs, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC,
     SANDBOX_PREFIX_LEN,
 };
-use crate::policy::{self, SlotPolicy, POLICY_CHAIN};
+use crate::policy::{self, ResolverAt, SlotPolicy, POLICY_CHAIN};
 
 /// Set of host links (slot names) whose sandbox has internet access off.
 pub(crate) const NO_EGRESS_SET: &str = "no_egress";
@@ -26,6 +26,9 @@ pub(crate) struct HostRules<'a> {
     /// Slot links that start in the no-egress set: adopted slots whose sandbox has internet
     /// access off. Part of the ruleset, so replacing the table never lets them out.
     pub no_egress: &'a [String],
+    /// The port of the pool's resolver (sandboxes with name rules reach it on their veth's
+    /// host end).
+    pub resolver_port: Option<u16>,
 }
 
 /// The host-wide table `inet <prefix>`: isolation, egress policy and masquerade for every
@@ -77,7 +80,7 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 \tchain slot_to_host {{
 \t\tct state established,related accept
 \t\tiifname != @{NO_EGRESS_SET} ip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
-\t\tcounter drop
+{resolver}\t\tcounter drop
 \t}}
 \t# Only root (the manager and the proxy) opens connections from the host into slots:
 \t# every other local user is kept away from agents and user ports. Replies (e.g. of a
@@ -121,7 +124,11 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 \t\tip saddr {pool} oifname != \"{link_glob}\" masquerade
 \t}}
 }}
-"
+",
+        resolver = r
+            .resolver_port
+            .map(|p| format!("\t\tmeta l4proto {{ tcp, udp }} th dport {p} accept\n"))
+            .unwrap_or_default(),
     );
     s
 }
@@ -167,6 +174,18 @@ pub(crate) struct SlotFilter {
     pub dns_servers: Vec<Ipv4Addr>,
     pub max_connections: u32,
     pub new_per_second: Option<u32>,
+    /// The port of the pool's resolver, reached at the host end of the slot's veth.
+    pub resolver_port: Option<u16>,
+}
+
+impl SlotFilter {
+    /// Where slot `a`'s sandbox reaches the pool's resolver.
+    pub(crate) fn resolver_at(&self, a: &SlotAddrs) -> Option<ResolverAt> {
+        self.resolver_port.map(|port| ResolverAt {
+            host_veth: a.host_veth,
+            port,
+        })
+    }
 }
 
 /// The filter table `inet <prefix>` inside a slot's netns. It repeats the host table's
@@ -236,12 +255,19 @@ table inet {table} {{
 \t\tct direction original jump {POLICY_CHAIN}
 \t\tct state established,related accept
 {limits}\t\tip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
-\t\tip daddr @isolated counter drop
+{resolver}\t\tip daddr @isolated counter drop
 \t\tip daddr @blocked counter reject with icmpx type admin-prohibited
 \t}}
 {policy}}}
 ",
-        policy = policy::declarations(policy),
+        policy = policy::declarations(policy, f.resolver_at(a)),
+        resolver = f
+            .resolver_at(a)
+            .map(|r| format!(
+                "\t\tip daddr {} meta l4proto {{ tcp, udp }} th dport {} accept\n",
+                r.host_veth, r.port
+            ))
+            .unwrap_or_default(),
         isolated = elements(f.isolated.iter()),
         blocked = elements(f.blocked.iter()),
         dns = elements(f.dns_servers.iter()),
@@ -325,7 +351,15 @@ mod tests {
             blocked: &blocked,
             dns_servers: &[Ipv4Addr::new(10, 255, 255, 53)],
             no_egress: &["warren-3".into(), "warren-7".into()],
+            resolver_port: Some(40053),
         });
+        // The pool's resolver is the one host port slots reach.
+        let to_host = &text[text.find("chain slot_to_host").unwrap()..];
+        let resolver = to_host.find("th dport 40053 accept").unwrap();
+        assert!(
+            resolver < to_host.find("counter drop").unwrap(),
+            "{to_host}"
+        );
         assert!(text.contains("elements = { \"warren-3\", \"warren-7\" }"));
         assert!(text.starts_with("table inet warren\ndelete table inet warren\n"));
         assert!(text.contains("elements = { 10.255.255.53 }"));
@@ -347,6 +381,7 @@ mod tests {
             blocked: &[],
             dns_servers: &[],
             no_egress: &[],
+            resolver_port: None,
         });
         assert!(text.contains("type filter hook output priority filter"));
         assert!(text.contains("ip daddr 10.11.0.0/16 jump host_to_slot"));
@@ -368,6 +403,7 @@ mod tests {
             dns_servers: vec![Ipv4Addr::new(10, 255, 255, 53)],
             max_connections: 4096,
             new_per_second: Some(50),
+            resolver_port: Some(40053),
         };
         let text = slot_filter_ruleset(&filter, &addrs(), &SlotPolicy::open());
         assert!(text.starts_with("table inet w\ndelete table inet w\n"));
@@ -379,6 +415,11 @@ mod tests {
         assert!(text.contains("type filter hook forward priority filter"));
         assert!(text.contains("ct state new ct count over 4096"));
         assert!(text.contains("limit rate over 50/second burst 100 packets"));
+        // The resolver at this slot's veth host end, before the pool is isolated.
+        let resolver = text
+            .find("ip daddr 10.11.0.21 meta l4proto { tcp, udp } th dport 40053 accept")
+            .unwrap();
+        assert!(resolver < text.find("ip daddr @isolated").unwrap());
         let egress = &text[text.find("chain egress").unwrap()..];
         let dns = egress.find("@dns_servers").unwrap();
         assert!(dns < egress.find("@isolated").unwrap() && dns < egress.find("@blocked").unwrap());
@@ -407,6 +448,7 @@ mod tests {
             blocked: &[],
             dns_servers: &[],
             no_egress: &[],
+            resolver_port: None,
         });
         assert!(!text.contains("elements"));
     }

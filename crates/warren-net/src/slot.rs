@@ -11,7 +11,7 @@ use crate::cmd::{Invocation, CONNTRACK, IP, NFT};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::netns::netns_path;
-use crate::policy::{self, SlotPolicy};
+use crate::policy::{self, ResolverAt, SlotPolicy};
 use crate::rules::SlotFilter;
 use crate::{host, rules};
 
@@ -201,7 +201,11 @@ pub(crate) async fn install_filter(
 ) -> Result<()> {
     Invocation::new(NFT)
         .args(["-f", "-"])
-        .stdin(rules::slot_filter_ruleset(filter, addrs, policy))
+        .stdin(format!(
+            "{}{}",
+            rules::slot_filter_ruleset(filter, addrs, policy),
+            policy::dns_redirect(&filter.table, policy, filter.resolver_at(addrs))
+        ))
         .in_netns(&netns_path(name))
         .run()
         .await
@@ -209,10 +213,15 @@ pub(crate) async fn install_filter(
 }
 
 /// Replaces the policy in the slot's filter table: one atomic nft transaction in the slot.
-pub(crate) async fn set_policy(table: &str, name: &str, policy: &SlotPolicy) -> Result<()> {
+pub(crate) async fn set_policy(
+    table: &str,
+    name: &str,
+    policy: &SlotPolicy,
+    resolver: Option<ResolverAt>,
+) -> Result<()> {
     Invocation::new(NFT)
         .args(["-f", "-"])
-        .stdin(policy::update(table, policy))
+        .stdin(policy::update(table, policy, resolver))
         .in_netns(&netns_path(name))
         .run()
         .await

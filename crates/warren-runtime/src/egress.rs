@@ -186,7 +186,7 @@ pub enum PolicyError {
 }
 
 /// A sandbox's egress rules.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressPolicy {
     #[serde(default)]

@@ -334,7 +334,7 @@ impl SandboxRuntime for NsRuntime {
             snapshot_memory: false,
             snapshot_filesystem: true,
             egress_addresses: true,
-            egress_names: false,
+            egress_names: true,
         }
     }
 

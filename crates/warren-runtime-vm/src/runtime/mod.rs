@@ -585,7 +585,7 @@ impl SandboxRuntime for VmRuntime {
             snapshot_memory: true,
             snapshot_filesystem: true,
             egress_addresses: true,
-            egress_names: false,
+            egress_names: true,
         }
     }
 

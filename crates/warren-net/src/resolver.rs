@@ -1,0 +1,324 @@
+//! The pool's DNS resolver for sandboxes whose egress policy has rules by name.
+//!
+//! Their slots redirect every DNS query (port 53, UDP and TCP, to any address) here; the
+//! slot's host-side address (what the slot's NAT makes the query come from) says whose policy
+//! decides. A name the policy does not allow gets REFUSED without anything being sent
+//! upstream, so a sandbox that may reach only some names learns nothing else and cannot
+//! tunnel data out through queries. An allowed one is forwarded to the pool's upstream
+//! servers, the IPv4 addresses of the answer are pinned in the slot (reachable on any port
+//! until their TTL ends) and then the answer is returned. Queries from anyone else are
+//! dropped. Every query is logged (target `warren_net::dns`).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RData;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::task::JoinHandle;
+use warren_runtime::egress::EgressPolicy;
+
+use crate::cmd::{Invocation, NFT};
+use crate::error::{Error, Result};
+use crate::netns::netns_path;
+use crate::policy;
+
+/// How long an upstream server gets to answer before the next one is asked.
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bounds of how long a pin lasts, whatever TTL the answer had: long enough for a client
+/// that caches past a tiny TTL, short enough that a name's old address does not stay open.
+const PIN_MIN_SECS: u32 = 60;
+const PIN_MAX_SECS: u32 = 3600;
+/// A TCP client gets this long to send its query.
+const TCP_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Client {
+    slot: String,
+    names: Arc<EgressPolicy>,
+}
+
+struct Shared {
+    table: String,
+    upstreams: Vec<Ipv4Addr>,
+    /// By the slot's host-side address.
+    clients: Mutex<HashMap<Ipv4Addr, Client>>,
+}
+
+/// A running resolver (UDP and TCP on one port of every host address); stops when dropped.
+pub(crate) struct Resolver {
+    port: u16,
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Resolver {
+    /// Binds a free port (UDP and TCP) and starts answering. `table`: the pool's prefix, the
+    /// name of each slot's filter table (where pins go).
+    pub(crate) async fn start(table: &str, upstreams: Vec<Ipv4Addr>) -> Result<Self> {
+        let (udp, tcp) = bind_pair().await?;
+        let port = udp
+            .local_addr()
+            .map_err(|e| Error::Resolver {
+                what: "read the resolver's port",
+                source: e,
+            })?
+            .port();
+        let shared = Arc::new(Shared {
+            table: table.to_owned(),
+            upstreams,
+            clients: Mutex::new(HashMap::new()),
+        });
+        let tasks = vec![
+            tokio::spawn(serve_udp(Arc::new(udp), shared.clone())),
+            tokio::spawn(serve_tcp(tcp, shared.clone())),
+        ];
+        Ok(Self {
+            port,
+            shared,
+            tasks,
+        })
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Queries from `host_side` (slot `slot`) are decided by `names` from now on; `None`: the
+    /// slot has no name rules any more, and its queries are dropped.
+    pub(crate) fn register(&self, host_side: Ipv4Addr, slot: &str, names: Option<&EgressPolicy>) {
+        let mut clients = self
+            .shared
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match names {
+            Some(n) => {
+                clients.insert(
+                    host_side,
+                    Client {
+                        slot: slot.to_owned(),
+                        names: Arc::new(n.clone()),
+                    },
+                );
+            }
+            None => {
+                clients.remove(&host_side);
+            }
+        }
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A UDP and a TCP socket on the same free port.
+async fn bind_pair() -> Result<(UdpSocket, TcpListener)> {
+    let mut last = None;
+    for _ in 0..16 {
+        let udp = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+            .await
+            .map_err(|e| Error::Resolver {
+                what: "bind the resolver's UDP socket",
+                source: e,
+            })?;
+        let port = udp
+            .local_addr()
+            .map_err(|e| Error::Resolver {
+                what: "read the resolver's port",
+                source: e,
+            })?
+            .port();
+        match TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            // Someone holds that TCP port: another free UDP port, then.
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(Error::Resolver {
+        what: "bind the resolver's TCP socket",
+        source: last.unwrap_or_else(|| std::io::Error::other("no free port")),
+    })
+}
+
+fn client_of(shared: &Shared, peer: SocketAddr) -> Option<Client> {
+    let SocketAddr::V4(peer) = peer else {
+        return None;
+    };
+    shared
+        .clients
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(peer.ip())
+        .cloned()
+}
+
+async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
+        let Some(client) = client_of(&shared, peer) else {
+            continue;
+        };
+        let query = buf[..n].to_vec();
+        let (socket, shared) = (socket.clone(), shared.clone());
+        tokio::spawn(async move {
+            if let Some(answer) = answer(&shared, &client, &query, Transport::Udp).await {
+                let _ = socket.send_to(&answer, peer).await;
+            }
+        });
+    }
+}
+
+async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((mut stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let Some(client) = client_of(&shared, peer) else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            // One query per connection is what stub resolvers send; more are answered in turn.
+            while let Ok(Ok(query)) =
+                tokio::time::timeout(TCP_READ_TIMEOUT, read_framed(&mut stream)).await
+            {
+                let Some(answer) = answer(&shared, &client, &query, Transport::Tcp).await else {
+                    return;
+                };
+                if write_framed(&mut stream, &answer).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+/// The answer to `query` from `client`, or `None` to stay silent (not a query, or no
+/// upstream answered).
+async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) -> Option<Vec<u8>> {
+    let msg = Message::from_vec(query).ok()?;
+    let q = msg.queries().first()?;
+    let name = q
+        .name()
+        .to_ascii()
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
+    let kind = q.query_type();
+    if !client.names.answers_name(&name) {
+        tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
+            verdict = "refused", "DNS query");
+        let mut refused = Message::error_msg(msg.id(), msg.op_code(), ResponseCode::Refused);
+        refused.add_queries(msg.queries().to_vec());
+        refused.set_recursion_desired(msg.recursion_desired());
+        return refused.to_vec().ok();
+    }
+    let reply = forward(&shared.upstreams, query, via).await?;
+    let parsed = Message::from_vec(&reply).ok()?;
+    if parsed.id() != msg.id() {
+        return None;
+    }
+    let mut ttl = PIN_MAX_SECS;
+    let ips: Vec<Ipv4Addr> = parsed
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => {
+                ttl = ttl.min(r.ttl());
+                Some(a.0)
+            }
+            _ => None,
+        })
+        .collect();
+    tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
+        verdict = "answered", addresses = ?ips, "DNS query");
+    if !ips.is_empty() {
+        // Before the answer goes out, so the sandbox's very next connect finds the pin.
+        let ttl = ttl.clamp(PIN_MIN_SECS, PIN_MAX_SECS);
+        let pinned = Invocation::new(NFT)
+            .args(["-f", "-"])
+            .stdin(policy::pin(&shared.table, &ips, ttl))
+            .in_netns(&netns_path(&client.slot))
+            .run()
+            .await;
+        if let Err(e) = pinned {
+            tracing::warn!(slot = %client.slot, %name, error = %e,
+                "could not pin the addresses of an allowed name");
+        }
+    }
+    Some(reply)
+}
+
+/// The upstream answer to `query`: over UDP, and again over TCP when a TCP client's answer
+/// was truncated (a UDP client gets the truncated one and retries over TCP itself).
+async fn forward(upstreams: &[Ipv4Addr], query: &[u8], via: Transport) -> Option<Vec<u8>> {
+    let reply = ask(upstreams, query, Transport::Udp).await?;
+    if via == Transport::Tcp && Message::from_vec(&reply).is_ok_and(|m| m.truncated()) {
+        return ask(upstreams, query, Transport::Tcp).await.or(Some(reply));
+    }
+    Some(reply)
+}
+
+/// The first upstream answer to `query` over `via`.
+async fn ask(upstreams: &[Ipv4Addr], query: &[u8], via: Transport) -> Option<Vec<u8>> {
+    for server in upstreams {
+        let to = SocketAddrV4::new(*server, 53);
+        let attempt = async {
+            match via {
+                Transport::Udp => {
+                    let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?;
+                    s.connect(to).await?;
+                    s.send(query).await?;
+                    let mut buf = vec![0u8; 4096];
+                    let n = s.recv(&mut buf).await?;
+                    buf.truncate(n);
+                    Ok::<_, std::io::Error>(buf)
+                }
+                Transport::Tcp => {
+                    let mut s = TcpStream::connect(to).await?;
+                    write_framed(&mut s, query).await?;
+                    read_framed(&mut s).await
+                }
+            }
+        };
+        match tokio::time::timeout(UPSTREAM_TIMEOUT, attempt).await {
+            Ok(Ok(reply)) => return Some(reply),
+            Ok(Err(e)) => tracing::debug!(%server, error = %e, "DNS upstream failed"),
+            Err(_) => tracing::debug!(%server, "DNS upstream timed out"),
+        }
+    }
+    None
+}
+
+/// One DNS message over TCP: a two-byte length, then the message.
+async fn read_framed(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = s.read_u16().await?;
+    let mut buf = vec![0u8; usize::from(len)];
+    s.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn write_framed(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| std::io::Error::other("message too long"))?;
+    let mut out = Vec::with_capacity(msg.len() + 2);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+    s.write_all(&out).await
+}

@@ -1,0 +1,239 @@
+//! Rules by name through the pool's resolver, for real: a slot whose policy allows one name
+//! gets answers for that name only (REFUSED for others, which never reach the upstream
+//! server), reaches the addresses it was given (any port) and nothing else, and cannot get
+//! around it with another DNS server, DNS over TCP or an address it knows from elsewhere
+//! (what an `/etc/hosts` entry gives). The upstream is a DNS server in the test's own
+//! "internet" namespace. Run as root; see tests/common.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{assert_connects, connect, listen, udp_echo, udp_roundtrip, OPEN};
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use warren_net::{netns, DnsSource, NetPool, SlotPolicy};
+use warren_runtime::egress::EgressPolicy;
+
+fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ip, port))
+}
+
+/// A DNS server (UDP) in `ns` that knows `names` and records every name it is asked.
+struct Upstream {
+    asked: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn upstream(
+    ns: &std::path::Path,
+    addr: SocketAddr,
+    names: Vec<(&'static str, Ipv4Addr)>,
+) -> Upstream {
+    let socket = netns::run_in(ns, move || UdpSocket::bind(addr))
+        .expect("enter netns")
+        .expect("bind the test DNS server");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (log, flag) = (asked.clone(), stop.clone());
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while !flag.load(Ordering::Relaxed) {
+            let Ok((n, peer)) = socket.recv_from(&mut buf) else {
+                continue;
+            };
+            let Ok(q) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let Some(query) = q.queries().first().cloned() else {
+                continue;
+            };
+            let asked_for = query.name().to_ascii().trim_end_matches('.').to_string();
+            log.lock().unwrap().push(asked_for.clone());
+            let mut r = Message::new();
+            r.set_id(q.id())
+                .set_message_type(MessageType::Response)
+                .set_op_code(OpCode::Query)
+                .set_recursion_available(true);
+            r.add_query(query.clone());
+            match names.iter().find(|(n, _)| *n == asked_for) {
+                Some((_, ip)) => {
+                    r.add_answer(Record::from_rdata(
+                        query.name().clone(),
+                        30,
+                        RData::A(A(*ip)),
+                    ));
+                }
+                None => {
+                    r.set_response_code(ResponseCode::NXDomain);
+                }
+            }
+            let _ = socket.send_to(&r.to_vec().unwrap(), peer);
+        }
+    });
+    Upstream { asked, stop }
+}
+
+fn query(name: &str) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(0x5a5a)
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(true);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    m.to_vec().unwrap()
+}
+
+fn parse(bytes: &[u8]) -> (ResponseCode, Vec<Ipv4Addr>) {
+    let m = Message::from_vec(bytes).expect("a DNS answer");
+    let ips = m
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    (m.response_code(), ips)
+}
+
+/// Asks `server` for `name` over UDP from inside the slot.
+fn resolve(ns: &std::path::Path, server: SocketAddr, name: &str) -> (ResponseCode, Vec<Ipv4Addr>) {
+    let socket = netns::run_in(ns, || UdpSocket::bind("0.0.0.0:0"))
+        .expect("enter netns")
+        .expect("bind");
+    socket.set_read_timeout(Some(OPEN)).unwrap();
+    socket
+        .send_to(&query(name), server)
+        .expect("send the query");
+    let mut buf = [0u8; 1500];
+    let (n, _) = socket
+        .recv_from(&mut buf)
+        .unwrap_or_else(|e| panic!("no answer for {name} from {server}: {e}"));
+    parse(&buf[..n])
+}
+
+/// The same over TCP.
+fn resolve_tcp(
+    ns: &std::path::Path,
+    server: SocketAddr,
+    name: &str,
+) -> (ResponseCode, Vec<Ipv4Addr>) {
+    let mut s: TcpStream = connect(Some(ns), server, OPEN).expect("DNS over TCP connects");
+    s.set_read_timeout(Some(OPEN)).unwrap();
+    let q = query(name);
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    s.write_all(&framed).unwrap();
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).expect("an answer over TCP");
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut buf).unwrap();
+    parse(&buf)
+}
+
+#[test]
+fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
+    let Some(mut ctx) = common::setup() else {
+        return;
+    };
+    let a = ctx.outside().addr;
+    let b = ctx.outside_second();
+    let dns_ip = ctx.private_addr();
+    let outside_ns = ctx.outside_netns();
+    let dns = sa(dns_ip, 53);
+    let up = upstream(
+        &outside_ns,
+        dns,
+        vec![("allowed.test", b), ("other.test", a)],
+    );
+    let server_a = listen(Some(&outside_ns), sa(a, 8080));
+    let server_b = listen(Some(&outside_ns), sa(b, 8080));
+    let _echo_b = udp_echo(&outside_ns, sa(b, 5353));
+    let mut config = ctx.config(1);
+    config.dns = DnsSource::Servers(vec![dns_ip]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+
+    let names =
+        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
+    let policy = SlotPolicy {
+        names: Some(names),
+        ..SlotPolicy::deny_all()
+    };
+    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let ns = slot.netns_path();
+    assert!(
+        slot.internet_access(),
+        "a policy with names lets something out"
+    );
+
+    // Nothing is reachable before a name was resolved.
+    let refused = connect(Some(&ns), sa(b, 8080), OPEN).expect_err("b is not pinned yet");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+
+    // The allowed name resolves; its address is then reachable, on any port and protocol.
+    assert_eq!(
+        resolve(&ns, dns, "allowed.test"),
+        (ResponseCode::NoError, vec![b])
+    );
+    assert_connects(Some(&ns), &server_b, sa(b, 8080));
+    assert!(
+        udp_roundtrip(&ns, sa(b, 5353), OPEN),
+        "UDP to the pinned address"
+    );
+
+    // Another name is refused without the upstream ever hearing of it (no exfiltration by
+    // query), and its address, known from elsewhere (/etc/hosts), stays unreachable.
+    assert_eq!(resolve(&ns, dns, "other.test").0, ResponseCode::Refused);
+    let err = connect(Some(&ns), sa(a, 8080), OPEN).expect_err("a is not pinned");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    assert!(common::accept(&server_a, Duration::ZERO).is_none());
+
+    // Another DNS server, and DNS over TCP: the same resolver answers, with the same rules.
+    assert_eq!(
+        resolve(&ns, sa(a, 53), "other.test").0,
+        ResponseCode::Refused
+    );
+    assert_eq!(
+        resolve(&ns, sa(a, 53), "allowed.test"),
+        (ResponseCode::NoError, vec![b])
+    );
+    assert_eq!(resolve_tcp(&ns, dns, "other.test").0, ResponseCode::Refused);
+    assert_eq!(resolve_tcp(&ns, dns, "allowed.test").1, vec![b]);
+
+    let asked = up.asked.lock().unwrap().clone();
+    assert!(
+        asked.iter().all(|n| n == "allowed.test"),
+        "upstream saw {asked:?}"
+    );
+    assert!(!asked.is_empty());
+
+    // Released and reused with an open policy: no pins, no redirect.
+    rt.block_on(pool.release(slot)).expect("release");
+    let open = rt
+        .block_on(pool.acquire(&SlotPolicy::open()))
+        .expect("acquire");
+    let ns = open.netns_path();
+    assert_eq!(
+        resolve(&ns, dns, "other.test"),
+        (ResponseCode::NoError, vec![a])
+    );
+    assert!(up.asked.lock().unwrap().contains(&"other.test".to_string()));
+    rt.block_on(pool.release(open)).expect("release");
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}
