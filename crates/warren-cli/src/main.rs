@@ -87,6 +87,8 @@ enum Command {
         max_upload_mb: u64,
         #[command(flatten)]
         registry: serve::RegistryArgs,
+        #[command(flatten)]
+        net: serve::NetArgs,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -148,6 +150,7 @@ fn main() -> std::process::ExitCode {
                 signed_url_max_age,
                 max_upload_mb,
                 registry,
+                net,
             } => serve::run(serve::ServeArgs {
                 listen,
                 data_dir,
@@ -157,6 +160,7 @@ fn main() -> std::process::ExitCode {
                 domain,
                 signed_url_max_age,
                 registry,
+                net,
             })
             .await
             .map(|()| 0),

@@ -24,6 +24,29 @@ pub struct ServeArgs {
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
     /// How `fromImage` builds reach registries.
     pub registry: RegistryArgs,
+    pub net: NetArgs,
+}
+
+/// Network settings of `warren serve` (the operator's, never a sandbox creator's).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NetArgs {
+    /// A private, link-local or other special range sandboxes may reach all the same (e.g. a
+    /// company network); by default they reach none. Repeatable.
+    #[arg(long = "net-allow", value_name = "CIDR")]
+    pub allow: Vec<warren_net::Ipv4Cidr>,
+    /// A DNS server for sandboxes (and for the resolver of sandboxes with rules by name)
+    /// instead of the host's; repeatable, at most three are used.
+    #[arg(long = "dns", value_name = "IPV4")]
+    pub dns: Vec<std::net::Ipv4Addr>,
+}
+
+impl NetArgs {
+    fn apply(&self, net: &mut warren_net::NetConfig) {
+        net.allow_destinations(&self.allow);
+        if !self.dns.is_empty() {
+            net.dns = warren_net::DnsSource::Servers(self.dns.clone());
+        }
+    }
 }
 
 /// Registry settings of `warren serve` (for templates built from registry images).
@@ -46,6 +69,7 @@ async fn runtime(
     kind: RuntimeKind,
     data_dir: &Path,
     signed_url_max_age: Option<std::num::NonZeroU64>,
+    net: &NetArgs,
 ) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
     let kind = match kind {
         RuntimeKind::Auto => {
@@ -67,6 +91,7 @@ async fn runtime(
     };
     let mut cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
     cfg.signed_url_max_age = signed_url_max_age;
+    net.apply(&mut cfg.net);
     match warren_host::is_static_elf(&cfg.agent_bin) {
         Ok(true) => {
             tracing::info!(agent = %cfg.agent_bin.display(), "sandbox agent (statically linked)")
@@ -108,7 +133,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let runtime = runtime(args.runtime, &args.data_dir, args.signed_url_max_age).await?;
+    let runtime = runtime(
+        args.runtime,
+        &args.data_dir,
+        args.signed_url_max_age,
+        &args.net,
+    )
+    .await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
         domain: args.domain.clone(),

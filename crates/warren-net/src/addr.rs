@@ -104,6 +104,30 @@ impl Ipv4Cidr {
         u32::from(addr) & mask(self.prefix_len) == u32::from(self.network)
     }
 
+    /// This network without the addresses of `hole`: itself when they do not overlap,
+    /// nothing when `hole` covers it, else the smallest set of CIDRs that covers the rest.
+    pub fn without(&self, hole: &Ipv4Cidr) -> Vec<Ipv4Cidr> {
+        if !self.overlaps(hole) {
+            return vec![*self];
+        }
+        if hole.prefix_len <= self.prefix_len {
+            return Vec::new();
+        }
+        // Split in halves: the one without the hole stays whole, the other is split again.
+        let len = self.prefix_len + 1;
+        let low = Ipv4Cidr {
+            network: self.network,
+            prefix_len: len,
+        };
+        let high = Ipv4Cidr {
+            network: Ipv4Addr::from(u32::from(self.network) | (1u32 << (32 - u32::from(len)))),
+            prefix_len: len,
+        };
+        let mut out = low.without(hole);
+        out.extend(high.without(hole));
+        out
+    }
+
     /// Whether the two networks share at least one address.
     pub fn overlaps(&self, other: &Ipv4Cidr) -> bool {
         let shorter = self.prefix_len.min(other.prefix_len);
@@ -222,6 +246,30 @@ mod tests {
         assert!("10.11.0.0/33".parse::<Ipv4Cidr>().is_err());
         assert!("10.11.0/16".parse::<Ipv4Cidr>().is_err());
         assert_eq!("0.0.0.0/0".parse::<Ipv4Cidr>().unwrap().size(), 1 << 32);
+    }
+
+    #[test]
+    fn a_hole_is_cut_out_of_a_network() {
+        let net: Ipv4Cidr = "10.0.0.0/8".parse().unwrap();
+        let hole: Ipv4Cidr = "10.20.0.0/16".parse().unwrap();
+        let rest = net.without(&hole);
+        assert_eq!(rest.len(), 8);
+        assert!(rest.iter().all(|c| !c.overlaps(&hole)));
+        for probe in [
+            [10, 0, 0, 1],
+            [10, 19, 255, 255],
+            [10, 21, 0, 0],
+            [10, 255, 0, 9],
+        ] {
+            let ip = Ipv4Addr::from(probe);
+            assert_eq!(rest.iter().filter(|c| c.contains(ip)).count(), 1, "{ip}");
+        }
+        assert!(!rest.iter().any(|c| c.contains(Ipv4Addr::new(10, 20, 3, 4))));
+        assert_eq!(hole.without(&net), Vec::<Ipv4Cidr>::new());
+        let other: Ipv4Cidr = "192.168.0.0/16".parse().unwrap();
+        assert_eq!(net.without(&other), vec![net]);
+        let one = Ipv4Cidr::host(Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(net.without(&one).len(), 24);
     }
 
     #[test]

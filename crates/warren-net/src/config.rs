@@ -115,6 +115,18 @@ pub fn default_blocked() -> Vec<Ipv4Cidr> {
 }
 
 impl NetConfig {
+    /// Lets sandboxes reach `ranges` although `blocked_destinations` covers them (an
+    /// operator's decision, e.g. a company network; never a sandbox creator's).
+    pub fn allow_destinations(&mut self, ranges: &[Ipv4Cidr]) {
+        for hole in ranges {
+            self.blocked_destinations = self
+                .blocked_destinations
+                .iter()
+                .flat_map(|b| b.without(hole))
+                .collect();
+        }
+    }
+
     /// Checks everything that can be checked without touching the system; returns the
     /// effective maximum number of slots.
     pub fn validate(&self) -> Result<u32> {
@@ -213,6 +225,21 @@ impl NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operator_ranges_are_cut_out_of_the_blocked_ones() {
+        let mut c = NetConfig::default();
+        let office: Ipv4Cidr = "10.42.0.0/16".parse().unwrap();
+        c.allow_destinations(&[office]);
+        let blocked = |ip: [u8; 4]| {
+            c.blocked_destinations
+                .iter()
+                .any(|b| b.contains(Ipv4Addr::from(ip)))
+        };
+        assert!(!blocked([10, 42, 7, 7]));
+        assert!(blocked([10, 41, 0, 1]) && blocked([10, 43, 0, 1]));
+        assert!(blocked([169, 254, 169, 254]) && blocked([192, 168, 1, 1]));
+    }
 
     #[test]
     fn default_blocks_metadata_and_wireserver() {

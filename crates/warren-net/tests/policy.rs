@@ -164,3 +164,36 @@ fn an_adopted_slot_keeps_its_policy() {
     rt.block_on(pool.release(slot)).expect("release");
     rt.block_on(pool.shutdown()).expect("shutdown");
 }
+
+#[test]
+fn the_operator_can_open_a_private_range_and_a_sandbox_cannot() {
+    let Some(mut ctx) = common::setup() else {
+        return;
+    };
+    ctx.outside();
+    let (office, elsewhere) = (ctx.private_addr(), ctx.other_private_addr());
+    let outside_ns = ctx.outside_netns();
+    let mut config = ctx.config(1);
+    config.allow_destinations(&[host(office)]);
+    let rt = rt();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let server_office = listen(Some(&outside_ns), sa(office, 8080));
+    let _server_elsewhere = listen(Some(&outside_ns), sa(elsewhere, 8080));
+    // A sandbox's allowOut naming the other private address does not open it.
+    let policy = SlotPolicy {
+        allow: vec![host(elsewhere)],
+        ..SlotPolicy::default()
+    };
+    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let ns = slot.netns_path();
+    assert_connects(Some(&ns), &server_office, sa(office, 8080));
+    let err = connect(Some(&ns), sa(elsewhere, 8080), Duration::from_millis(800))
+        .expect_err("still an operator-blocked range");
+    assert_ne!(
+        err.kind(),
+        ErrorKind::TimedOut,
+        "rejected, not dropped: {err}"
+    );
+    rt.block_on(pool.release(slot)).expect("release");
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}
