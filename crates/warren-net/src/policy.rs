@@ -184,14 +184,38 @@ pub(crate) fn update(table: &str, policy: &SlotPolicy, resolver: Option<Resolver
 
 /// `nft -f` input, run inside the slot, that pins `ips` for `ttl_secs`.
 pub(crate) fn pin(table: &str, ips: &[Ipv4Addr], ttl_secs: u32) -> String {
-    let items: Vec<String> = ips
+    let each: Vec<(Ipv4Addr, u64)> = ips.iter().map(|ip| (*ip, u64::from(ttl_secs))).collect();
+    pins(table, &each)
+}
+
+/// `nft -f` input that pins each address for its own number of seconds.
+pub(crate) fn pins(table: &str, pins: &[(Ipv4Addr, u64)]) -> String {
+    let items: Vec<String> = pins
         .iter()
-        .map(|ip| format!("{ip} timeout {ttl_secs}s"))
+        .map(|(ip, secs)| format!("{ip} timeout {}s", secs.max(&1)))
         .collect();
     format!(
         "add element inet {table} pinned {{ {} }}\n",
         items.join(", ")
     )
+}
+
+/// The pins of `nft -j list set inet <table> pinned`, each with the seconds it has left.
+pub(crate) fn parse_pins(json: &str) -> Vec<(Ipv4Addr, u64)> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
+        return Vec::new();
+    };
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["set"]["elem"].as_array())
+        .flatten()
+        .filter_map(|e| {
+            let ip = e["elem"]["val"].as_str()?.parse().ok()?;
+            Some((ip, e["elem"]["expires"].as_u64()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -291,6 +315,28 @@ mod tests {
             pin("w", &[Ipv4Addr::new(192, 0, 2, 7)], 60),
             "add element inet w pinned { 192.0.2.7 timeout 60s }\n"
         );
+    }
+
+    #[test]
+    fn pins_are_read_back_with_the_time_they_have_left() {
+        let listed = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"set": {"family":
+            "inet", "name": "pinned", "table": "t", "type": "ipv4_addr", "flags": ["timeout"],
+            "elem": [{"elem": {"val": "192.0.2.7", "timeout": 60, "expires": 59}},
+                     {"elem": {"val": "192.0.2.8", "timeout": 3600, "expires": 3599}}]}}]}"#;
+        let got = parse_pins(listed);
+        assert_eq!(
+            got,
+            vec![
+                (Ipv4Addr::new(192, 0, 2, 7), 59),
+                (Ipv4Addr::new(192, 0, 2, 8), 3599)
+            ]
+        );
+        assert_eq!(
+            pins("t", &got),
+            "add element inet t pinned { 192.0.2.7 timeout 59s, 192.0.2.8 timeout 3599s }\n"
+        );
+        assert!(parse_pins("not json").is_empty());
+        assert!(parse_pins(r#"{"nftables": [{"set": {"name": "pinned"}}]}"#).is_empty());
     }
 
     #[test]

@@ -199,14 +199,33 @@ pub(crate) async fn install_filter(
     filter: &SlotFilter,
     policy: &SlotPolicy,
 ) -> Result<()> {
+    let ns = netns_path(name);
+    // The resolver's pins outlive the reinstall (with the time they have left): the
+    // sandbox's connections to the names it resolved keep working across a server restart.
+    let pins = match &policy.names {
+        Some(_) => Invocation::new(NFT)
+            .args(["-j", "list", "set", "inet", &filter.table, "pinned"])
+            .in_netns(&ns)
+            .run()
+            .await
+            .map(|json| policy::parse_pins(&json))
+            // No such set yet (a slot from an older release): nothing to keep.
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let keep = if pins.is_empty() {
+        String::new()
+    } else {
+        policy::pins(&filter.table, &pins)
+    };
     Invocation::new(NFT)
         .args(["-f", "-"])
         .stdin(format!(
-            "{}{}",
+            "{}{}{keep}",
             rules::slot_filter_ruleset(filter, addrs, policy),
             policy::dns_redirect(&filter.table, policy, filter.resolver_at(addrs))
         ))
-        .in_netns(&netns_path(name))
+        .in_netns(&ns)
         .run()
         .await
         .map(drop)

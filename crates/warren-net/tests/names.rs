@@ -237,3 +237,54 @@ fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
     rt.block_on(pool.release(open)).expect("release");
     rt.block_on(pool.shutdown()).expect("shutdown");
 }
+
+#[test]
+fn pins_and_the_redirect_survive_a_restart_of_the_pool() {
+    let Some(mut ctx) = common::setup() else {
+        return;
+    };
+    let a = ctx.outside().addr;
+    let b = ctx.outside_second();
+    let dns_ip = ctx.private_addr();
+    let outside_ns = ctx.outside_netns();
+    let dns = sa(dns_ip, 53);
+    let _up = upstream(&outside_ns, dns, vec![("allowed.test", b)]);
+    let server_b = listen(Some(&outside_ns), sa(b, 8080));
+    let mut config = ctx.config(0);
+    config.dns = DnsSource::Servers(vec![dns_ip]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt
+        .block_on(NetPool::start(config.clone()))
+        .expect("start pool");
+    let names =
+        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
+    let policy = SlotPolicy {
+        names: Some(names),
+        ..SlotPolicy::deny_all()
+    };
+    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let ns = slot.netns_path();
+    assert_eq!(resolve(&ns, dns, "allowed.test").1, vec![b]);
+    let mut open = connect(Some(&ns), sa(b, 8080), OPEN).expect("connect to b");
+    let (mut peer, _) = common::accept(&server_b, OPEN).expect("accepted");
+    let record = warren_net::AdoptSlot::from(&slot);
+    std::mem::forget(slot);
+    drop(pool);
+
+    let (pool, mut slots) = rt
+        .block_on(NetPool::start_adopting(config, vec![record]))
+        .expect("restart the pool");
+    let slot = slots.remove(0).expect("adopted");
+    // The pin is still there: the open connection carries data, new ones connect.
+    open.write_all(b"after").unwrap();
+    assert_eq!(common::read_some(&mut peer, OPEN), b"after");
+    assert_connects(Some(&ns), &server_b, sa(b, 8080));
+    // The redirect leads to the new resolver, which knows the slot's policy.
+    assert_eq!(resolve(&ns, dns, "other.test").0, ResponseCode::Refused);
+    assert_eq!(resolve(&ns, dns, "allowed.test").1, vec![b]);
+    let err = connect(Some(&ns), sa(a, 8080), OPEN).expect_err("a was never pinned");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    drop((open, peer));
+    rt.block_on(pool.release(slot)).expect("release");
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}
