@@ -4,18 +4,22 @@
 
 use libfuzzer_sys::fuzz_target;
 use warren_server::types::{
-    ConnectSandbox, ForkSandbox, NetworkConfig, NewSandbox, NewSnapshot, PauseSandbox, SetTimeout,
+    ConnectSandbox, ForkSandbox, NetworkConfig, NetworkUpdateBody, NewSandbox, NewSnapshot,
+    PauseSandbox, SetTimeout,
 };
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = serde_json::from_slice::<NewSandbox>(data) {
         let _ = warren_server::types::lifecycle_of(&body);
         if let Some(network) = body.network {
-            let _ = network.into_network();
+            let _ = network.into_network(body.allow_internet_access);
         }
     }
     if let Ok(network) = serde_json::from_slice::<NetworkConfig>(data) {
-        let _ = network.into_network();
+        let _ = network.into_network(Some(false));
+    }
+    if let Ok(update) = serde_json::from_slice::<NetworkUpdateBody>(data) {
+        let _ = update.into_update();
     }
     let _ = serde_json::from_slice::<PauseSandbox>(data);
     let _ = serde_json::from_slice::<NewSnapshot>(data);
