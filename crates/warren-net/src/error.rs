@@ -69,6 +69,14 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The egress proxy could not listen in a slot (its sandbox's TCP by name stays cut).
+    #[error("Could not start the egress proxy in slot {slot}")]
+    Proxy {
+        slot: String,
+        #[source]
+        source: io::Error,
+    },
+
     /// Another pool (in this or another process) holds the prefix.
     #[error("Network prefix `{prefix}` is in use by another pool (lock file {path})")]
     PrefixInUse { prefix: String, path: PathBuf },

@@ -16,7 +16,7 @@ use std::net::Ipv4Addr;
 
 use warren_runtime::egress::EgressPolicy;
 
-use crate::addr::{Ipv4Cidr, SANDBOX_IFACE};
+use crate::addr::{Ipv4Cidr, SANDBOX_IFACE, TAP_IFACE};
 
 /// Name of the slot filter's chain that holds the policy (rewritten on every change).
 pub(crate) const POLICY_CHAIN: &str = "sandbox_policy";
@@ -40,11 +40,13 @@ pub struct SlotPolicy {
 }
 
 /// Where a slot's sandbox reaches the pool's resolver: the host end of its veth, and the
-/// resolver's port.
+/// resolver's port; and the slot's host-side address (what the egress proxy's upstream
+/// connections leave as).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ResolverAt {
     pub host_veth: Ipv4Addr,
     pub port: u16,
+    pub host_side: Ipv4Addr,
 }
 
 impl SlotPolicy {
@@ -98,11 +100,57 @@ pub(crate) fn declarations(policy: &SlotPolicy, resolver: Option<ResolverAt>) ->
 \t\tmeta l4proto tcp counter reject with tcp reset
 \t\tcounter reject with icmpx type admin-prohibited
 \t}}
+\tchain {PROXY_OUT} {{
+\t\ttype nat hook output priority -100; policy accept;
+{proxy_out}\t}}
+\tchain {PROXY_PRE} {{
+\t\ttype nat hook prerouting priority -100; policy accept;
+{proxy_pre}\t}}
 ",
         allow = crate::rules::elements(policy.allow.iter()),
         deny = crate::rules::elements(policy.deny.iter()),
         rules = policy_rules(policy, resolver),
+        proxy_out = tab(&proxy_rules(policy, Hook::Output)),
+        proxy_pre = tab(&proxy_rules(policy, Hook::Prerouting)),
     )
+}
+
+/// Names of the slot filter's NAT chains that send TCP to the egress proxy: a namespace
+/// sandbox's own connections (`output`) and a VM's, arriving from its tap (`prerouting`).
+const PROXY_OUT: &str = "proxy_out";
+const PROXY_PRE: &str = "proxy_pre";
+
+#[derive(Clone, Copy)]
+enum Hook {
+    Output,
+    Prerouting,
+}
+
+/// With name rules, the TCP connections the egress proxy decides ([`crate::proxy`]): those
+/// to pinned addresses (their name is checked), to web ports (an allowed name is re-dialled
+/// wherever the sandbox thought it lived) and to any address the address rules would let
+/// through (a name the policy denies is caught there). The rest (`allowOut` addresses
+/// directly, denied ones refused at once by the filter) never reach it, nor do the proxy's
+/// own upstream connections (its mark). One rule per line, without indentation.
+fn proxy_rules(policy: &SlotPolicy, hook: Hook) -> String {
+    if policy.names.is_none() {
+        return String::new();
+    }
+    let on = match hook {
+        Hook::Output => format!("oifname \"{SANDBOX_IFACE}\" "),
+        Hook::Prerouting => format!("iifname \"{TAP_IFACE}\" "),
+    };
+    let to = format!("redirect to :{}", crate::proxy::PROXY_PORT);
+    let mut s = format!("meta mark {:#x} return\n", crate::proxy::MARK);
+    s.push_str("ip daddr @allow_net return\n");
+    let _ = writeln!(s, "{on}ip daddr @pinned meta l4proto tcp {to}");
+    let _ = writeln!(s, "{on}tcp dport {{ 80, 443 }} {to}");
+    let _ = writeln!(s, "{on}ip daddr != @deny_net meta l4proto tcp {to}");
+    s
+}
+
+fn tab(rules: &str) -> String {
+    rules.lines().map(|l| format!("\t\t{l}\n")).collect()
 }
 
 /// The policy chain's rules. Sets are referenced, not inlined, so a change rewrites both in
@@ -123,23 +171,30 @@ fn policy_rules(policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
     s
 }
 
-/// The slot NAT table's DNS redirect: with name rules, every query to port 53 goes to the
-/// resolver (a sandbox's own server, or one in its /etc/hosts, gets our resolver instead).
-/// `add chain` is idempotent, so slots built before the redirect existed get it too.
+/// The slot NAT table's part of a policy with name rules: every DNS query (port 53, to any
+/// address) goes to the resolver, so a sandbox's own server, or one in its /etc/hosts, gets
+/// ours instead; and the egress proxy's upstream connections leave as the slot's host-side
+/// address even in a VM slot (where the slot no longer holds the sandbox's). `add chain` is
+/// idempotent, so slots built before a chain existed get it too.
 pub(crate) fn dns_redirect(
     table: &str,
     policy: &SlotPolicy,
     resolver: Option<ResolverAt>,
 ) -> String {
     let mut s = String::new();
-    for (chain, hook) in [("dns_pre", "prerouting"), ("dns_out", "output")] {
+    for (chain, hook, prio) in [
+        ("dns_pre", "prerouting", -101),
+        ("dns_out", "output", -101),
+        ("proxy_src", "postrouting", 101),
+    ] {
         let _ = writeln!(
             s,
-            "add chain ip {table} {chain} {{ type nat hook {hook} priority -101; policy accept; }}"
+            "add chain ip {table} {chain} {{ type nat hook {hook} priority {prio}; policy accept; }}"
         );
         let _ = writeln!(s, "flush chain ip {table} {chain}");
     }
     if let (Some(_), Some(r)) = (&policy.names, resolver) {
+        let mark = crate::proxy::MARK;
         let to = format!(
             "meta l4proto {{ tcp, udp }} th dport 53 dnat to {}:{}",
             r.host_veth, r.port
@@ -152,6 +207,11 @@ pub(crate) fn dns_redirect(
         let _ = writeln!(
             s,
             "add rule ip {table} dns_out oifname \"{SANDBOX_IFACE}\" {to}"
+        );
+        let _ = writeln!(
+            s,
+            "add rule ip {table} proxy_src oifname \"{SANDBOX_IFACE}\" meta mark {mark:#x} snat to {}",
+            r.host_side
         );
     }
     s
@@ -177,6 +237,12 @@ pub(crate) fn update(table: &str, policy: &SlotPolicy, resolver: Option<Resolver
     let _ = writeln!(s, "flush chain inet {table} {POLICY_CHAIN}");
     for rule in policy_rules(policy, resolver).lines() {
         let _ = writeln!(s, "add rule inet {table} {POLICY_CHAIN} {}", rule.trim());
+    }
+    for (chain, hook) in [(PROXY_OUT, Hook::Output), (PROXY_PRE, Hook::Prerouting)] {
+        let _ = writeln!(s, "flush chain inet {table} {chain}");
+        for rule in proxy_rules(policy, hook).lines() {
+            let _ = writeln!(s, "add rule inet {table} {chain} {rule}");
+        }
     }
     s.push_str(&dns_redirect(table, policy, resolver));
     s
@@ -233,6 +299,7 @@ mod tests {
     const AT: ResolverAt = ResolverAt {
         host_veth: Ipv4Addr::new(10, 11, 0, 21),
         port: 40053,
+        host_side: Ipv4Addr::new(10, 11, 0, 22),
     };
 
     #[test]
@@ -273,7 +340,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("meta l4proto tcp counter reject with tcp reset"));
+        // TCP that may pass goes to the proxy; the proxy's own and allowOut's do not.
+        let mark = text.find("meta mark 0x57720001 return").unwrap();
+        let direct = mark + text[mark..].find("ip daddr @allow_net return").unwrap();
+        let pinned_tcp = text
+            .find("oifname \"eth0\" ip daddr @pinned meta l4proto tcp redirect to :988")
+            .unwrap();
+        assert!(mark < direct && direct < pinned_tcp, "{text}");
+        assert!(text.contains("iifname \"tap0\" tcp dport { 80, 443 } redirect to :988"));
+        assert!(text.contains("ip daddr != @deny_net meta l4proto tcp redirect to :988"));
         let plain = declarations(&SlotPolicy::deny_all(), Some(AT));
+        assert!(!plain.contains("redirect"), "{plain}");
         assert!(!plain.contains("dport 40053") && !plain.contains("@pinned return"));
         for line in text.lines() {
             let t = line.trim();
@@ -311,6 +388,10 @@ mod tests {
             text.contains("add rule ip w dns_pre iifname != \"eth0\""),
             "{text}"
         );
+        assert!(text.contains("flush chain inet w proxy_out\nadd rule inet w proxy_out meta mark"));
+        assert!(text.contains(
+            "add rule ip w proxy_src oifname \"eth0\" meta mark 0x57720001 snat to 10.11.0.22\n"
+        ), "{text}");
         assert_eq!(
             pin("w", &[Ipv4Addr::new(192, 0, 2, 7)], 60),
             "add element inet w pinned { 192.0.2.7 timeout 60s }\n"

@@ -20,7 +20,9 @@ use crate::dns::DnsConfig;
 use crate::error::{Error, Result};
 use crate::host::{self, PrefixLock};
 use crate::netns::netns_path;
+use crate::pins::Pins;
 use crate::policy::SlotPolicy;
+use crate::proxy::Proxy;
 use crate::resolver::Resolver;
 use crate::rules::{self, HostRules, SlotFilter};
 use crate::slot::{self, Returned, Slot};
@@ -74,6 +76,10 @@ pub(crate) struct Inner {
     filter: SlotFilter,
     /// Answers the DNS queries of sandboxes with name rules.
     resolver: Resolver,
+    /// Decides their TCP connections by the name they carry.
+    proxy: Proxy,
+    /// What the resolver and the proxy pinned in each slot.
+    pins: Arc<Pins>,
     /// Slot links need their own forwarding switch (the host has `ip_forward` off).
     forward_per_link: bool,
     /// Serialises changes of the host table (no-egress elements) with the watchdog's check
@@ -188,7 +194,13 @@ impl NetPool {
                  set `dns` in the network configuration"
             );
         }
-        let resolver = Resolver::start(&config.prefix, dns.servers.clone()).await?;
+        let pins = Arc::new(Pins::new(&config.prefix));
+        let resolver = Resolver::start(pins.clone(), dns.servers.clone()).await?;
+        let proxy = Proxy::new(
+            dns.servers.clone(),
+            pins.clone(),
+            config.max_connections_per_slot,
+        );
         let layers =
             start::install_host_layers(&config, &dns, resolver.port(), &adopt, &verdicts).await?;
         let start::HostLayers {
@@ -211,6 +223,8 @@ impl NetPool {
             flush_conntrack,
             filter,
             resolver,
+            proxy,
+            pins,
             forward_per_link,
             table_lock: tokio::sync::Mutex::new(()),
             expected_table: Mutex::new(expected_table),
@@ -454,11 +468,19 @@ impl Inner {
             // Pessimistic first (see `Slot::restricted`).
             slot.restricted = true;
             let at = self.filter.resolver_at(&slot.addrs);
+            // The proxy listens before the slot redirects to it.
+            if policy.names.is_some() {
+                self.proxy.register(&slot.name, policy.names.as_ref())?;
+            }
             slot::set_policy(&self.config.prefix, &slot.name, policy, at).await?;
+            self.pins.forget(&slot.name);
             slot.policy = policy.clone();
             slot.restricted = !policy.is_open();
             self.resolver
                 .register(slot.addrs.host_side, &slot.name, policy.names.as_ref());
+            if policy.names.is_none() {
+                self.proxy.register(&slot.name, None)?;
+            }
         }
         self.set_internet_access(slot, !policy.denies_everything())
             .await
@@ -631,6 +653,9 @@ impl Inner {
         restricted: bool,
     ) -> Result<()> {
         self.resolver.register(addrs.host_side, &name, None);
+        // Cannot fail without name rules.
+        let _ = self.proxy.register(&name, None);
+        self.pins.forget(&name);
         if restricted {
             let open = SlotPolicy::open();
             let at = self.filter.resolver_at(&addrs);

@@ -14,24 +14,18 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hickory_proto::op::{Message, ResponseCode};
-use hickory_proto::rr::RData;
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use warren_runtime::egress::EgressPolicy;
 
-use crate::cmd::{Invocation, NFT};
 use crate::error::{Error, Result};
-use crate::netns::netns_path;
-use crate::policy;
+use crate::pins::Pins;
 
 /// How long an upstream server gets to answer before the next one is asked.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bounds of how long a pin lasts, whatever TTL the answer had: long enough for a client
-/// that caches past a tiny TTL, short enough that a name's old address does not stay open.
-const PIN_MIN_SECS: u32 = 60;
-const PIN_MAX_SECS: u32 = 3600;
 /// A TCP client gets this long to send its query.
 const TCP_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -42,7 +36,7 @@ struct Client {
 }
 
 struct Shared {
-    table: String,
+    pins: Arc<Pins>,
     upstreams: Vec<Ipv4Addr>,
     /// By the slot's host-side address.
     clients: Mutex<HashMap<Ipv4Addr, Client>>,
@@ -56,9 +50,9 @@ pub(crate) struct Resolver {
 }
 
 impl Resolver {
-    /// Binds a free port (UDP and TCP) and starts answering. `table`: the pool's prefix, the
-    /// name of each slot's filter table (where pins go).
-    pub(crate) async fn start(table: &str, upstreams: Vec<Ipv4Addr>) -> Result<Self> {
+    /// Binds a free port (UDP and TCP) and starts answering; the addresses of allowed names
+    /// go into `pins`.
+    pub(crate) async fn start(pins: Arc<Pins>, upstreams: Vec<Ipv4Addr>) -> Result<Self> {
         let (udp, tcp) = bind_pair().await?;
         let port = udp
             .local_addr()
@@ -68,7 +62,7 @@ impl Resolver {
             })?
             .port();
         let shared = Arc::new(Shared {
-            table: table.to_owned(),
+            pins,
             upstreams,
             clients: Mutex::new(HashMap::new()),
         });
@@ -235,30 +229,12 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
     if parsed.id() != msg.id() {
         return None;
     }
-    let mut ttl = PIN_MAX_SECS;
-    let ips: Vec<Ipv4Addr> = parsed
-        .answers()
-        .iter()
-        .filter_map(|r| match r.data() {
-            RData::A(a) => {
-                ttl = ttl.min(r.ttl());
-                Some(a.0)
-            }
-            _ => None,
-        })
-        .collect();
+    let (ips, ttl) = a_records(&parsed);
     tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
         verdict = "answered", addresses = ?ips, "DNS query");
     if !ips.is_empty() {
         // Before the answer goes out, so the sandbox's very next connect finds the pin.
-        let ttl = ttl.clamp(PIN_MIN_SECS, PIN_MAX_SECS);
-        let pinned = Invocation::new(NFT)
-            .args(["-f", "-"])
-            .stdin(policy::pin(&shared.table, &ips, ttl))
-            .in_netns(&netns_path(&client.slot))
-            .run()
-            .await;
-        if let Err(e) = pinned {
+        if let Err(e) = shared.pins.ensure(&client.slot, &ips, ttl).await {
             tracing::warn!(slot = %client.slot, %name, error = %e,
                 "could not pin the addresses of an allowed name");
         }
@@ -274,6 +250,57 @@ async fn forward(upstreams: &[Ipv4Addr], query: &[u8], via: Transport) -> Option
         return ask(upstreams, query, Transport::Tcp).await.or(Some(reply));
     }
     Some(reply)
+}
+
+/// The IPv4 addresses `name` has and the shortest TTL among them, asked of the upstream
+/// servers directly (the egress proxy re-dials a name this way rather than trusting the
+/// address the sandbox connected to). Empty when the name has none or nobody answered.
+pub(crate) async fn lookup_a(upstreams: &[Ipv4Addr], name: &str) -> (Vec<Ipv4Addr>, u32) {
+    let none = (Vec::new(), 0);
+    let Ok(qname) = Name::from_ascii(format!("{}.", name.trim_end_matches('.'))) else {
+        return none;
+    };
+    let mut msg = Message::new();
+    msg.set_id(rand_id())
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(qname, RecordType::A));
+    let Ok(query) = msg.to_vec() else {
+        return none;
+    };
+    let Some(reply) = forward(upstreams, &query, Transport::Udp).await else {
+        return none;
+    };
+    match Message::from_vec(&reply) {
+        Ok(m) if m.id() == msg.id() => a_records(&m),
+        _ => none,
+    }
+}
+
+/// The A records of an answer and their shortest TTL.
+fn a_records(answer: &Message) -> (Vec<Ipv4Addr>, u32) {
+    let mut ttl = u32::MAX;
+    let ips = answer
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => {
+                ttl = ttl.min(r.ttl());
+                Some(a.0)
+            }
+            _ => None,
+        })
+        .collect();
+    (ips, ttl)
+}
+
+/// A random query id, so an off-path sender cannot guess it and forge the answer.
+fn rand_id() -> u16 {
+    let mut b = [0u8; 2];
+    // No entropy (never on Linux): a fixed id still gets an answer, only a guessable one.
+    let _ = getrandom::fill(&mut b);
+    u16::from_ne_bytes(b)
 }
 
 /// The first upstream answer to `query` over `via`.

@@ -184,6 +184,7 @@ impl SlotFilter {
         self.resolver_port.map(|port| ResolverAt {
             host_veth: a.host_veth,
             port,
+            host_side: a.host_side,
         })
     }
 }
@@ -250,6 +251,8 @@ table inet {table} {{
 \t}}
 \tchain egress {{
 \t\tmeta nfproto ipv6 counter drop
+\t\t# Redirected to the egress proxy: the output hook keeps the original route's device.
+\t\tip daddr 127.0.0.1 tcp dport {proxy_port} ct status dnat accept
 \t\t# The sandbox's own policy, for every packet of a connection it opened (not replies
 \t\t# to the host's): before the established accept, so a new policy cuts open ones.
 \t\tct direction original jump {POLICY_CHAIN}
@@ -261,6 +264,7 @@ table inet {table} {{
 {policy}}}
 ",
         policy = policy::declarations(policy, f.resolver_at(a)),
+        proxy_port = crate::proxy::PROXY_PORT,
         resolver = f
             .resolver_at(a)
             .map(|r| format!(

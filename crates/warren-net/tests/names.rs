@@ -288,3 +288,196 @@ fn pins_and_the_redirect_survive_a_restart_of_the_pool() {
     rt.block_on(pool.release(slot)).expect("release");
     rt.block_on(pool.shutdown()).expect("shutdown");
 }
+
+/// A server in the fake internet that answers each connection with `greeting` and records
+/// the first bytes it receives.
+struct Recorder {
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Recorder {
+    fn seen(&self) -> Vec<Vec<u8>> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// `speaks_first`: the greeting goes out on accept (SSH-like), else after the first read.
+fn recorder(
+    ns: &std::path::Path,
+    addr: SocketAddr,
+    greeting: &'static [u8],
+    speaks_first: bool,
+) -> Recorder {
+    let listener = listen(Some(ns), addr);
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (log, flag) = (got.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            let Some((mut s, _)) = common::accept(&listener, Duration::from_millis(50)) else {
+                continue;
+            };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(OPEN)).unwrap();
+                if speaks_first {
+                    let _ = s.write_all(greeting);
+                }
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                log.lock().unwrap().push(buf[..n].to_vec());
+                if !speaks_first {
+                    let _ = s.write_all(greeting);
+                }
+                // Echo the rest until the client is done.
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Recorder { got, stop }
+}
+
+/// A ClientHello for `name`, as a real TLS client writes it.
+fn client_hello(name: &str) -> Vec<u8> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).unwrap();
+    out
+}
+
+/// Connects from the slot, sends `bytes` and returns what comes back, or the error.
+fn exchange(ns: &std::path::Path, to: SocketAddr, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut s = connect(Some(ns), to, OPEN)?;
+    s.set_read_timeout(Some(OPEN)).unwrap();
+    s.write_all(bytes)?;
+    let mut buf = [0u8; 256];
+    let n = s.read(&mut buf)?;
+    Ok(buf[..n].to_vec())
+}
+
+fn is_reset(r: &std::io::Result<Vec<u8>>) -> bool {
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
+#[test]
+fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
+    let Some(mut ctx) = common::setup() else {
+        return;
+    };
+    let a = ctx.outside().addr;
+    let b = ctx.outside_second();
+    let dns_ip = ctx.private_addr();
+    let outside_ns = ctx.outside_netns();
+    let dns = sa(dns_ip, 53);
+    // `evil.test` lives at a; `allowed.test` at b.
+    let _up = upstream(
+        &outside_ns,
+        dns,
+        vec![("allowed.test", b), ("evil.test", a)],
+    );
+    let web_a = recorder(
+        &outside_ns,
+        sa(a, 80),
+        b"HTTP/1.1 200 OK\r\n\r\nfrom-a",
+        false,
+    );
+    let web_b = recorder(
+        &outside_ns,
+        sa(b, 80),
+        b"HTTP/1.1 200 OK\r\n\r\nfrom-b",
+        false,
+    );
+    let tls_a = recorder(&outside_ns, sa(a, 443), b"tls-a", false);
+    let tls_b = recorder(&outside_ns, sa(b, 443), b"tls-b", false);
+    let banner_b = recorder(&outside_ns, sa(b, 2222), b"BANNER-b\r\n", true);
+    let mut config = ctx.config(1);
+    config.dns = DnsSource::Servers(vec![dns_ip]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let names =
+        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
+    let policy = SlotPolicy {
+        names: Some(names),
+        ..SlotPolicy::deny_all()
+    };
+    let mut slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let ns = slot.netns_path();
+    let get = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+
+    // An allowed Host at the wrong address (an /etc/hosts entry, a stale cache): re-dialled by
+    // name, it reaches the name's own server and nothing at the address it was sent to.
+    let got = exchange(&ns, sa(a, 80), &get("allowed.test")).expect("proxied by name");
+    assert!(
+        got.ends_with(b"from-b"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(web_a.seen().is_empty(), "a heard {:?}", web_a.seen());
+    assert!(web_b.seen()[0].starts_with(b"GET / HTTP/1.1\r\nHost: allowed.test"));
+
+    // A denied Host at an allowed name's address: reset, and the server hears nothing.
+    assert_eq!(resolve(&ns, dns, "allowed.test").1, vec![b]);
+    let denied = exchange(&ns, sa(b, 80), &get("evil.test"));
+    assert!(is_reset(&denied), "{denied:?}");
+    assert_eq!(web_b.seen().len(), 1, "b heard the denied request");
+
+    // TLS: the SNI decides in the same way, whatever the address.
+    let denied = exchange(&ns, sa(b, 443), &client_hello("evil.test"));
+    assert!(is_reset(&denied), "{denied:?}");
+    let got = exchange(&ns, sa(a, 443), &client_hello("allowed.test")).expect("proxied");
+    assert_eq!(got, b"tls-b");
+    assert!(tls_a.seen().is_empty());
+    assert_eq!(tls_b.seen().len(), 1);
+    assert_eq!(tls_b.seen()[0].first(), Some(&0x16), "a TLS record went on");
+
+    // A protocol whose server speaks first, to a pinned address: passes by address, and the
+    // client's first words are still checked when they come.
+    let mut ssh = connect(Some(&ns), sa(b, 2222), OPEN).expect("pinned address, other port");
+    assert_eq!(common::read_some(&mut ssh, OPEN), b"BANNER-b\r\n");
+    ssh.write_all(b"SSH-2.0-client\r\n").unwrap();
+    let deadline = std::time::Instant::now() + OPEN;
+    while banner_b.seen().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut late = connect(Some(&ns), sa(b, 2222), OPEN).expect("connects");
+    assert_eq!(common::read_some(&mut late, OPEN), b"BANNER-b\r\n");
+    late.write_all(&get("evil.test")).unwrap();
+    let mut buf = [0u8; 16];
+    let r = late.read(&mut buf);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+    assert_eq!(banner_b.seen(), vec![b"SSH-2.0-client\r\n".to_vec()]);
+
+    // A new policy cuts proxied connections it no longer allows.
+    let mut open = connect(Some(&ns), sa(b, 2222), OPEN).expect("connects");
+    assert_eq!(common::read_some(&mut open, OPEN), b"BANNER-b\r\n");
+    rt.block_on(pool.set_policy(&mut slot, &SlotPolicy::deny_all()))
+        .expect("new policy");
+    let _ = open.write_all(b"after");
+    let r = open.read(&mut buf);
+    assert!(matches!(&r, Ok(0) | Err(_)), "{r:?}");
+
+    rt.block_on(pool.release(slot)).expect("release");
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}

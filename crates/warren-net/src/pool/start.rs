@@ -104,6 +104,11 @@ pub(super) fn adopted_slots(
                         &slot.name,
                         slot.policy.names.as_ref(),
                     );
+                    if let Err(e) = inner.proxy.register(&slot.name, slot.policy.names.as_ref()) {
+                        // Fails closed: the slot's redirect leads to nothing.
+                        tracing::warn!(slot = %slot.name, error = %e,
+                            "the adopted slot's TCP by name stays cut");
+                    }
                     Ok(slot)
                 }
                 Err(reason) => {
