@@ -297,3 +297,44 @@ def test_domain_rules_refuse_other_names_without_asking_anyone(internet):
         assert sbx.get_info().network.get("allow_out") == ["allowed.example.test", NEAR]
     finally:
         sbx.kill()
+
+
+# Run inside the sandbox: one connection that names `name` first, as HTTP Host or TLS SNI;
+# prints how it ended.
+NAMED = r"""
+import socket, ssl, sys
+how, name, host, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+s = socket.create_connection((host, port), timeout=5)
+try:
+    if how == "host":
+        s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name).encode())
+        print("answer:" + s.recv(100).decode().strip())
+    else:
+        ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+        ctx.wrap_socket(s, server_hostname=name)
+        print("handshake")
+except ConnectionResetError:
+    print("reset")
+except (ssl.SSLError, OSError) as e:
+    print("error:%s" % e)
+"""
+
+
+def test_tcp_names_are_checked_by_host_and_sni(internet):
+    """With rules by name, TCP that may pass goes through the server's egress proxy: a
+    connection whose HTTP Host or TLS SNI names a denied name is reset, whatever address it
+    went to; one without a name (here the test server's line protocol) goes on by address.
+    The re-dial of allowed names by their own addresses needs a DNS answer, which only a test
+    DNS server may give (crates/warren-net/tests/names.rs)."""
+    sbx = new_sandbox(network={"deny_out": ["denied.example.test"]})
+    try:
+        sbx.files.write("/tmp/named.py", NAMED)
+        assert probe(sbx, "tcp", FAR, 8080)["out"] == f"ok:{FAR} hi"
+        for how in ("host", "sni"):
+            r = sbx.commands.run(f"python3 /tmp/named.py {how} denied.example.test {FAR} 8080", timeout=30)
+            assert r.stdout.strip() == "reset", (how, r.stdout, r.stderr)
+        # A connection that names nobody reaches the server (which answers the request line).
+        r = sbx.commands.run(f"python3 /tmp/named.py host {FAR} {FAR} 8080", timeout=30)
+        assert r.stdout.startswith(f"answer:{FAR} GET / HTTP/1.1"), r.stdout
+    finally:
+        sbx.kill()
