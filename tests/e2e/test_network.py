@@ -17,6 +17,7 @@ import time
 import uuid
 
 import pytest
+import requests
 from e2b import Sandbox
 
 from conftest import require
@@ -320,7 +321,7 @@ except (ssl.SSLError, OSError) as e:
 """
 
 
-def test_tcp_names_are_checked_by_host_and_sni(internet):
+def test_tcp_names_are_checked_by_host_and_sni(internet, server):
     """With rules by name, TCP that may pass goes through the server's egress proxy: a
     connection whose HTTP Host or TLS SNI names a denied name is reset, whatever address it
     went to; one without a name (here the test server's line protocol) goes on by address.
@@ -336,5 +337,19 @@ def test_tcp_names_are_checked_by_host_and_sni(internet):
         # A connection that names nobody reaches the server (which answers the request line).
         r = sbx.commands.run(f"python3 /tmp/named.py host {FAR} {FAR} 8080", timeout=30)
         assert r.stdout.startswith(f"answer:{FAR} GET / HTTP/1.1"), r.stdout
+        # Each decision is in the sandbox's flow log, through the API and the CLI.
+        url = f"{os.environ['E2B_API_URL']}/sandboxes/{sbx.sandbox_id}/network/flows"
+        got = requests.get(url, headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+        assert got.status_code == 200, got.text
+        flows = got.json()["flows"]
+        denied = {(f["via"], f["name"]) for f in flows if f["verdict"] == "denied"}
+        assert denied == {("http-host", "denied.example.test"), ("tls-sni", "denied.example.test")}, flows
+        assert any(f["via"] == "address" and f["destination"] == f"{FAR}:8080" and f["verdict"] == "allowed"
+                   for f in flows), flows
+        from test_cli import warren
+
+        cli = warren(server, "sandbox", "flows", sbx.sandbox_id)
+        assert cli.returncode == 0, cli.stderr
+        assert "tcp denied  denied.example.test at" in cli.stdout, cli.stdout
     finally:
         sbx.kill()

@@ -63,9 +63,65 @@ pub async fn update(
     Ok(())
 }
 
+/// `warren sandbox flows <id>`: the flow log, one decision per line (or the JSON list).
+pub async fn flows(client: &Client, args: &ClientArgs, id: &str) -> anyhow::Result<()> {
+    let v: Value = client
+        .api(Method::GET, &format!("/sandboxes/{id}/network/flows"), None)
+        .await?
+        .json()
+        .await?;
+    let list = v["flows"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        println!("{}", Value::Array(list));
+        return Ok(());
+    }
+    for f in &list {
+        println!("{}", flow_line(f));
+    }
+    Ok(())
+}
+
+/// `TIME KIND VERDICT WHAT [-> ADDRESSES] (VIA[: REASON])`.
+fn flow_line(f: &Value) -> String {
+    let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+    let what = match (f["name"].as_str(), f["destination"].as_str()) {
+        (Some(n), Some(d)) => format!("{n} at {d}"),
+        (Some(n), None) => n.to_string(),
+        (None, Some(d)) => d.to_string(),
+        (None, None) => "-".into(),
+    };
+    let mut line = format!("{} {:<3} {:<7} {what}", s("time"), s("kind"), s("verdict"));
+    if let Some(a) = f["addresses"].as_array().filter(|a| !a.is_empty()) {
+        let a: Vec<&str> = a.iter().filter_map(Value::as_str).collect();
+        line.push_str(&format!(" -> {}", a.join(", ")));
+    }
+    let why = match f["reason"].as_str() {
+        Some(r) => format!(" ({}: {r})", s("via")),
+        None => format!(" ({})", s("via")),
+    };
+    line + &why
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flow_lines_say_what_was_decided() {
+        let denied = json!({"time": "2026-12-02T21:00:00.000Z", "kind": "tcp", "verdict": "denied",
+            "name": "evil.test", "destination": "192.0.2.7:443", "via": "tls-sni",
+            "reason": "name not allowed"});
+        assert_eq!(
+            flow_line(&denied),
+            "2026-12-02T21:00:00.000Z tcp denied  evil.test at 192.0.2.7:443 (tls-sni: name not allowed)"
+        );
+        let answered = json!({"time": "t", "kind": "dns", "verdict": "allowed",
+            "name": "a.test", "addresses": ["192.0.2.1", "192.0.2.2"], "via": "dns"});
+        assert_eq!(
+            flow_line(&answered),
+            "t dns allowed a.test -> 192.0.2.1, 192.0.2.2 (dns)"
+        );
+    }
 
     #[test]
     fn options_become_the_e2b_fields() {

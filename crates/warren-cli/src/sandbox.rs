@@ -85,6 +85,11 @@ pub enum SandboxCommand {
         #[command(flatten)]
         egress: EgressArgs,
     },
+    /// Prints a sandbox's flow log: its egress policy's recent decisions about DNS queries
+    /// and TCP connections, oldest first.
+    Flows {
+        id: String,
+    },
     /// Creates COUNT copies of a running sandbox and prints their ids.
     Fork {
         id: String,
@@ -192,6 +197,7 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
         SandboxCommand::Network { id, egress } => {
             network::update(&client, &args, &id, &egress).await?
         }
+        SandboxCommand::Flows { id } => network::flows(&client, &args, &id).await?,
         SandboxCommand::Fork { id, count, timeout } => {
             return persist::fork(&client, &args, &id, count, timeout).await
         }

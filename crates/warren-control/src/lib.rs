@@ -57,4 +57,5 @@ pub use templates::{
 };
 pub use tenant::Tenant;
 pub use warren_runtime::egress::EgressPolicy;
+pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::{Capabilities, PauseMode};

@@ -42,6 +42,15 @@ impl Control {
         Ok(())
     }
 
+    /// Sandbox `id`'s flow log, from the runtime that enforces its policy.
+    pub async fn network_flows(&self, id: &str) -> Result<Vec<crate::Flow>, ControlError> {
+        self.inner
+            .runtime
+            .network_flows(id)
+            .await
+            .map_err(|e| self.runtime_error(e, &format!("reading sandbox {id}'s flow log")))
+    }
+
     /// Replaces the egress policy of sandbox `id`. A running sandbox gets it at once (open
     /// connections it no longer allows are cut); a paused one gets it when it resumes.
     pub async fn update_network(

@@ -131,6 +131,12 @@ impl Tenant {
         self.control.update_network(id, update).await
     }
 
+    /// The sandbox's flow log: what its egress policy decided lately, oldest first.
+    pub async fn network_flows(&self, id: &str) -> Result<Vec<crate::Flow>, ControlError> {
+        self.own(id).await?;
+        self.control.network_flows(id).await
+    }
+
     pub async fn create_snapshot(
         &self,
         sandbox_id: &str,

@@ -34,6 +34,7 @@ mod cmd;
 mod config;
 mod dns;
 mod error;
+mod flows;
 mod host;
 pub mod netns;
 mod pins;

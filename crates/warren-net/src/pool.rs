@@ -18,6 +18,7 @@ use crate::cmd::{Invocation, CONNTRACK};
 use crate::config::NetConfig;
 use crate::dns::DnsConfig;
 use crate::error::{Error, Result};
+use crate::flows::FlowLog;
 use crate::host::{self, PrefixLock};
 use crate::netns::netns_path;
 use crate::pins::Pins;
@@ -80,6 +81,8 @@ pub(crate) struct Inner {
     proxy: Proxy,
     /// What the resolver and the proxy pinned in each slot.
     pins: Arc<Pins>,
+    /// What they decided, by the sandbox each slot serves.
+    flows: Arc<FlowLog>,
     /// Slot links need their own forwarding switch (the host has `ip_forward` off).
     forward_per_link: bool,
     /// Serialises changes of the host table (no-egress elements) with the watchdog's check
@@ -195,10 +198,12 @@ impl NetPool {
             );
         }
         let pins = Arc::new(Pins::new(&config.prefix));
-        let resolver = Resolver::start(pins.clone(), dns.servers.clone()).await?;
+        let flows = Arc::new(FlowLog::default());
+        let resolver = Resolver::start(pins.clone(), flows.clone(), dns.servers.clone()).await?;
         let proxy = Proxy::new(
             dns.servers.clone(),
             pins.clone(),
+            flows.clone(),
             config.max_connections_per_slot,
         );
         let layers =
@@ -225,6 +230,7 @@ impl NetPool {
             resolver,
             proxy,
             pins,
+            flows,
             forward_per_link,
             table_lock: tokio::sync::Mutex::new(()),
             expected_table: Mutex::new(expected_table),
@@ -295,6 +301,23 @@ impl NetPool {
     pub async fn set_policy(&self, slot: &mut Slot, policy: &SlotPolicy) -> Result<()> {
         self.check_owner(slot)?;
         self.inner.set_policy(slot, policy).await
+    }
+
+    /// The resolver's and the egress proxy's decisions about `slot`'s traffic go to `owner`'s
+    /// flow log (a sandbox id) from now on, until the slot is released.
+    pub fn set_owner(&self, slot: &Slot, owner: &str) {
+        self.inner.flows.set_owner(&slot.name, Some(owner));
+    }
+
+    /// `owner`'s flow log, oldest first: the last decisions about its sandbox's DNS queries
+    /// and (with rules by name) TCP connections, across every slot it held.
+    pub fn flows(&self, owner: &str) -> Vec<warren_runtime::flows::Flow> {
+        self.inner.flows.of(owner)
+    }
+
+    /// Drops `owner`'s flow log (its sandbox is gone).
+    pub fn forget_flows(&self, owner: &str) {
+        self.inner.flows.forget(owner);
     }
 
     /// Returns a slot: resets it (internet access back on, conntrack entries flushed) and
@@ -653,6 +676,7 @@ impl Inner {
         restricted: bool,
     ) -> Result<()> {
         self.resolver.register(addrs.host_side, &name, None);
+        self.flows.set_owner(&name, None);
         // Cannot fail without name rules.
         let _ = self.proxy.register(&name, None);
         self.pins.forget(&name);

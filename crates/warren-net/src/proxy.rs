@@ -33,9 +33,11 @@ use tokio::task::JoinHandle;
 use warren_runtime::egress::EgressPolicy;
 
 use crate::error::{Error, Result};
+use crate::flows::{now_ms, FlowLog};
 use crate::netns::netns_path;
 use crate::pins::Pins;
 use crate::resolver::lookup_a;
+use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 
 /// The proxy's port inside every slot. Below 1024, so a namespace sandbox (which lives in
 /// that netns without CAP_NET_BIND_SERVICE over it) can never bind it first.
@@ -91,6 +93,7 @@ type MakeSocket = oneshot::Sender<io::Result<OwnedFd>>;
 struct Shared {
     upstreams: Vec<Ipv4Addr>,
     pins: Arc<Pins>,
+    flows: Arc<FlowLog>,
     max_connections: usize,
     slots: Mutex<HashMap<String, SlotProxy>>,
 }
@@ -101,7 +104,12 @@ pub(crate) struct Proxy {
 }
 
 impl Proxy {
-    pub(crate) fn new(upstreams: Vec<Ipv4Addr>, pins: Arc<Pins>, max_connections: u32) -> Self {
+    pub(crate) fn new(
+        upstreams: Vec<Ipv4Addr>,
+        pins: Arc<Pins>,
+        flows: Arc<FlowLog>,
+        max_connections: u32,
+    ) -> Self {
         let max_connections = match max_connections {
             0 => DEFAULT_MAX_CONNECTIONS,
             n => n as usize,
@@ -110,6 +118,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 upstreams,
                 pins,
+                flows,
                 max_connections,
                 slots: Mutex::new(HashMap::new()),
             }),
@@ -262,12 +271,12 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
     let upstream = match &first {
         Some(Head::Named(name, via)) => {
             if !names.answers_name(name) {
-                flow(
+                shared.flow(
                     slot,
                     dest,
                     Some(name),
                     Some(*via),
-                    "denied",
+                    FlowVerdict::Denied,
                     "name not allowed",
                 );
                 reset(client);
@@ -285,12 +294,12 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
         Ok(u) => u,
         Err(e) => {
             let reason = e.to_string();
-            flow(slot, dest, name, via, "denied", &reason);
+            shared.flow(slot, dest, name, via, FlowVerdict::Denied, &reason);
             reset(client);
             return;
         }
     };
-    flow(slot, dest, name, via, "allowed", "");
+    shared.flow(slot, dest, name, via, FlowVerdict::Allowed, "");
     if !head.is_empty() && upstream.write_all(&head).await.is_err() {
         reset(client);
         return;
@@ -300,12 +309,12 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
         // client says something, and check that for a name before it goes anywhere.
         match late_head(&mut client, &mut upstream, &names).await {
             Ok(Some((name, via))) => {
-                flow(
+                shared.flow(
                     slot,
                     dest,
                     Some(&name),
                     Some(via),
-                    "denied",
+                    FlowVerdict::Denied,
                     "name not allowed",
                 );
                 reset(client);
@@ -334,16 +343,34 @@ async fn relay(mut client: TcpStream, mut upstream: TcpStream) {
     }
 }
 
-fn flow(
-    slot: &str,
-    dest: SocketAddrV4,
-    name: Option<&str>,
-    via: Option<Via>,
-    verdict: &str,
-    reason: &str,
-) {
-    tracing::info!(target: "warren_net::flow", slot, %dest, name = name.unwrap_or(""),
-        via = via.map(Via::as_str).unwrap_or("address"), verdict, reason, "TCP connection");
+impl Shared {
+    /// Logs a decision about a connection and records it in the flow log.
+    fn flow(
+        &self,
+        slot: &str,
+        dest: SocketAddrV4,
+        name: Option<&str>,
+        via: Option<Via>,
+        verdict: FlowVerdict,
+        reason: &str,
+    ) {
+        let via = via.map(Via::as_str).unwrap_or("address");
+        tracing::info!(target: "warren_net::flow", slot, %dest, name = name.unwrap_or(""),
+            via, ?verdict, reason, "TCP connection");
+        self.flows.record(
+            slot,
+            Flow {
+                at_ms: now_ms(),
+                kind: FlowKind::Tcp,
+                verdict,
+                name: name.map(str::to_owned),
+                destination: Some(dest.to_string()),
+                addresses: Vec::new(),
+                via: via.into(),
+                reason: (!reason.is_empty()).then(|| reason.to_owned()),
+            },
+        );
+    }
 }
 
 /// Where the client meant to go, or `None` if it was not redirected here.

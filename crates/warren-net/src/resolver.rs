@@ -22,7 +22,9 @@ use tokio::task::JoinHandle;
 use warren_runtime::egress::EgressPolicy;
 
 use crate::error::{Error, Result};
+use crate::flows::{now_ms, FlowLog};
 use crate::pins::Pins;
+use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 
 /// How long an upstream server gets to answer before the next one is asked.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,6 +39,7 @@ struct Client {
 
 struct Shared {
     pins: Arc<Pins>,
+    flows: Arc<FlowLog>,
     upstreams: Vec<Ipv4Addr>,
     /// By the slot's host-side address.
     clients: Mutex<HashMap<Ipv4Addr, Client>>,
@@ -52,7 +55,11 @@ pub(crate) struct Resolver {
 impl Resolver {
     /// Binds a free port (UDP and TCP) and starts answering; the addresses of allowed names
     /// go into `pins`.
-    pub(crate) async fn start(pins: Arc<Pins>, upstreams: Vec<Ipv4Addr>) -> Result<Self> {
+    pub(crate) async fn start(
+        pins: Arc<Pins>,
+        flows: Arc<FlowLog>,
+        upstreams: Vec<Ipv4Addr>,
+    ) -> Result<Self> {
         let (udp, tcp) = bind_pair().await?;
         let port = udp
             .local_addr()
@@ -63,6 +70,7 @@ impl Resolver {
             .port();
         let shared = Arc::new(Shared {
             pins,
+            flows,
             upstreams,
             clients: Mutex::new(HashMap::new()),
         });
@@ -219,6 +227,9 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
     if !client.names.answers_name(&name) {
         tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
             verdict = "refused", "DNS query");
+        shared
+            .flows
+            .record(&client.slot, dns_flow(&name, FlowVerdict::Denied, &[]));
         let mut refused = Message::error_msg(msg.id(), msg.op_code(), ResponseCode::Refused);
         refused.add_queries(msg.queries().to_vec());
         refused.set_recursion_desired(msg.recursion_desired());
@@ -232,6 +243,9 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
     let (ips, ttl) = a_records(&parsed);
     tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
         verdict = "answered", addresses = ?ips, "DNS query");
+    shared
+        .flows
+        .record(&client.slot, dns_flow(&name, FlowVerdict::Allowed, &ips));
     if !ips.is_empty() {
         // Before the answer goes out, so the sandbox's very next connect finds the pin.
         if let Err(e) = shared.pins.ensure(&client.slot, &ips, ttl).await {
@@ -240,6 +254,19 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
         }
     }
     Some(reply)
+}
+
+fn dns_flow(name: &str, verdict: FlowVerdict, ips: &[Ipv4Addr]) -> Flow {
+    Flow {
+        at_ms: now_ms(),
+        kind: FlowKind::Dns,
+        verdict,
+        name: Some(name.to_owned()),
+        destination: None,
+        addresses: ips.iter().map(ToString::to_string).collect(),
+        via: "dns".into(),
+        reason: (verdict == FlowVerdict::Denied).then(|| "name not allowed".into()),
+    }
 }
 
 /// The upstream answer to `query`: over UDP, and again over TCP when a TCP client's answer

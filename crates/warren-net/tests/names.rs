@@ -19,6 +19,7 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use warren_net::{netns, DnsSource, NetPool, SlotPolicy};
 use warren_runtime::egress::EgressPolicy;
+use warren_runtime::flows::{FlowKind, FlowVerdict};
 
 fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(ip, port))
@@ -420,6 +421,7 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
         ..SlotPolicy::deny_all()
     };
     let mut slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    pool.set_owner(&slot, "sbx-1");
     let ns = slot.netns_path();
     let get = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
 
@@ -468,6 +470,56 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
         "{r:?}"
     );
     assert_eq!(banner_b.seen(), vec![b"SSH-2.0-client\r\n".to_vec()]);
+
+    // Every decision is in the owner's flow log.
+    let flows = pool.flows("sbx-1");
+    let has = |kind: FlowKind, verdict: FlowVerdict, name: &str, via: &str| {
+        flows.iter().any(|f| {
+            f.kind == kind
+                && f.verdict == verdict
+                && f.name.as_deref() == Some(name)
+                && f.via == via
+        })
+    };
+    assert!(
+        has(
+            FlowKind::Tcp,
+            FlowVerdict::Allowed,
+            "allowed.test",
+            "http-host"
+        ),
+        "{flows:#?}"
+    );
+    assert!(
+        has(FlowKind::Tcp, FlowVerdict::Denied, "evil.test", "http-host"),
+        "{flows:#?}"
+    );
+    assert!(
+        has(FlowKind::Tcp, FlowVerdict::Denied, "evil.test", "tls-sni"),
+        "{flows:#?}"
+    );
+    assert!(
+        has(
+            FlowKind::Tcp,
+            FlowVerdict::Allowed,
+            "allowed.test",
+            "tls-sni"
+        ),
+        "{flows:#?}"
+    );
+    assert!(
+        has(FlowKind::Dns, FlowVerdict::Allowed, "allowed.test", "dns"),
+        "{flows:#?}"
+    );
+    let by_address = flows
+        .iter()
+        .find(|f| f.via == "address")
+        .expect("the server-first connection");
+    assert_eq!(
+        by_address.destination.as_deref(),
+        Some(&*sa(b, 2222).to_string())
+    );
+    assert!(pool.flows("someone-else").is_empty());
 
     // A new policy cuts proxied connections it no longer allows.
     let mut open = connect(Some(&ns), sa(b, 2222), OPEN).expect("connects");

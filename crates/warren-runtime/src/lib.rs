@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod egress;
+pub mod flows;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -384,6 +385,15 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         let _ = policy;
         Err(RuntimeError::Unsupported(format!(
             "the {} runtime cannot change sandbox {id}'s egress policy",
+            self.name()
+        )))
+    }
+
+    /// Sandbox `id`'s recent network decisions, oldest first (bounded; kept while the
+    /// server runs, across pause and resume).
+    async fn network_flows(&self, id: &str) -> Result<Vec<flows::Flow>, RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime keeps no flow log (sandbox {id})",
             self.name()
         )))
     }

@@ -82,6 +82,10 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             put(routes::update_network),
         )
         .route(
+            "/sandboxes/{sandbox_id}/network/flows",
+            get(routes::network_flows),
+        )
+        .route(
             "/sandboxes/{sandbox_id}/metrics",
             get(routes::sandbox_metrics),
         )

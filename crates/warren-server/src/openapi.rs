@@ -5,10 +5,10 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::types::{
-    AutoResume, ConnectSandbox, ErrorBody, ForkResultItem, ForkSandbox, LifecycleInfo,
-    ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox, NewSnapshot,
-    PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
-    SnapshotInfo,
+    AutoResume, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ForkResultItem, ForkSandbox,
+    LifecycleInfo, ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox,
+    NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
+    SetTimeout, SnapshotInfo,
 };
 use crate::{persistence, routes, template_disk, template_tags, templates};
 
@@ -24,6 +24,7 @@ use crate::{persistence, routes, template_disk, template_tags, templates};
         routes::kill_sandbox,
         routes::set_timeout,
         routes::update_network,
+        routes::network_flows,
         routes::sandbox_metrics,
         persistence::pause_sandbox,
         persistence::create_snapshot,
@@ -48,7 +49,7 @@ use crate::{persistence, routes, template_disk, template_tags, templates};
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
-        NetworkUpdateBody
+        NetworkUpdateBody, FlowEntry, FlowList
     )),
     modifiers(&ApiKeyAuth)
 )]

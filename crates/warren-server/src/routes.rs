@@ -10,8 +10,9 @@ use warren_control::{parse_metadata_query, CreateRequest, ListQuery, ListStates,
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Authed, OptionalJson};
 use crate::types::{
-    lifecycle_of, ConnectSandbox, ErrorBody, ListParams, ListedSandbox, NetworkUpdateBody,
-    NewSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric, SetTimeout,
+    lifecycle_of, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ListParams, ListedSandbox,
+    NetworkUpdateBody, NewSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
+    SetTimeout,
 };
 use crate::AppState;
 
@@ -259,6 +260,25 @@ pub(crate) async fn update_network(
     let update = body.into_update().map_err(ApiError::bad_request)?;
     me.update_network(&id, update).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The sandbox's flow log: its egress policy's recent decisions about DNS queries and (with
+/// rules by name) TCP connections, oldest first.
+#[utoipa::path(
+    get, path = "/sandboxes/{sandboxID}/network/flows",
+    params(("sandboxID" = String, Path)),
+    responses((status = 200, body = FlowList), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn network_flows(
+    Authed(me): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<Json<FlowList>> {
+    let flows = me.network_flows(&id).await?;
+    Ok(Json(FlowList {
+        flows: flows.into_iter().map(FlowEntry::from).collect(),
+    }))
 }
 
 /// Current resource usage, read from the sandbox's agent.

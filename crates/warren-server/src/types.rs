@@ -172,6 +172,64 @@ pub struct NetworkInfo {
     pub mask_request_host: Option<String>,
 }
 
+/// One entry of a sandbox's flow log: a decision of its egress policy.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowEntry {
+    /// When, as RFC 3339.
+    pub time: String,
+    /// `dns` (a query) or `tcp` (a connection).
+    pub kind: String,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+    /// The name asked for (DNS) or carried (TLS SNI, HTTP Host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Where a connection was headed, `ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+    /// Addresses of a DNS answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    /// `dns`, `tls-sni`, `http-host` or `address`.
+    pub via: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl From<warren_control::Flow> for FlowEntry {
+    fn from(f: warren_control::Flow) -> Self {
+        let kind = match f.kind {
+            warren_control::FlowKind::Dns => "dns",
+            warren_control::FlowKind::Tcp => "tcp",
+        };
+        let verdict = match f.verdict {
+            warren_control::FlowVerdict::Allowed => "allowed",
+            warren_control::FlowVerdict::Denied => "denied",
+        };
+        let time = chrono::DateTime::from_timestamp_millis(f.at_ms as i64)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        Self {
+            time,
+            kind: kind.into(),
+            verdict: verdict.into(),
+            name: f.name,
+            destination: f.destination,
+            addresses: f.addresses,
+            via: f.via,
+            reason: f.reason,
+        }
+    }
+}
+
+/// Response of `GET /sandboxes/{sandboxID}/network/flows`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FlowList {
+    /// Oldest first; the last 500 decisions at most.
+    pub flows: Vec<FlowEntry>,
+}
+
 /// `autoResume` of create.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AutoResume {

@@ -346,6 +346,13 @@ impl SandboxRuntime for NsRuntime {
         self.set_egress_and_record(id, policy).await
     }
 
+    async fn network_flows(
+        &self,
+        id: &str,
+    ) -> Result<Vec<warren_runtime::flows::Flow>, RuntimeError> {
+        Ok(self.pool().await?.flows(id))
+    }
+
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         let seed = match &spec.from_snapshot {
             Some(key) => Some(self.snapshot_seed(key)?),
@@ -355,6 +362,9 @@ impl SandboxRuntime for NsRuntime {
     }
 
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if let Some(pool) = self.net.get() {
+            pool.forget_flows(id);
+        }
         if self.paused_fs.lock().await.remove(id) {
             let forgotten = self.forget_saved(id).await;
             self.release_ids(id);
@@ -477,7 +487,10 @@ impl NsRuntime {
         };
         let policy = warren_host::egress::slot_policy(&spec.egress_policy());
         let slot = match pool.acquire(&policy).await {
-            Ok(slot) => slot,
+            Ok(slot) => {
+                pool.set_owner(&slot, &spec.id);
+                slot
+            }
             Err(e) => {
                 forget_ids(self);
                 return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
@@ -615,6 +628,9 @@ impl NsRuntime {
         match slot {
             Ok(slot) => match self.adopt(r, rec, slot).await {
                 Ok((l, sbx)) => {
+                    if let Some(pool) = self.net.get() {
+                        pool.set_owner(&l.slot, &r.id);
+                    }
                     live.insert(r.id.clone(), l);
                     Ok(sbx)
                 }

@@ -172,6 +172,7 @@ impl VmRuntime {
         current_token: Option<&str>,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         let (m, agent) = self.fork(&spec, checkpoint).await?;
+        m.own_flows(self.net.get(), &spec.id);
         // Registered before /init so that a QEMU dying now is torn down by its watcher.
         self.live.lock().await.insert(spec.id.clone(), m.clone());
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();

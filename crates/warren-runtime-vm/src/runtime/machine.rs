@@ -187,6 +187,14 @@ async fn wait_pid_exit(pid: u32, dir: &std::path::Path) {
 }
 
 impl Machine {
+    /// The network decisions about this VM's slot go to sandbox `id`'s flow log.
+    pub fn own_flows(&self, pool: Option<&warren_net::NetPool>, id: &str) {
+        let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(pool), Some(slot)) = (pool, slot.as_ref()) {
+            pool.set_owner(slot, id);
+        }
+    }
+
     /// Where the host reaches its agent (none once the slot is released).
     pub fn agent(&self) -> Option<std::net::SocketAddr> {
         let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());

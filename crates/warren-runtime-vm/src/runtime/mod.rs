@@ -597,6 +597,13 @@ impl SandboxRuntime for VmRuntime {
         self.set_egress_now(id, policy).await
     }
 
+    async fn network_flows(
+        &self,
+        id: &str,
+    ) -> Result<Vec<warren_runtime::flows::Flow>, RuntimeError> {
+        Ok(self.pool().await?.flows(id))
+    }
+
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -623,6 +630,9 @@ impl SandboxRuntime for VmRuntime {
             .await
     }
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        if let Some(pool) = self.net.get() {
+            pool.forget_flows(id);
+        }
         if self.paused.lock().await.remove(id) {
             warren_host::durable::discard_dir(&self.paused_dir(id));
             return Ok(());

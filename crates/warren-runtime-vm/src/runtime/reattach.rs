@@ -176,6 +176,7 @@ impl VmRuntime {
             let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
             s.as_ref().map(|s| SocketAddr::V4(s.agent_endpoint()))
         };
+        m.own_flows(self.net.get(), &r.id);
         self.live.lock().await.insert(r.id.clone(), m);
         Ok(RuntimeSandbox {
             id: r.id.clone(),
