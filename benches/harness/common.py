@@ -123,8 +123,9 @@ class Server:
     """One `warren serve` on a free loopback port; stopped by its own PID only."""
 
     def __init__(self, binary: str, data_dir: str, log_path: str, max_sandboxes: int,
-                 runtime: str = "ns"):
+                 runtime: str = "ns", extra_args: Optional[List[str]] = None):
         self.binary = binary
+        self.extra_args = list(extra_args or [])
         self.runtime = runtime
         self.data_dir = data_dir
         self.log_path = log_path
@@ -164,7 +165,7 @@ class Server:
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG=os.environ.get("WARREN_LOG", "warn"))
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", self.data_dir,
-             "--runtime", self.runtime, "--max-sandboxes", str(self.max_sandboxes)],
+             "--runtime", self.runtime, "--max-sandboxes", str(self.max_sandboxes), *self.extra_args],
             env=env, stdout=log, stderr=log,
         )
         # A first start may build the base image (and, for vm, the guest kernel and snapshot).

@@ -328,9 +328,9 @@ impl NetPool {
         self.check_owner(&slot)?;
         slot.returner = None;
         let name = std::mem::take(&mut slot.name);
-        let (addrs, internet, restricted) = (slot.addrs, slot.internet, slot.restricted);
+        let (addrs, internet) = (slot.addrs, slot.internet);
         let inner = self.inner.clone();
-        run_detached(async move { inner.recycle(name, addrs, internet, restricted).await }).await
+        run_detached(async move { inner.recycle(name, addrs, internet).await }).await
     }
 
     /// Builds slots until the pool holds its target of ready slots (e.g. before a server
@@ -463,7 +463,6 @@ impl Inner {
                 name,
                 addrs,
                 internet: true,
-                restricted: false,
                 discard: true,
             });
         }
@@ -478,7 +477,6 @@ impl Inner {
             pool_id: self.id,
             internet: true,
             policy: SlotPolicy::open(),
-            restricted: false,
             resolv_conf: self.resolv_conf.clone(),
             returner: Some(self.returner.clone()),
         }
@@ -488,8 +486,6 @@ impl Inner {
     /// old policy or the new one at any moment, and the sandbox gets only what both allow.
     async fn set_policy(&self, slot: &mut Slot, policy: &SlotPolicy) -> Result<()> {
         if slot.policy != *policy {
-            // Pessimistic first (see `Slot::restricted`).
-            slot.restricted = true;
             let at = self.filter.resolver_at(&slot.addrs);
             // The proxy listens before the slot redirects to it.
             if policy.names.is_some() {
@@ -498,7 +494,6 @@ impl Inner {
             slot::set_policy(&self.config.prefix, &slot.name, policy, at).await?;
             self.pins.forget(&slot.name);
             slot.policy = policy.clone();
-            slot.restricted = !policy.is_open();
             self.resolver
                 .register(slot.addrs.host_side, &slot.name, policy.names.as_ref());
             if policy.names.is_none() {
@@ -673,20 +668,18 @@ impl Inner {
         name: String,
         addrs: SlotAddrs,
         internet: bool,
-        restricted: bool,
     ) -> Result<()> {
         self.resolver.register(addrs.host_side, &name, None);
         self.flows.set_owner(&name, None);
         // Cannot fail without name rules.
         let _ = self.proxy.register(&name, None);
         self.pins.forget(&name);
-        if restricted {
-            let open = SlotPolicy::open();
-            let at = self.filter.resolver_at(&addrs);
-            if let Err(e) = slot::set_policy(&self.config.prefix, &name, &open, at).await {
-                self.discard(&name, addrs.index, !internet).await;
-                return Err(e);
-            }
+        // A fresh filter table, not only an open policy: nothing the last tenant left in it
+        // (its connections in `ct count`, counters, pins) carries over to the next one.
+        let open = SlotPolicy::open();
+        if let Err(e) = slot::install_filter(&name, &addrs, &self.filter, &open).await {
+            self.discard(&name, addrs.index, !internet).await;
+            return Err(e);
         }
         if !internet {
             if let Err(e) = self.set_egress(&name, true).await {
@@ -750,7 +743,7 @@ async fn background(inner: Arc<Inner>, mut returns: UnboundedReceiver<Returned>)
                 if r.discard {
                     inner.discard(&r.name, r.addrs.index, false).await;
                 } else if let Err(e) =
-                    inner.recycle(r.name.clone(), r.addrs, r.internet, r.restricted).await
+                    inner.recycle(r.name.clone(), r.addrs, r.internet).await
                 {
                     tracing::warn!(slot = %r.name, error = %e, "could not recycle a dropped slot");
                 }

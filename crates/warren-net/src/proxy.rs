@@ -51,7 +51,12 @@ const FIRST_BYTES_WAIT: Duration = Duration::from_millis(300);
 /// How long the client gets to complete its ClientHello or request head once it started.
 const HEAD_WAIT: Duration = Duration::from_secs(5);
 /// The most the proxy reads looking for a name.
-const HEAD_LIMIT: usize = 16 * 1024;
+const HEAD_LIMIT: usize = 64 * 1024;
+/// Request methods that mark a connection as HTTP/1.
+const HTTP_METHODS: [&[u8]; 9] = [
+    b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ",
+    b"TRACE ",
+];
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections a slot may have through the proxy at once, when the filter sets no cap.
 const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -79,6 +84,9 @@ enum Head {
     Named(String, Via),
     /// Not TLS or HTTP, or no name in it (or an address for a name).
     Unnamed,
+    /// TLS or HTTP that cannot be read (malformed, cut short, too long, or HTTP/2 without
+    /// TLS): refused, since the server might find a name in it that the proxy did not.
+    Unreadable(&'static str),
 }
 
 /// One proxied slot: its policy, its listener and the thread that makes sockets in its netns.
@@ -268,6 +276,11 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
     };
     let mut head = Vec::new();
     let first = read_head(&mut client, &mut head).await;
+    if let Some(Head::Unreadable(reason)) = &first {
+        shared.flow(slot, dest, None, None, FlowVerdict::Denied, reason);
+        reset(client);
+        return;
+    }
     let upstream = match &first {
         Some(Head::Named(name, via)) => {
             if !names.answers_name(name) {
@@ -308,15 +321,12 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
         // The client was silent: the server may speak first. Relay its words until the
         // client says something, and check that for a name before it goes anywhere.
         match late_head(&mut client, &mut upstream, &names).await {
-            Ok(Some((name, via))) => {
-                shared.flow(
-                    slot,
-                    dest,
-                    Some(&name),
-                    Some(via),
-                    FlowVerdict::Denied,
-                    "name not allowed",
-                );
+            Ok(Some((named, reason))) => {
+                let (name, via) = match &named {
+                    Some((n, v)) => (Some(n.as_str()), Some(*v)),
+                    None => (None, None),
+                };
+                shared.flow(slot, dest, name, via, FlowVerdict::Denied, reason);
                 reset(client);
                 let _ = upstream.set_zero_linger();
                 return;
@@ -405,24 +415,24 @@ async fn complete_head(client: &mut TcpStream, head: &mut Vec<u8>) -> Head {
     loop {
         match classify(head) {
             Head::NeedMore if head.len() < HEAD_LIMIT => {}
-            Head::NeedMore => return Head::Unnamed,
+            Head::NeedMore => return Head::Unreadable("request head too large"),
             done => return done,
         }
         match tokio::time::timeout_at(deadline, client.read(&mut buf)).await {
             Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
-            _ => return Head::Unnamed,
+            _ => return Head::Unreadable("request head cut short"),
         }
     }
 }
 
 /// For a client that let the server speak first: relays the server's bytes to it until it
-/// sends its own, then returns the name those carry if the policy refuses it (`Some`), or
-/// forwards them (`None`).
+/// sends its own, then returns why those are refused (`Some`: a name the policy denies, or a
+/// head that cannot be read), or forwards them (`None`).
 async fn late_head(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     names: &EgressPolicy,
-) -> io::Result<Option<(String, Via)>> {
+) -> io::Result<Option<(Option<(String, Via)>, &'static str)>> {
     let mut from_server = [0u8; 4096];
     let mut from_client = [0u8; 4096];
     loop {
@@ -440,10 +450,12 @@ async fn late_head(
                     return Ok(None);
                 }
                 let mut head = from_client[..n].to_vec();
-                if let Head::Named(name, via) = complete_head(client, &mut head).await {
-                    if !names.answers_name(&name) {
-                        return Ok(Some((name, via)));
+                match complete_head(client, &mut head).await {
+                    Head::Named(name, via) if !names.answers_name(&name) => {
+                        return Ok(Some((Some((name, via)), "name not allowed")));
                     }
+                    Head::Unreadable(reason) => return Ok(Some((None, reason))),
+                    _ => {}
                 }
                 upstream.write_all(&head).await?;
                 return Ok(None);
@@ -458,8 +470,12 @@ fn classify(head: &[u8]) -> Head {
         None => Head::NeedMore,
         // A TLS handshake record.
         Some(0x16) => tls_server_name(head),
-        Some(b) if b.is_ascii_uppercase() => http_host(head),
-        Some(_) => Head::Unnamed,
+        _ if head.starts_with(b"PRI * HTTP/2.0") => Head::Unreadable("HTTP/2 without TLS"),
+        _ if HTTP_METHODS.iter().any(|m| head.starts_with(m)) => http_host(head),
+        // A method cut short ("GE").
+        _ if head.len() < 8 && HTTP_METHODS.iter().any(|m| m.starts_with(head)) => Head::NeedMore,
+        _ if head.len() < 14 && b"PRI * HTTP/2.0".starts_with(head) => Head::NeedMore,
+        _ => Head::Unnamed,
     }
 }
 
@@ -470,7 +486,7 @@ fn tls_server_name(head: &[u8]) -> Head {
         match acceptor.read_tls(&mut rest) {
             Ok(0) => return Head::NeedMore,
             Ok(_) => {}
-            Err(_) => return Head::Unnamed,
+            Err(_) => return Head::Unreadable("unreadable TLS handshake"),
         }
         match acceptor.accept() {
             Ok(Some(accepted)) => {
@@ -481,7 +497,7 @@ fn tls_server_name(head: &[u8]) -> Head {
             }
             Ok(None) if rest.is_empty() => return Head::NeedMore,
             Ok(None) => {}
-            Err(_) => return Head::Unnamed,
+            Err(_) => return Head::Unreadable("unreadable TLS handshake"),
         }
     }
 }
@@ -492,7 +508,7 @@ fn http_host(head: &[u8]) -> Head {
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return Head::NeedMore,
-        Err(_) => return Head::Unnamed,
+        Err(_) => return Head::Unreadable("unreadable HTTP request"),
     }
     let host = request
         .headers
@@ -585,6 +601,15 @@ mod tests {
         assert_eq!(classify(b"GET / HTTP/1.0\r\n\r\n"), Head::Unnamed);
         assert_eq!(classify(b"SSH-2.0-OpenSSH_9.2\r\n"), Head::Unnamed);
         assert_eq!(classify(b"\x00\x01binary"), Head::Unnamed);
+        assert_eq!(classify(b"GE"), Head::NeedMore);
+        assert_eq!(
+            classify(b"GET / HTTP/1.1\r\nHost: a.test\r\nBad\x01: x\r\n\r\n"),
+            Head::Unreadable("unreadable HTTP request")
+        );
+        assert_eq!(
+            classify(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+            Head::Unreadable("HTTP/2 without TLS")
+        );
         assert_eq!(strip_port("[::1]:80"), "[::1]:80");
         assert_eq!(strip_port("a.test"), "a.test");
     }
@@ -614,6 +639,9 @@ mod tests {
         assert_eq!(classify(&hello[..hello.len() / 2]), Head::NeedMore);
         // An address as the server name carries no SNI at all.
         assert_eq!(classify(&client_hello("192.0.2.1")), Head::Unnamed);
-        assert_eq!(classify(b"\x16\x03\x01\x00\x05garbage"), Head::Unnamed);
+        assert_eq!(
+            classify(b"\x16\x03\x01\x00\x05garbage"),
+            Head::Unreadable("unreadable TLS handshake")
+        );
     }
 }

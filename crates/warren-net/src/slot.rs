@@ -31,9 +31,6 @@ pub struct Slot {
     pub(crate) internet: bool,
     /// The policy in the slot's filter table, as far as known.
     pub(crate) policy: SlotPolicy,
-    /// Set *before* any change to a restricted policy and cleared only after the open one
-    /// is back, so release always resets a slot whose filter may still restrict.
-    pub(crate) restricted: bool,
     pub(crate) resolv_conf: Arc<str>,
     /// Set while leased; taken by `release` so that `Drop` does nothing afterwards.
     pub(crate) returner: Option<UnboundedSender<Returned>>,
@@ -45,7 +42,6 @@ pub(crate) struct Returned {
     pub name: String,
     pub addrs: SlotAddrs,
     pub internet: bool,
-    pub restricted: bool,
     /// Remove instead of recycling (its namespace vanished).
     pub discard: bool,
 }
@@ -129,7 +125,6 @@ impl Drop for Slot {
                 name: std::mem::take(&mut self.name),
                 addrs: self.addrs,
                 internet: self.internet,
-                restricted: self.restricted,
                 discard: false,
             });
         }

@@ -98,7 +98,6 @@ pub(super) fn adopted_slots(
                     let mut slot = inner.slot(name, addrs);
                     slot.policy = a.effective_policy();
                     slot.internet = !slot.policy.denies_everything();
-                    slot.restricted = !slot.policy.is_open();
                     inner.resolver.register(
                         addrs.host_side,
                         &slot.name,
