@@ -7,7 +7,7 @@
 Creates a stand-in internet (a network namespace with an HTTP server on 203.0.113.7:80 and a
 DNS server on 198.51.100.2 that answers `bench.test`), starts its own `warren serve` with
 `--dns 198.51.100.2`, and measures from inside a sandbox with no policy, with a CIDR policy
-(allowOut 203.0.113.7, denyOut 0.0.0.0/0) and with a domain policy (allowOut bench.test:
+(allowOut 203.0.113.7 and the DNS server, denyOut 0.0.0.0/0) and with a domain policy (allowOut bench.test:
 the resolver pins it, and TCP goes through the egress proxy), and the same probe run on the
 host: connection + empty GET (time to the response), GET of 1 MiB, GET of 100 MiB (MB/s), and
 a DNS answer (through the sandbox's resolver beside a direct query). Prints medians and the
@@ -177,7 +177,7 @@ def main() -> int:
         from e2b import Sandbox
         policies = {
             "none": {},
-            "cidr": {"network": {"allow_out": [FAR], "deny_out": ["0.0.0.0/0"]}},
+            "cidr": {"network": {"allow_out": [FAR, NEAR], "deny_out": ["0.0.0.0/0"]}},
             "domain": {"network": {"allow_out": [NAME], "deny_out": ["0.0.0.0/0"]}},
         }
         try:

@@ -663,12 +663,7 @@ impl Inner {
 
     /// Resets a returned slot and puts it back into the pool, or destroys it when the pool
     /// is full or the reset failed.
-    async fn recycle(
-        &self,
-        name: String,
-        addrs: SlotAddrs,
-        internet: bool,
-    ) -> Result<()> {
+    async fn recycle(&self, name: String, addrs: SlotAddrs, internet: bool) -> Result<()> {
         self.resolver.register(addrs.host_side, &name, None);
         self.flows.set_owner(&name, None);
         // Cannot fail without name rules.

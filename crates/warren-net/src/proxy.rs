@@ -54,9 +54,18 @@ const HEAD_WAIT: Duration = Duration::from_secs(5);
 const HEAD_LIMIT: usize = 64 * 1024;
 /// Request methods that mark a connection as HTTP/1.
 const HTTP_METHODS: [&[u8]; 9] = [
-    b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ",
+    b"GET ",
+    b"POST ",
+    b"PUT ",
+    b"HEAD ",
+    b"DELETE ",
+    b"OPTIONS ",
+    b"PATCH ",
+    b"CONNECT ",
     b"TRACE ",
 ];
+/// Bytes read at a time each way: big enough that a bulk download is not a syscall per 8 KiB.
+const RELAY_BUF: usize = 256 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections a slot may have through the proxy at once, when the filter sets no cap.
 const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -344,7 +353,7 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
 /// Copies both ways until both sides are done; a reset on one side (a new policy cut the
 /// upstream connection) is passed on as a reset to the other.
 async fn relay(mut client: TcpStream, mut upstream: TcpStream) {
-    if tokio::io::copy_bidirectional(&mut client, &mut upstream)
+    if tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUF, RELAY_BUF)
         .await
         .is_err()
     {
