@@ -74,9 +74,13 @@ enum Command {
         /// Live sandboxes allowed at once (more get 429).
         #[arg(long, default_value_t = 100)]
         max_sandboxes: usize,
-        /// Domain for `{port}-{id}.{domain}` routing.
+        /// The domain of this server's public names, as on E2B: the API at `api.<domain>`,
+        /// sandbox ports at `<port>-<sandboxID>.<domain>`, served over HTTPS (below) and also
+        /// routed by Host on --listen. Clients set `E2B_DOMAIN=<domain>`.
         #[arg(long)]
         domain: Option<String>,
+        #[command(flatten)]
+        tls: serve::TlsArgs,
         /// Longest lifetime, in seconds, of a signed file URL (`download_url`/`upload_url`):
         /// URLs without an expiration, or expiring later, are refused. Default: no limit.
         #[arg(long, value_name = "SECONDS")]
@@ -147,11 +151,13 @@ fn main() -> std::process::ExitCode {
                 runtime,
                 max_sandboxes,
                 domain,
+                tls,
                 signed_url_max_age,
                 max_upload_mb,
                 registry,
                 net,
             } => serve::run(serve::ServeArgs {
+                tls,
                 listen,
                 data_dir,
                 max_upload_mb,

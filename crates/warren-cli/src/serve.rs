@@ -25,6 +25,91 @@ pub struct ServeArgs {
     /// How `fromImage` builds reach registries.
     pub registry: RegistryArgs,
     pub net: NetArgs,
+    pub tls: TlsArgs,
+}
+
+/// HTTPS in domain mode (`docs/networking.md`, "Ingress").
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Where HTTPS is served with --domain (default 0.0.0.0:443).
+    #[arg(long, value_name = "ADDR")]
+    pub tls_listen: Option<SocketAddr>,
+    /// No HTTPS listener with --domain (a TLS terminator in front forwards to --listen).
+    #[arg(long, conflicts_with_all = ["tls_listen", "tls_cert", "tls_key"])]
+    pub no_tls: bool,
+    /// The certificate chain to serve (PEM, leaf first; it should name `*.<domain>`). Without
+    /// it, a local CA in the data dir issues one, and clients trust the CA's certificate.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn any_set(&self) -> bool {
+        self.tls_listen.is_some() || self.no_tls || self.tls_cert.is_some()
+    }
+}
+
+/// Where the local CA of `domain` lives in the data dir.
+pub fn local_ca_dir(data_dir: &Path, domain: &str) -> PathBuf {
+    data_dir.join("tls").join(domain)
+}
+
+/// The HTTPS listener of domain mode, bound, with the certificate it serves.
+async fn tls_listener(
+    args: &TlsArgs,
+    domain: &str,
+    data_dir: &Path,
+) -> anyhow::Result<Option<warren_server::TlsListener>> {
+    if args.no_tls {
+        return Ok(None);
+    }
+    let certs = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let certs = warren_tls::ServerCerts::from_files(cert, key)
+                .context("loading --tls-cert and --tls-key")?;
+            for name in [format!("api.{domain}"), format!("49983-x.{domain}")] {
+                if !certs.covers(&name) {
+                    tracing::warn!(
+                        cert = %cert.display(),
+                        names = ?certs.names(),
+                        "the certificate does not name {name}: clients will refuse it there"
+                    );
+                }
+            }
+            tracing::info!(cert = %cert.display(), "HTTPS with the operator's certificate");
+            certs
+        }
+        _ => {
+            let dir = local_ca_dir(data_dir, domain);
+            let (ca, created) = warren_tls::LocalCa::load_or_create(&dir, domain)
+                .context("the local certificate authority")?;
+            let path = ca.cert_path().display().to_string();
+            if created {
+                tracing::info!(ca = %path, "created a local certificate authority for *.{domain}");
+            }
+            // Clients need the path; it is not a secret (the key beside it is, and stays 0600).
+            tracing::info!(
+                ca = %path,
+                "HTTPS with a certificate of the local CA: clients trust {path}                  (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS or the system store)"
+            );
+            warren_tls::ServerCerts::issued(ca, vec![domain.to_string(), format!("*.{domain}")])
+                .context("issuing the server certificate")?
+        }
+    };
+    let addr = args
+        .tls_listen
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 443)));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening for HTTPS on {addr}"))?;
+    tracing::info!(listen = %addr, "HTTPS for api.{domain} and <port>-<sandboxID>.{domain}");
+    Ok(Some(warren_server::TlsListener {
+        listener,
+        config: warren_tls::server_config(std::sync::Arc::new(certs))?,
+    }))
 }
 
 /// Network settings of `warren serve` (the operator's, never a sandbox creator's).
@@ -126,6 +211,14 @@ async fn runtime(
 /// Opens the store, seeds keys, reattaches sandboxes, serves until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_nofile();
+    let domain = match &args.domain {
+        Some(d) if !warren_tls::valid_domain(d) => {
+            anyhow::bail!("--domain {d:?} is not a domain name (e.g. sbx.example.com)")
+        }
+        Some(d) => Some(d.to_ascii_lowercase()),
+        None if args.tls.any_set() => anyhow::bail!("the --tls-* options need --domain"),
+        None => None,
+    };
     private_data_dir(&args.data_dir)?;
     let store =
         Arc::new(SqliteStore::open(&args.data_dir.join("warren.db")).context("opening the store")?);
@@ -133,6 +226,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    let tls = match &domain {
+        Some(d) => tls_listener(&args.tls, d, &args.data_dir).await?,
+        None => None,
+    };
     let runtime = runtime(
         args.runtime,
         &args.data_dir,
@@ -142,7 +239,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
-        domain: args.domain.clone(),
+        domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()
             .map(|t| t.to_string())
@@ -179,13 +276,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let app = warren_server::app(
         control.clone(),
         ServerConfig {
-            domain: args.domain,
+            domain,
             ..Default::default()
         },
     );
     tracing::info!(listen = %args.listen, "warren serving API and sandbox proxy");
-    warren_server::serve(
+    warren_server::serve_all(
         listener,
+        tls,
         app,
         warren_server::ListenerLimits::default(),
         shutdown_signal(),

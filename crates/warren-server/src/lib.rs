@@ -29,7 +29,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{middleware, Router};
 use warren_control::Control;
 
-pub use listener::{serve, ListenerLimits};
+pub use listener::{serve, serve_all, ListenerLimits, TlsListener};
 
 /// Limit of JSON request bodies on the API (the proxy streams bodies of any size).
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;

@@ -5,6 +5,10 @@
 //! hyper's header-read timeout also ends keep-alive connections that stay idle that long
 //! (the timer starts when the server waits for the next request's head); streams in progress
 //! (command output, file transfers, WebSockets) are not affected.
+//!
+//! A second, TLS listener (domain mode: `https://{port}-{id}.{domain}`) serves the same
+//! application under the same limits; its handshake must end within the header timeout too.
+//! ALPN offers `h2` and `http/1.1`, and hyper serves what the client speaks.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,8 +21,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
+
+/// A listener whose connections speak TLS, and the settings they are served with.
+pub struct TlsListener {
+    pub listener: TcpListener,
+    pub config: Arc<rustls::ServerConfig>,
+}
 
 /// Limits of the listener.
 #[derive(Debug, Clone)]
@@ -96,6 +108,18 @@ pub async fn serve(
     limits: ListenerLimits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_all(listener, None, app, limits, shutdown).await
+}
+
+/// [`serve`] on a plain listener and, if given, a TLS one: one set of limits (connections
+/// overall and per client count across both) and one shutdown.
+pub async fn serve_all(
+    listener: TcpListener,
+    tls: Option<TlsListener>,
+    app: Router,
+    limits: ListenerLimits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -110,20 +134,26 @@ pub async fn serve(
     let total = Arc::new(Semaphore::new(limits.max_connections));
     let clients = Arc::new(PerClient::default());
     let graceful = GracefulShutdown::new();
+    let (tls_listener, acceptor) = match tls {
+        Some(t) => (Some(t.listener), Some(TlsAcceptor::from(t.config))),
+        None => (None, None),
+    };
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning; the connections in
-                    // progress free descriptors as they end.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let (accepted, over_tls) = tokio::select! {
+            accepted = listener.accept() => (accepted, false),
+            accepted = accept_or_wait(tls_listener.as_ref()) => (accepted, true),
             _ = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning; the connections in
+                // progress free descriptors as they end.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let Some(slot) = admit(&total, &clients, peer, &limits) else {
             tracing::debug!(peer = %peer, "connection refused: listener is at its limit");
@@ -135,9 +165,19 @@ pub async fn serve(
             // client's delayed ACK (~40 ms per command round trip).
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
-        spawn_connection(&builder, &graceful, stream, app.clone(), slot);
+        let tls = if over_tls { acceptor.clone() } else { None };
+        spawn_connection(
+            &builder,
+            &graceful,
+            stream,
+            tls,
+            limits.header_timeout,
+            app.clone(),
+            slot,
+        );
     }
     drop(listener);
+    drop(tls_listener);
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(limits.shutdown_grace) => {
@@ -145,6 +185,16 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// The next connection of `listener`; never, without one.
+async fn accept_or_wait(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn admit(
@@ -161,17 +211,41 @@ fn spawn_connection(
     builder: &Arc<Builder<TokioExecutor>>,
     graceful: &GracefulShutdown,
     stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handshake_timeout: Duration,
     app: Router,
     slot: ClientSlot,
 ) {
     let builder = builder.clone();
-    let service = TowerToHyperService::new(app);
     let watcher = graceful.watcher();
     tokio::spawn(async move {
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        if let Err(e) = watcher.watch(conn.into_owned()).await {
-            tracing::debug!(error = %e, "connection ended with an error");
+        match tls {
+            None => serve_connection(&builder, watcher, stream, app).await,
+            Some(acceptor) => {
+                // A client that never finishes its handshake holds a slot no longer than one
+                // that never finishes its request head.
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => serve_connection(&builder, watcher, tls, app).await,
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            }
         }
         drop(slot);
     });
+}
+
+async fn serve_connection<I>(
+    builder: &Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    io: I,
+    app: Router,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(app);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    if let Err(e) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }

@@ -356,6 +356,18 @@ impl TestServer {
         server: ServerConfig,
         limits: warren_server::ListenerLimits,
     ) -> TestServer {
+        Self::start_with_tls(dir, runtime, config, server, limits, None).await
+    }
+
+    /// [`TestServer::start_full`] with a TLS listener beside the plain one.
+    pub async fn start_with_tls(
+        dir: tempfile::TempDir,
+        runtime: Arc<AgentRuntime>,
+        config: Config,
+        server: ServerConfig,
+        limits: warren_server::ListenerLimits,
+        tls: Option<warren_server::TlsListener>,
+    ) -> TestServer {
         let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).unwrap());
         let control = Control::start(store, runtime.clone(), config)
             .await
@@ -366,7 +378,8 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         // The server's own listener (timeouts, connection caps), as `warren serve` runs it.
         let task = tokio::spawn(async move {
-            let _ = warren_server::serve(listener, app, limits, std::future::pending()).await;
+            let _ =
+                warren_server::serve_all(listener, tls, app, limits, std::future::pending()).await;
         });
         TestServer {
             base: format!("http://{addr}"),

@@ -1,0 +1,200 @@
+"""Domain mode end to end: `warren serve --domain warren.test` serves HTTPS with a certificate
+of its local CA, and the unmodified E2B SDK works with only `E2B_DOMAIN` and the CA
+(`SSL_CERT_FILE`), as it does against E2B: no `E2B_API_URL`, no `E2B_SANDBOX_URL`. The API is
+reached at `https://api.warren.test`, sandboxes at `https://<port>-<id>.warren.test`.
+
+Names under warren.test resolve to loopback only inside the client processes this module
+starts (their `socket.getaddrinfo` is wrapped), so nothing is resolved or sent elsewhere. The
+HTTPS listener is on 127.0.0.1:443, because SDK URLs carry no port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import API_KEY, Server, require, same_on_every_runtime
+
+DOMAIN = "warren.test"
+
+# Put in front of every client script: names under DOMAIN are loopback, for this process only.
+RESOLVE = textwrap.dedent(
+    f"""
+    import socket
+    _getaddrinfo = socket.getaddrinfo
+    def _loopback(host, *args, **kwargs):
+        if isinstance(host, bytes):
+            host = host.decode()
+        if isinstance(host, str) and (host == {DOMAIN!r} or host.endswith(".{DOMAIN}")):
+            host = "127.0.0.1"
+        return _getaddrinfo(host, *args, **kwargs)
+    socket.getaddrinfo = _loopback
+    """
+)
+
+
+def _port_443_free() -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", 443))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def domain_server(server):
+    """The shared server restarted in domain mode (one server per host), and back after."""
+    same_on_every_runtime("the TLS listener and Host routing are the server's, the same for every runtime")
+    require("port 443 on 127.0.0.1 free for the HTTPS listener", _port_443_free())
+    server.stop()
+    srv = Server(server.data_dir, server.extra_args + ("--domain", DOMAIN, "--tls-listen", "127.0.0.1:443"))
+    srv.port, srv.url = server.port, server.url
+    try:
+        srv.start()
+        srv.ca = os.path.join(server.data_dir, "tls", DOMAIN, "ca.crt")
+        yield srv
+    finally:
+        srv.stop()
+        server.start()
+
+
+def run_client(srv, script: str, timeout: int = 300) -> dict:
+    """Runs `script` in a fresh Python with the SDK's domain-mode environment and returns the
+    JSON object it prints last."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_API_KEY=API_KEY, E2B_DOMAIN=DOMAIN, SSL_CERT_FILE=srv.ca)
+    proc = subprocess.run(
+        [sys.executable, "-c", RESOLVE + textwrap.dedent(script)],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, f"client failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_ca_is_private_where_it_must_be(domain_server):
+    tls_dir = os.path.dirname(domain_server.ca)
+    assert os.stat(tls_dir).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(tls_dir, "ca.key")).st_mode & 0o777 == 0o600
+    with open(domain_server.ca) as f:
+        assert "BEGIN CERTIFICATE" in f.read()
+
+
+def test_the_sdk_works_with_only_e2b_domain(domain_server):
+    out = run_client(
+        domain_server,
+        """
+        import json, httpx
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=120)
+        try:
+            r = sbx.commands.run("echo hello over tls")
+            sbx.files.write("/tmp/tls.txt", "written over https")
+            # A service of the user's on port 8000, reached at its public name.
+            sbx.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+            sbx.commands.run(
+                "for i in $(seq 100); do python3 -c \\"import urllib.request; "
+                "urllib.request.urlopen('http://127.0.0.1:8000/tls.txt')\\" 2>/dev/null && exit 0; "
+                "sleep 0.1; done; exit 1"
+            )
+            host = sbx.get_host(8000)
+            page = httpx.get(f"https://{host}/tls.txt", timeout=30)
+            print(json.dumps({
+                "id": sbx.sandbox_id,
+                "stdout": r.stdout,
+                "read": sbx.files.read("/tmp/tls.txt"),
+                "host": host,
+                "page": [page.status_code, page.text],
+                "api": str(sbx.connection_config.api_url),
+            }))
+        finally:
+            sbx.kill()
+        """,
+    )
+    assert out["stdout"] == "hello over tls\n"
+    assert out["read"] == "written over https"
+    assert out["host"] == f"8000-{out['id']}.{DOMAIN}"
+    assert out["page"] == [200, "written over https"]
+    assert out["api"] == f"https://api.{DOMAIN}"
+
+
+def test_signed_urls_work_at_the_public_names(domain_server):
+    out = run_client(
+        domain_server,
+        """
+        import json, httpx
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=120)
+        try:
+            results = {}
+            up = sbx.upload_url("/tmp/signed.txt")
+            results["upload_host"] = httpx.URL(up).host
+            r = httpx.post(up, files={"file": ("signed.txt", b"uploaded with a signed url")}, timeout=30)
+            results["upload"] = r.status_code
+            results["read"] = sbx.files.read("/tmp/signed.txt")
+            down = sbx.download_url("/tmp/signed.txt", use_signature_expiration=120)
+            r = httpx.get(down, timeout=30)
+            results["download"] = [r.status_code, r.text]
+            # The same URL with another signature: refused by the agent.
+            bad = httpx.URL(down).copy_set_param("signature", "v1_" + "A" * 43)
+            results["tampered"] = httpx.get(bad, timeout=30).status_code
+            # Someone else's path with this signature: refused too.
+            other = httpx.URL(down).copy_set_param("path", "/etc/passwd")
+            results["other_path"] = httpx.get(other, timeout=30).status_code
+            print(json.dumps(results))
+        finally:
+            sbx.kill()
+        """,
+    )
+    assert out["upload_host"].startswith("49983-") and out["upload_host"].endswith(f".{DOMAIN}")
+    assert out["upload"] == 200
+    assert out["read"] == "uploaded with a signed url"
+    assert out["download"] == [200, "uploaded with a signed url"]
+    assert out["tampered"] == 401
+    assert out["other_path"] == 401
+
+
+def test_http2_and_pause_resume_at_the_public_names(domain_server):
+    require("curl (scripts/setup.sh installs it)", bool(subprocess.run(["sh", "-c", "command -v curl"]).returncode == 0))
+    out = run_client(
+        domain_server,
+        """
+        import json
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=120)
+        sbx.commands.run("echo state > /tmp/kept")
+        sbx.pause()
+        again = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        print(json.dumps({"id": sbx.sandbox_id, "kept": again.commands.run("cat /tmp/kept").stdout}))
+        """,
+    )
+    assert out["kept"] == "state\n"
+    host = f"49983-{out['id']}.{DOMAIN}"
+    # curl speaks HTTP/2 when ALPN offers it; --resolve keeps the name on loopback.
+    curl = subprocess.run(
+        ["curl", "-sS", "--http2", "--cacert", domain_server.ca, "--resolve", f"{host}:443:127.0.0.1",
+         "-o", "/dev/null", "-w", "%{http_version} %{http_code}", f"https://{host}/health"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert curl.returncode == 0, curl.stderr
+    version, code = curl.stdout.split()
+    assert version == "2" and code.startswith("2"), curl.stdout
+    # A client that does not trust the CA is refused (the system store does not have it).
+    untrusted = subprocess.run(
+        ["curl", "-sS", "--resolve", f"{host}:443:127.0.0.1", f"https://{host}/health"],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+    )
+    assert untrusted.returncode != 0
+    subprocess.run(
+        [sys.executable, "-c", RESOLVE + f"from e2b import Sandbox; Sandbox.kill({out['id']!r})"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+        | {"E2B_API_KEY": API_KEY, "E2B_DOMAIN": DOMAIN, "SSL_CERT_FILE": domain_server.ca},
+        check=True, timeout=60,
+    )
