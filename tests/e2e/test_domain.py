@@ -4,39 +4,32 @@ of its local CA, and the unmodified E2B SDK works with only `E2B_DOMAIN` and the
 reached at `https://api.warren.test`, sandboxes at `https://<port>-<id>.warren.test`.
 
 Names under warren.test resolve to loopback only inside the client processes this module
-starts (their `socket.getaddrinfo` is wrapped), so nothing is resolved or sent elsewhere. The
-HTTPS listener is on 127.0.0.1:443, because SDK URLs carry no port.
+starts: each runs in a mount namespace of its own whose /etc/resolv.conf names a DNS server
+the test runs on 127.77.0.53 (`dnsstub.py`), which answers names under warren.test with
+127.0.0.1 and refuses every other name. The SDK resolves names itself (hickory, from
+/etc/resolv.conf), so this is the one way to reach it without touching the host's resolver.
+Nothing is resolved or sent elsewhere. The HTTPS listener is on 127.0.0.1:443, because SDK
+URLs carry no port.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
 
 from conftest import API_KEY, Server, require, same_on_every_runtime
+from dnsstub import StubDns, resolves
 
 DOMAIN = "warren.test"
-
-# Put in front of every client script: names under DOMAIN are loopback, for this process only.
-RESOLVE = textwrap.dedent(
-    f"""
-    import socket
-    _getaddrinfo = socket.getaddrinfo
-    def _loopback(host, *args, **kwargs):
-        if isinstance(host, bytes):
-            host = host.decode()
-        if isinstance(host, str) and (host == {DOMAIN!r} or host.endswith(".{DOMAIN}")):
-            host = "127.0.0.1"
-        return _getaddrinfo(host, *args, **kwargs)
-    socket.getaddrinfo = _loopback
-    """
-)
+STUB_DNS = "127.77.0.53"
 
 
 def _port_443_free() -> bool:
@@ -54,26 +47,46 @@ def domain_server(server):
     """The shared server restarted in domain mode (one server per host), and back after."""
     same_on_every_runtime("the TLS listener and Host routing are the server's, the same for every runtime")
     require("port 443 on 127.0.0.1 free for the HTTPS listener", _port_443_free())
+    require("unshare and mount (util-linux)", bool(shutil.which("unshare")) and bool(shutil.which("mount")))
+    stub = StubDns(STUB_DNS, DOMAIN, "127.0.0.1")
+    assert resolves(STUB_DNS, f"api.{DOMAIN}") == "127.0.0.1"
+    conf_dir = tempfile.mkdtemp(prefix="warren-domain-")
+    resolv = os.path.join(conf_dir, "resolv.conf")
+    with open(resolv, "w") as f:
+        f.write(f"nameserver {STUB_DNS}\n")
     server.stop()
     srv = Server(server.data_dir, server.extra_args + ("--domain", DOMAIN, "--tls-listen", "127.0.0.1:443"))
     srv.port, srv.url = server.port, server.url
     try:
         srv.start()
         srv.ca = os.path.join(server.data_dir, "tls", DOMAIN, "ca.crt")
+        srv.resolv = resolv
         yield srv
     finally:
         srv.stop()
+        stub.stop()
+        shutil.rmtree(conf_dir, ignore_errors=True)
         server.start()
+
+
+def isolated(srv, argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own whose /etc/resolv.conf names the stub DNS server."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"', srv.resolv, *argv]
+
+
+def client_env(srv) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_API_KEY=API_KEY, E2B_DOMAIN=DOMAIN, SSL_CERT_FILE=srv.ca)
+    return env
 
 
 def run_client(srv, script: str, timeout: int = 300) -> dict:
     """Runs `script` in a fresh Python with the SDK's domain-mode environment and returns the
     JSON object it prints last."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_API_KEY=API_KEY, E2B_DOMAIN=DOMAIN, SSL_CERT_FILE=srv.ca)
     proc = subprocess.run(
-        [sys.executable, "-c", RESOLVE + textwrap.dedent(script)],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        isolated(srv, [sys.executable, "-c", textwrap.dedent(script)]),
+        env=client_env(srv), capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, f"client failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -162,7 +175,7 @@ def test_signed_urls_work_at_the_public_names(domain_server):
 
 
 def test_http2_and_pause_resume_at_the_public_names(domain_server):
-    require("curl (scripts/setup.sh installs it)", bool(subprocess.run(["sh", "-c", "command -v curl"]).returncode == 0))
+    require("curl (scripts/setup.sh installs it)", bool(shutil.which("curl")))
     out = run_client(
         domain_server,
         """
@@ -181,7 +194,7 @@ def test_http2_and_pause_resume_at_the_public_names(domain_server):
     curl = subprocess.run(
         ["curl", "-sS", "--http2", "--cacert", domain_server.ca, "--resolve", f"{host}:443:127.0.0.1",
          "-o", "/dev/null", "-w", "%{http_version} %{http_code}", f"https://{host}/health"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
     )
     assert curl.returncode == 0, curl.stderr
     version, code = curl.stdout.split()
@@ -193,8 +206,6 @@ def test_http2_and_pause_resume_at_the_public_names(domain_server):
     )
     assert untrusted.returncode != 0
     subprocess.run(
-        [sys.executable, "-c", RESOLVE + f"from e2b import Sandbox; Sandbox.kill({out['id']!r})"],
-        env={k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-        | {"E2B_API_KEY": API_KEY, "E2B_DOMAIN": DOMAIN, "SSL_CERT_FILE": domain_server.ca},
-        check=True, timeout=60,
+        isolated(domain_server, [sys.executable, "-c", f"from e2b import Sandbox; Sandbox.kill({out['id']!r})"]),
+        env=client_env(domain_server), check=True, timeout=60,
     )
