@@ -91,9 +91,10 @@ async fn tls_listener(
                 tracing::info!(ca = %path, "created a local certificate authority for *.{domain}");
             }
             // Clients need the path; it is not a secret (the key beside it is, and stays 0600).
+            let hint = "SSL_CERT_FILE, NODE_EXTRA_CA_CERTS or the system store";
             tracing::info!(
                 ca = %path,
-                "HTTPS with a certificate of the local CA: clients trust {path}                  (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS or the system store)"
+                "HTTPS with a certificate of the local CA: clients trust {path} ({hint})"
             );
             warren_tls::ServerCerts::issued(ca, vec![domain.to_string(), format!("*.{domain}")])
                 .context("issuing the server certificate")?
