@@ -227,6 +227,21 @@ impl SlotAddrs {
     }
 }
 
+impl SlotAddrs {
+    /// The slot of `pool` whose host-side address is `host_side` (`None`: no slot's).
+    pub fn of_host_side(pool: Ipv4Cidr, host_side: Ipv4Addr) -> Option<Self> {
+        if !pool.contains(host_side) {
+            return None;
+        }
+        let offset = u64::from(u32::from(host_side) - u32::from(pool.network()));
+        if offset % ADDRS_PER_SLOT != 2 {
+            return None;
+        }
+        let addrs = Self::for_index(pool, u32::try_from(offset / ADDRS_PER_SLOT).ok()?)?;
+        (addrs.host_side == host_side).then_some(addrs)
+    }
+}
+
 /// How many slots fit in `pool`.
 pub fn slot_capacity(pool: Ipv4Cidr) -> u64 {
     pool.size() / ADDRS_PER_SLOT

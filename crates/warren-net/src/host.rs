@@ -277,5 +277,6 @@ pub(crate) async fn slot_filter(
         max_connections: config.max_connections_per_slot,
         new_per_second: config.new_connections_per_second,
         resolver_port: None,
+        pool: config.host_cidr,
     })
 }

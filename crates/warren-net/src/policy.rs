@@ -157,14 +157,17 @@ fn tab(rules: &str) -> String {
 /// one transaction ([`update`]).
 fn policy_rules(policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
     let mut s = String::from("\t\tip daddr @allow_net return\n");
+    // The resolver decides itself whom it answers (a slot whose DNS is not redirected to it,
+    // or whose policy denies a name, gets nothing or REFUSED), so reaching it is never
+    // refused here: a sandbox with private-network names and no internet still asks it.
+    if let Some(r) = resolver {
+        let _ = writeln!(
+            s,
+            "\t\tip daddr {} meta l4proto {{ tcp, udp }} th dport {} return",
+            r.host_veth, r.port
+        );
+    }
     if policy.names.is_some() {
-        if let Some(r) = resolver {
-            let _ = writeln!(
-                s,
-                "\t\tip daddr {} meta l4proto {{ tcp, udp }} th dport {} return",
-                r.host_veth, r.port
-            );
-        }
         s.push_str("\t\tip daddr @pinned return\n");
     }
     s.push_str("\t\tip daddr @deny_net jump refuse\n");
@@ -180,6 +183,7 @@ pub(crate) fn dns_redirect(
     table: &str,
     policy: &SlotPolicy,
     resolver: Option<ResolverAt>,
+    internal_names: bool,
 ) -> String {
     let mut s = String::new();
     for (chain, hook, prio) in [
@@ -193,7 +197,9 @@ pub(crate) fn dns_redirect(
         );
         let _ = writeln!(s, "flush chain ip {table} {chain}");
     }
-    if let (Some(_), Some(r)) = (&policy.names, resolver) {
+    // Private-network names (`.internal`) are answered by the resolver too.
+    let redirect = policy.names.is_some() || internal_names;
+    if let (true, Some(r)) = (redirect, resolver) {
         let mark = crate::proxy::MARK;
         let to = format!(
             "meta l4proto {{ tcp, udp }} th dport 53 dnat to {}:{}",
@@ -208,11 +214,13 @@ pub(crate) fn dns_redirect(
             s,
             "add rule ip {table} dns_out oifname \"{SANDBOX_IFACE}\" {to}"
         );
-        let _ = writeln!(
-            s,
-            "add rule ip {table} proxy_src oifname \"{SANDBOX_IFACE}\" meta mark {mark:#x} snat to {}",
-            r.host_side
-        );
+        if policy.names.is_some() {
+            let _ = writeln!(
+                s,
+                "add rule ip {table} proxy_src oifname \"{SANDBOX_IFACE}\" meta mark {mark:#x} snat to {}",
+                r.host_side
+            );
+        }
     }
     s
 }
@@ -220,7 +228,12 @@ pub(crate) fn dns_redirect(
 /// `nft -f` input, run inside the slot, that replaces the policy in one atomic transaction:
 /// packets see the old policy or the new one, never none. Addresses pinned for an earlier
 /// policy are forgotten.
-pub(crate) fn update(table: &str, policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
+pub(crate) fn update(
+    table: &str,
+    policy: &SlotPolicy,
+    resolver: Option<ResolverAt>,
+    internal_names: bool,
+) -> String {
     let mut s = format!("add set inet {table} pinned {{ type ipv4_addr; flags timeout; }}\n");
     s.push_str(&format!("flush set inet {table} pinned\n"));
     for (set, items) in [("allow_net", &policy.allow), ("deny_net", &policy.deny)] {
@@ -244,7 +257,7 @@ pub(crate) fn update(table: &str, policy: &SlotPolicy, resolver: Option<Resolver
             let _ = writeln!(s, "add rule inet {table} {chain} {rule}");
         }
     }
-    s.push_str(&dns_redirect(table, policy, resolver));
+    s.push_str(&dns_redirect(table, policy, resolver, internal_names));
     s
 }
 
@@ -351,7 +364,9 @@ mod tests {
         assert!(text.contains("ip daddr != @deny_net meta l4proto tcp redirect to :988"));
         let plain = declarations(&SlotPolicy::deny_all(), Some(AT));
         assert!(!plain.contains("redirect"), "{plain}");
-        assert!(!plain.contains("dport 40053") && !plain.contains("@pinned return"));
+        assert!(!plain.contains("@pinned return"));
+        // The resolver is never refused by the policy: it decides itself.
+        assert!(plain.find("dport 40053 return").unwrap() < plain.find("@deny_net").unwrap());
         for line in text.lines() {
             let t = line.trim();
             assert!(!t.ends_with('}') || t == "}" || t.contains('{'), "{line}");
@@ -360,7 +375,7 @@ mod tests {
 
     #[test]
     fn update_replaces_sets_chain_pins_and_the_dns_redirect_in_one_batch() {
-        let text = update("w", &SlotPolicy::deny_all(), Some(AT));
+        let text = update("w", &SlotPolicy::deny_all(), Some(AT), false);
         assert!(
             text.starts_with(
                 "add set inet w pinned { type ipv4_addr; flags timeout; }\n\
@@ -370,6 +385,7 @@ mod tests {
              add element inet w deny_net { 0.0.0.0/0 }\n\
              flush chain inet w sandbox_policy\n\
              add rule inet w sandbox_policy ip daddr @allow_net return\n\
+             add rule inet w sandbox_policy ip daddr 10.11.0.21 meta l4proto { tcp, udp } th dport 40053 return\n\
              add rule inet w sandbox_policy ip daddr @deny_net jump refuse\n"
             ),
             "{text}"
@@ -380,7 +396,7 @@ mod tests {
             names: Some(names()),
             ..SlotPolicy::deny_all()
         };
-        let text = update("w", &named, Some(AT));
+        let text = update("w", &named, Some(AT), false);
         assert!(text.contains(
             "add rule ip w dns_out oifname \"eth0\" meta l4proto { tcp, udp } th dport 53 dnat to 10.11.0.21:40053\n"
         ), "{text}");
@@ -392,6 +408,13 @@ mod tests {
         assert!(text.contains(
             "add rule ip w proxy_src oifname \"eth0\" meta mark 0x57720001 snat to 10.11.0.22\n"
         ), "{text}");
+        // Private-network names alone redirect DNS, but nothing goes to the egress proxy.
+        let internal = update("w", &SlotPolicy::deny_all(), Some(AT), true);
+        assert!(
+            internal.contains("add rule ip w dns_out oifname \"eth0\""),
+            "{internal}"
+        );
+        assert!(!internal.contains("snat to"), "{internal}");
         assert_eq!(
             pin("w", &[Ipv4Addr::new(192, 0, 2, 7)], 60),
             "add element inet w pinned { 192.0.2.7 timeout 60s }\n"

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::addr::SlotAddrs;
 use crate::adopt::{self, AdoptSlot};
 
+mod peers;
 mod start;
 use crate::cleanup::{remove_prefix_objects, CleanupReport, Tables};
 use crate::cmd::{Invocation, CONNTRACK};
@@ -115,6 +116,9 @@ struct State {
     /// Slot links that are (or may be) in the host's no-egress set: what a restored host
     /// table must contain.
     no_egress: BTreeSet<String>,
+    /// (from, to) link pairs in the host's `peer_links` set, both directions of each pair,
+    /// by the slot whose peers put them there: what a restored host table must contain.
+    peer_links: std::collections::BTreeMap<String, BTreeSet<(String, String)>>,
 }
 
 impl State {
@@ -477,6 +481,7 @@ impl Inner {
             pool_id: self.id,
             internet: true,
             policy: SlotPolicy::open(),
+            peers: Default::default(),
             resolv_conf: self.resolv_conf.clone(),
             returner: Some(self.returner.clone()),
         }
@@ -491,11 +496,16 @@ impl Inner {
             if policy.names.is_some() {
                 self.proxy.register(&slot.name, policy.names.as_ref())?;
             }
-            slot::set_policy(&self.config.prefix, &slot.name, policy, at).await?;
+            let internal = !slot.peers.names.is_empty();
+            slot::set_policy(&self.config.prefix, &slot.name, policy, at, internal).await?;
             self.pins.forget(&slot.name);
             slot.policy = policy.clone();
-            self.resolver
-                .register(slot.addrs.host_side, &slot.name, policy.names.as_ref());
+            self.resolver.register(
+                slot.addrs.host_side,
+                &slot.name,
+                policy.names.as_ref(),
+                policy.denies_everything(),
+            );
             if policy.names.is_none() {
                 self.proxy.register(&slot.name, None)?;
             }
@@ -537,7 +547,17 @@ impl Inner {
     }
 
     fn host_ruleset(&self, no_egress: &[String]) -> String {
+        let peer_links: Vec<(String, String)> = self
+            .lock()
+            .peer_links
+            .values()
+            .flatten()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         rules::host_ruleset(&HostRules {
+            peer_links: &peer_links,
             table: &self.config.prefix,
             link_glob: &self.config.link_glob(),
             pool: self.config.host_cidr,
@@ -558,6 +578,8 @@ impl Inner {
     async fn check_and_restore(&self) -> Result<TableCheck> {
         let table = &self.config.prefix;
         let want: Vec<String> = self.lock().no_egress.iter().cloned().collect();
+        let want_links: BTreeSet<(String, String)> =
+            self.lock().peer_links.values().flatten().cloned().collect();
         let found = watchdog::list_host_table(table).await?;
         let verdict = match &found {
             None => TableCheck::RestoredMissing,
@@ -567,7 +589,8 @@ impl Inner {
                         .expected_table
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                    && l.no_egress.iter().eq(want.iter()) =>
+                    && l.no_egress.iter().eq(want.iter())
+                    && l.peer_links == want_links =>
             {
                 return Ok(TableCheck::Intact)
             }
@@ -664,8 +687,14 @@ impl Inner {
     /// Resets a returned slot and puts it back into the pool, or destroys it when the pool
     /// is full or the reset failed.
     async fn recycle(&self, name: String, addrs: SlotAddrs, internet: bool) -> Result<()> {
-        self.resolver.register(addrs.host_side, &name, None);
+        self.resolver.forget(addrs.host_side);
         self.flows.set_owner(&name, None);
+        // No link pair of the last tenant's networks survives it (the fresh filter table
+        // below holds no peers either).
+        if let Err(e) = self.drop_peer_links(&name).await {
+            self.discard(&name, addrs.index, !internet).await;
+            return Err(e);
+        }
         // Cannot fail without name rules.
         let _ = self.proxy.register(&name, None);
         self.pins.forget(&name);

@@ -8,8 +8,13 @@
 //! servers, the IPv4 addresses of the answer are pinned in the slot (reachable on any port
 //! until their TTL ends) and then the answer is returned. Queries from anyone else are
 //! dropped. Every query is logged (target `warren_net::dns`).
+//!
+//! Slots with private-network peers are redirected here too: names under `.internal` are
+//! answered from the slot's own table (`<id>.<network>.internal`, aliases), never forwarded;
+//! other names are forwarded unless the sandbox's policy denies everything (or, with rules
+//! by name, decided by them as above).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,7 +39,19 @@ const TCP_READ_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 struct Client {
     slot: String,
-    names: Arc<EgressPolicy>,
+    /// Rules by name, when the sandbox has them.
+    names: Option<Arc<EgressPolicy>>,
+    /// Without rules by name: whether other names are forwarded (not when the policy denies
+    /// everything).
+    forward: bool,
+    /// Private-network names and their addresses.
+    internal: Arc<BTreeMap<String, Ipv4Addr>>,
+}
+
+impl Client {
+    fn is_empty(&self) -> bool {
+        self.names.is_none() && self.internal.is_empty()
+    }
 }
 
 struct Shared {
@@ -89,27 +106,56 @@ impl Resolver {
         self.port
     }
 
-    /// Queries from `host_side` (slot `slot`) are decided by `names` from now on; `None`: the
-    /// slot has no name rules any more, and its queries are dropped.
-    pub(crate) fn register(&self, host_side: Ipv4Addr, slot: &str, names: Option<&EgressPolicy>) {
-        let mut clients = self
-            .shared
+    /// Queries from `host_side` (slot `slot`) are decided by `names` from now on (`None`:
+    /// the slot has no name rules; then other names are forwarded unless `denies_all`).
+    pub(crate) fn register(
+        &self,
+        host_side: Ipv4Addr,
+        slot: &str,
+        names: Option<&EgressPolicy>,
+        denies_all: bool,
+    ) {
+        self.update(host_side, slot, |c| {
+            c.names = names.map(|n| Arc::new(n.clone()));
+            c.forward = !denies_all;
+        });
+    }
+
+    /// The private-network names `host_side`'s sandbox resolves (empty: none).
+    pub(crate) fn register_internal(
+        &self,
+        host_side: Ipv4Addr,
+        slot: &str,
+        internal: &BTreeMap<String, Ipv4Addr>,
+    ) {
+        self.update(host_side, slot, |c| c.internal = Arc::new(internal.clone()));
+    }
+
+    /// Forgets `host_side` (its slot is released).
+    pub(crate) fn forget(&self, host_side: Ipv4Addr) {
+        self.clients().remove(&host_side);
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<Ipv4Addr, Client>> {
+        self.shared
             .clients
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match names {
-            Some(n) => {
-                clients.insert(
-                    host_side,
-                    Client {
-                        slot: slot.to_owned(),
-                        names: Arc::new(n.clone()),
-                    },
-                );
-            }
-            None => {
-                clients.remove(&host_side);
-            }
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, host_side: Ipv4Addr, slot: &str, change: impl FnOnce(&mut Client)) {
+        let mut clients = self.clients();
+        let mut client = clients.remove(&host_side).unwrap_or_else(|| Client {
+            slot: slot.to_owned(),
+            names: None,
+            forward: true,
+            internal: Arc::default(),
+        });
+        client.slot = slot.to_owned();
+        change(&mut client);
+        // A slot with neither is not redirected here: its queries are dropped.
+        if !client.is_empty() {
+            clients.insert(host_side, client);
         }
     }
 }
@@ -224,7 +270,14 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
         .trim_end_matches('.')
         .to_ascii_lowercase();
     let kind = q.query_type();
-    if !client.names.answers_name(&name) {
+    if warren_runtime::peers::is_internal_name(&name) {
+        return Some(answer_internal(shared, client, &msg, &name));
+    }
+    let allowed = match &client.names {
+        Some(names) => names.answers_name(&name),
+        None => client.forward,
+    };
+    if !allowed {
         tracing::info!(target: "warren_net::dns", slot = %client.slot, %name, ?kind,
             verdict = "refused", "DNS query");
         shared
@@ -246,7 +299,8 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
     shared
         .flows
         .record(&client.slot, dns_flow(&name, FlowVerdict::Allowed, &ips));
-    if !ips.is_empty() {
+    // Pins matter only to rules by name (an open policy reaches every address anyway).
+    if !ips.is_empty() && client.names.is_some() {
         // Before the answer goes out, so the sandbox's very next connect finds the pin.
         if let Err(e) = shared.pins.ensure(&client.slot, &ips, ttl).await {
             tracing::warn!(slot = %client.slot, %name, error = %e,
@@ -254,6 +308,55 @@ async fn answer(shared: &Shared, client: &Client, query: &[u8], via: Transport) 
         }
     }
     Some(reply)
+}
+
+/// The answer to a question for a private-network name, from the slot's own table: its
+/// address for A, an empty answer for other types of a known name, NXDOMAIN otherwise.
+fn answer_internal(shared: &Shared, client: &Client, msg: &Message, name: &str) -> Vec<u8> {
+    let found = client.internal.get(name).copied();
+    let mut reply = Message::new();
+    reply
+        .set_id(msg.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(msg.op_code())
+        .set_recursion_desired(msg.recursion_desired())
+        .set_recursion_available(true)
+        .set_authoritative(true)
+        .add_queries(msg.queries().to_vec());
+    match found {
+        Some(ip) => {
+            if let Some(q) = msg
+                .queries()
+                .first()
+                .filter(|q| q.query_type() == RecordType::A)
+            {
+                // A short TTL: a peer's address is stable, but membership is not.
+                reply.add_answer(hickory_proto::rr::Record::from_rdata(
+                    q.name().clone(),
+                    5,
+                    RData::A(ip.into()),
+                ));
+            }
+        }
+        None => {
+            reply.set_response_code(ResponseCode::NXDomain);
+        }
+    }
+    let ips: Vec<Ipv4Addr> = found.into_iter().collect();
+    let verdict = if found.is_some() {
+        FlowVerdict::Allowed
+    } else {
+        FlowVerdict::Denied
+    };
+    tracing::info!(target: "warren_net::dns", slot = %client.slot, %name,
+        verdict = if found.is_some() { "answered" } else { "unknown" }, addresses = ?ips,
+        "DNS query (private network)");
+    let mut flow = dns_flow(name, verdict, &ips);
+    if found.is_none() {
+        flow.reason = Some("no such private-network name".into());
+    }
+    shared.flows.record(&client.slot, flow);
+    reply.to_vec().unwrap_or_default()
 }
 
 fn dns_flow(name: &str, verdict: FlowVerdict, ips: &[Ipv4Addr]) -> Flow {

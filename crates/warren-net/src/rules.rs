@@ -29,6 +29,8 @@ pub(crate) struct HostRules<'a> {
     /// The port of the pool's resolver (sandboxes with name rules reach it on their veth's
     /// host end).
     pub resolver_port: Option<u16>,
+    /// Link pairs of private networks (both directions), so replacing the table keeps them.
+    pub peer_links: &'a [(String, String)],
 }
 
 /// The host-wide table `inet <prefix>`: isolation, egress policy and masquerade for every
@@ -52,10 +54,10 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 \tset {NO_EGRESS_SET} {{
 \t\ttype ifname
 {no_egress}\t}}
-\t# Hook for private networks: (from, to) slot link pairs whose sandboxes may talk.
+\t# Private networks: (from, to) slot link pairs whose sandboxes may talk.
 \tset peer_links {{
 \t\ttype ifname . ifname
-\t}}
+{peer_links}\t}}
 \tset dns_servers {{
 \t\ttype ipv4_addr
 {dns}\t}}
@@ -66,6 +68,11 @@ pub(crate) fn host_ruleset(r: &HostRules<'_>) -> String {
 {blocked}\t}}
 ",
         no_egress = elements(r.no_egress.iter().map(|n| format!("\"{n}\""))),
+        peer_links = elements(
+            r.peer_links
+                .iter()
+                .map(|(a, b)| format!("\"{a}\" . \"{b}\""))
+        ),
         dns = elements(r.dns_servers.iter()),
         blocked = elements(r.blocked.iter()),
     ));
@@ -176,6 +183,9 @@ pub(crate) struct SlotFilter {
     pub new_per_second: Option<u32>,
     /// The port of the pool's resolver, reached at the host end of the slot's veth.
     pub resolver_port: Option<u16>,
+    /// The pool's address range: the sandbox reaches other slots only when they are its
+    /// private-network peers ([`crate::peers`]).
+    pub pool: Ipv4Cidr,
 }
 
 impl SlotFilter {
@@ -236,10 +246,10 @@ table inet {table} {{
 \tset dns_servers {{
 \t\ttype ipv4_addr
 {dns}\t}}
-\tchain ingress {{
+{peer_sets}\tchain ingress {{
 \t\ttype filter hook prerouting priority mangle; policy accept;
 \t\tiifname \"{SANDBOX_IFACE}\" meta nfproto ipv6 counter drop
-\t\tiifname \"{SANDBOX_IFACE}\" ct state new ip saddr != {host_veth} counter drop
+{peer_in}\t\tiifname \"{SANDBOX_IFACE}\" ct state new ip saddr != {host_veth} counter drop
 \t}}
 \tchain output {{
 \t\ttype filter hook output priority filter; policy accept;
@@ -253,7 +263,8 @@ table inet {table} {{
 \t\tmeta nfproto ipv6 counter drop
 \t\t# Redirected to the egress proxy: the output hook keeps the original route's device.
 \t\tip daddr 127.0.0.1 tcp dport {proxy_port} ct status dnat accept
-\t\t# The sandbox's own policy, for every packet of a connection it opened (not replies
+\t\t# Private-network peers (not subject to the policy); no other slot, ever.
+{peer_out}\t\t# The sandbox's own policy, for every packet of a connection it opened (not replies
 \t\t# to the host's): before the established accept, so a new policy cuts open ones.
 \t\tct direction original jump {POLICY_CHAIN}
 \t\tct state established,related accept
@@ -261,9 +272,13 @@ table inet {table} {{
 {resolver}\t\tip daddr @isolated counter drop
 \t\tip daddr @blocked counter reject with icmpx type admin-prohibited
 \t}}
-{policy}}}
+{policy}{peer_chains}}}
 ",
         policy = policy::declarations(policy, f.resolver_at(a)),
+        peer_sets = crate::peers::sets(),
+        peer_in = crate::peers::ingress_rules(),
+        peer_out = crate::peers::egress_rules(f.pool, host_veth),
+        peer_chains = crate::peers::chains(),
         proxy_port = crate::proxy::PROXY_PORT,
         resolver = f
             .resolver_at(a)
@@ -356,6 +371,7 @@ mod tests {
             dns_servers: &[Ipv4Addr::new(10, 255, 255, 53)],
             no_egress: &["warren-3".into(), "warren-7".into()],
             resolver_port: Some(40053),
+            peer_links: &[("warren-3".into(), "warren-9".into())],
         });
         // The pool's resolver is the one host port slots reach.
         let to_host = &text[text.find("chain slot_to_host").unwrap()..];
@@ -365,6 +381,7 @@ mod tests {
             "{to_host}"
         );
         assert!(text.contains("elements = { \"warren-3\", \"warren-7\" }"));
+        assert!(text.contains("elements = { \"warren-3\" . \"warren-9\" }"));
         assert!(text.starts_with("table inet warren\ndelete table inet warren\n"));
         assert!(text.contains("elements = { 10.255.255.53 }"));
         assert!(text.contains("elements = { 10.0.0.0/8 }"));
@@ -386,6 +403,7 @@ mod tests {
             dns_servers: &[],
             no_egress: &[],
             resolver_port: None,
+            peer_links: &[],
         });
         assert!(text.contains("type filter hook output priority filter"));
         assert!(text.contains("ip daddr 10.11.0.0/16 jump host_to_slot"));
@@ -408,12 +426,25 @@ mod tests {
             max_connections: 4096,
             new_per_second: Some(50),
             resolver_port: Some(40053),
+            pool: "10.11.0.0/16".parse().unwrap(),
         };
         let text = slot_filter_ruleset(&filter, &addrs(), &SlotPolicy::open());
         assert!(text.starts_with("table inet w\ndelete table inet w\n"));
         assert!(text.contains("elements = { 10.11.0.0/16, 192.0.2.2/32 }"));
         // New connections only from this slot's host veth end (slot 5: 10.11.0.21).
         assert!(text.contains("iifname \"eth0\" ct state new ip saddr != 10.11.0.21 counter drop"));
+        // Peers come in before that rule; out, before the sandbox's policy, and no other slot.
+        assert!(
+            text.find("ip saddr @peer_any accept").unwrap()
+                < text.find("ip saddr != 10.11.0.21 counter drop").unwrap()
+        );
+        let egress = &text[text.find("chain egress").unwrap()..];
+        let peers = egress.find("ip daddr @peer_any accept").unwrap();
+        let others = egress
+            .find("ip daddr 10.11.0.0/16 ip daddr != 10.11.0.21 counter drop")
+            .unwrap();
+        assert!(peers < others && others < egress.find("jump sandbox_policy").unwrap());
+        assert!(text.find("set peer_any").unwrap() < text.find("chain ingress").unwrap());
         // Both the namespace sandbox's own traffic and a VM's routed traffic.
         assert!(text.contains("type filter hook output priority filter"));
         assert!(text.contains("type filter hook forward priority filter"));
@@ -453,6 +484,7 @@ mod tests {
             dns_servers: &[],
             no_egress: &[],
             resolver_port: None,
+            peer_links: &[],
         });
         assert!(!text.contains("elements"));
     }

@@ -31,6 +31,8 @@ pub struct Slot {
     pub(crate) internet: bool,
     /// The policy in the slot's filter table, as far as known.
     pub(crate) policy: SlotPolicy,
+    /// Its private-network peers, as far as known (see [`crate::NetPool::set_peers`]).
+    pub(crate) peers: warren_runtime::peers::Peering,
     pub(crate) resolv_conf: Arc<str>,
     /// Set while leased; taken by `release` so that `Drop` does nothing afterwards.
     pub(crate) returner: Option<UnboundedSender<Returned>>,
@@ -218,7 +220,8 @@ pub(crate) async fn install_filter(
         .stdin(format!(
             "{}{}{keep}",
             rules::slot_filter_ruleset(filter, addrs, policy),
-            policy::dns_redirect(&filter.table, policy, filter.resolver_at(addrs))
+            // Peers are not part of an install: the control plane sets them again.
+            policy::dns_redirect(&filter.table, policy, filter.resolver_at(addrs), false)
         ))
         .in_netns(&ns)
         .run()
@@ -232,11 +235,55 @@ pub(crate) async fn set_policy(
     name: &str,
     policy: &SlotPolicy,
     resolver: Option<ResolverAt>,
+    internal_names: bool,
 ) -> Result<()> {
     Invocation::new(NFT)
         .args(["-f", "-"])
-        .stdin(policy::update(table, policy, resolver))
+        .stdin(policy::update(table, policy, resolver, internal_names))
         .in_netns(&netns_path(name))
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Replaces the slot's peers in its filter table (one transaction) and, when whether it has
+/// private-network names changes, its DNS redirect with them.
+pub(crate) async fn set_peers(
+    table: &str,
+    name: &str,
+    peering: &warren_runtime::peers::Peering,
+    dns: Option<(&SlotPolicy, Option<ResolverAt>)>,
+) -> Result<()> {
+    let mut text = crate::peers::update(table, peering);
+    if let Some((policy, resolver)) = dns {
+        text.push_str(&policy::dns_redirect(
+            table,
+            policy,
+            resolver,
+            !peering.names.is_empty(),
+        ));
+    }
+    Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(text)
+        .in_netns(&netns_path(name))
+        .run()
+        .await
+        .map(drop)
+}
+
+/// Changes the host table's set of link pairs that may talk (private networks).
+pub(crate) async fn set_peer_links(
+    config: &NetConfig,
+    add: &[(String, String)],
+    remove: &[(String, String)],
+) -> Result<()> {
+    if add.is_empty() && remove.is_empty() {
+        return Ok(());
+    }
+    Invocation::new(NFT)
+        .args(["-f", "-"])
+        .stdin(crate::peers::host_update(&config.prefix, add, remove))
         .run()
         .await
         .map(drop)

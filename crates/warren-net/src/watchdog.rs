@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::cmd::{Invocation, NFT};
 use crate::error::{Error, Result};
+use crate::peers::PEER_LINKS;
 use crate::rules::NO_EGRESS_SET;
 
 /// What a check of the host table found.
@@ -33,6 +34,8 @@ pub enum TableCheck {
 pub(crate) struct Listing {
     pub shape: String,
     pub no_egress: BTreeSet<String>,
+    /// The elements of the private networks' link-pair set (the pool changes them too).
+    pub peer_links: BTreeSet<(String, String)>,
 }
 
 /// Lists `inet <table>`; `None` when it does not exist.
@@ -66,6 +69,7 @@ pub(crate) fn parse_listing(json: &str) -> std::result::Result<Listing, String> 
         .and_then(Value::as_array)
         .ok_or("no `nftables` array")?;
     let mut no_egress = BTreeSet::new();
+    let mut peer_links = BTreeSet::new();
     let mut shape = Vec::new();
     for item in items {
         if item.get("metainfo").is_some() {
@@ -78,6 +82,17 @@ pub(crate) fn parse_listing(json: &str) -> std::result::Result<Listing, String> 
                     no_egress.extend(elems.iter().filter_map(|e| e.as_str().map(str::to_owned)));
                 }
             }
+            if set.get("name").and_then(Value::as_str) == Some(PEER_LINKS) {
+                if let Some(Value::Array(elems)) = set.remove("elem") {
+                    peer_links.extend(elems.iter().filter_map(|e| {
+                        let pair = e.get("concat")?.as_array()?;
+                        Some((
+                            pair.first()?.as_str()?.to_owned(),
+                            pair.get(1)?.as_str()?.to_owned(),
+                        ))
+                    }));
+                }
+            }
         }
         normalize(&mut item);
         shape.push(item);
@@ -85,6 +100,7 @@ pub(crate) fn parse_listing(json: &str) -> std::result::Result<Listing, String> 
     Ok(Listing {
         shape: Value::Array(shape).to_string(),
         no_egress,
+        peer_links,
     })
 }
 

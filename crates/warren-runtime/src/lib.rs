@@ -10,6 +10,7 @@
 
 pub mod egress;
 pub mod flows;
+pub mod peers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -94,6 +95,9 @@ pub struct Capabilities {
     pub egress_addresses: bool,
     /// Egress rules by name (domains, `*.domain`) are enforced too.
     pub egress_names: bool,
+    /// Private networks between sandboxes ([`SandboxRuntime::set_peers`]).
+    #[serde(default)]
+    pub private_networks: bool,
 }
 
 /// What a pause keeps.
@@ -385,6 +389,18 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         let _ = policy;
         Err(RuntimeError::Unsupported(format!(
             "the {} runtime cannot change sandbox {id}'s egress policy",
+            self.name()
+        )))
+    }
+
+    /// Replaces a running (or memory-paused) sandbox's private-network peers: from now on it
+    /// reaches exactly `peering.peers` at their addresses (connections to others are cut)
+    /// and its DNS answers `peering.names`. Not kept across a server restart: the control
+    /// plane applies it again.
+    async fn set_peers(&self, id: &str, peering: &peers::Peering) -> Result<(), RuntimeError> {
+        let _ = peering;
+        Err(RuntimeError::Unsupported(format!(
+            "the {} runtime has no private networks (sandbox {id})",
             self.name()
         )))
     }

@@ -55,6 +55,9 @@ pub(super) async fn install_host_layers(
         dns_servers: &dns.servers,
         no_egress: &no_egress,
         resolver_port: Some(resolver_port),
+        // Private networks come back when the control plane sets each slot's peers again:
+        // until then adopted sandboxes reach no other slot (closed, not open).
+        peer_links: &[],
     }))
     .await?;
     let expected_table = watchdog::list_host_table(&config.prefix)
@@ -102,6 +105,7 @@ pub(super) fn adopted_slots(
                         addrs.host_side,
                         &slot.name,
                         slot.policy.names.as_ref(),
+                        slot.policy.denies_everything(),
                     );
                     if let Err(e) = inner.proxy.register(&slot.name, slot.policy.names.as_ref()) {
                         // Fails closed: the slot's redirect leads to nothing.

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{Flock, FlockArg};
 use warren_net::{netns, NetConfig};
 
+pub mod dns;
+
 const RUN_DIR: &str = "/run/warren-net-test";
 /// Timeout for connections that must fail (dropped packets never answer).
 pub const BLOCKED: Duration = Duration::from_millis(800);
