@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use common::dns::{parse, query, resolve};
 use common::{assert_connects, connect, listen, udp_echo, udp_roundtrip, OPEN};
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::rr::{RData, Record};
 use warren_net::{netns, DnsSource, NetPool, SlotPolicy};
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::flows::{FlowKind, FlowVerdict};
