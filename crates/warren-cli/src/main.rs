@@ -6,6 +6,7 @@ mod client;
 mod connect;
 mod keys;
 mod network;
+mod networks;
 mod persist;
 mod sandbox;
 mod serve;
@@ -102,6 +103,13 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Private networks between sandboxes: create, list, info, delete, join, leave.
+    Network {
+        #[command(subcommand)]
+        command: networks::NetworkCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Lists and deletes snapshots (take them with `warren sandbox snapshot`).
     Snapshot {
         #[command(subcommand)]
@@ -173,6 +181,7 @@ fn main() -> std::process::ExitCode {
             Command::Sandbox { command, client } => sandbox::run(command, client).await,
             Command::Template { command, client } => template::run(command, client).await,
             Command::Snapshot { command, client } => persist::run(command, client).await,
+            Command::Network { command, client } => networks::run(command, client).await,
             Command::Keys {
                 command,
                 data_dir,

@@ -127,6 +127,9 @@ pub struct CreateArgs {
     auto_resume: bool,
     #[command(flatten)]
     egress: EgressArgs,
+    /// A private network to join, as NAME or NAME:ALIAS (repeatable).
+    #[arg(long = "network", value_name = "NAME[:ALIAS]")]
+    networks: Vec<String>,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -225,6 +228,9 @@ fn create_body(c: CreateArgs) -> Value {
         }
     }
     c.egress.add_to_create(&mut body);
+    if !c.networks.is_empty() {
+        body["networks"] = c.networks.clone().into();
+    }
     body
 }
 

@@ -48,6 +48,10 @@ pub struct Config {
     /// Ceilings on what a template build may ask for (`cpuCount`, `memoryMB`).
     pub max_template_cpu: u32,
     pub max_template_memory_mb: u32,
+    /// Where private networks get their /24s (one each). The addresses exist only inside
+    /// sandboxes' slots (translated there), so the range need not be routed anywhere; it
+    /// should not hold addresses sandboxes must reach otherwise.
+    pub network_range: ipnet::Ipv4Net,
 }
 
 impl Default for Config {
@@ -76,6 +80,8 @@ impl Default for Config {
             ended_retention: Duration::from_secs(7 * 24 * 3600),
             max_template_cpu: 8,
             max_template_memory_mb: 16 * 1024,
+            network_range: ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(10, 224, 0, 0), 12)
+                .expect("a /12 is a valid prefix"),
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct CreateRequest {
     pub allow_internet_access: Option<bool>,
     pub lifecycle: Lifecycle,
     pub network: Network,
+    /// Private networks to join (Warren's create extension; the metadata key
+    /// `warren.networks` asks for more).
+    pub networks: Vec<crate::networks::Join>,
     /// The creating key's team; empty means the default team.
     pub team: String,
 }
@@ -110,6 +113,10 @@ pub(crate) struct Inner {
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
     pub(crate) builds: crate::builds::BuildState,
+    /// Private networks and their members, as recorded.
+    pub(crate) networks: StdMutex<crate::networks::NetworkState>,
+    /// Serialises changes of networks and the application of peers to runtimes.
+    pub(crate) peering: Mutex<()>,
 }
 
 /// The control plane. Cheap to clone.
@@ -118,7 +125,7 @@ pub struct Control {
     pub(crate) inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these short critical sections leaves plain maps behind,
     // which are still consistent; keep serving rather than cascading the panic.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -157,9 +164,13 @@ impl Control {
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
                 builds: crate::builds::BuildState::new()?,
+                networks: StdMutex::default(),
+                peering: Mutex::new(()),
             }),
         };
+        control.load_networks().await?;
         control.recover().await?;
+        control.restore_networks().await;
         control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         Ok(control)
@@ -210,6 +221,7 @@ impl Control {
             lock(&self.inner.routes).insert(sandbox.id.clone(), route);
         }
         self.schedule_end(&sandbox.id, sandbox.end_at);
+        self.peers_moved(&sandbox.id);
     }
 
     /// Refuses to save more state (a pause, a snapshot, a fork's checkpoint) when the disk it
@@ -291,6 +303,7 @@ impl Control {
     pub(crate) fn unroute(&self, id: &str) {
         if let Some(route) = lock(&self.inner.routes).remove(id) {
             route.cancel.cancel();
+            self.peers_moved(id);
         }
     }
 
@@ -355,6 +368,9 @@ impl Control {
         }
         self.check_lifecycle(&req.lifecycle)?;
         self.check_egress(&req.network.egress)?;
+        let mut joins = req.networks.clone();
+        joins.extend(crate::networks::joins_from_metadata(&req.metadata)?);
+        self.check_joins(&team_of(&req.team), &joins)?;
         let cfg = &self.inner.config;
         // A snapshot id or name is a valid `templateID` (SDKs create from snapshots that way).
         // The template built here that this create spawns from, to count it.
@@ -410,6 +426,14 @@ impl Control {
         let sandbox = self.create_planned(plan).await?;
         if let Some(id) = spawned_from {
             self.count_spawn(&id).await;
+        }
+        if let Err(e) = self.join_all(&sandbox.team, &sandbox.id, &joins).await {
+            // Not acknowledged: a sandbox outside the networks it asked for is not what the
+            // caller wanted.
+            if let Err(k) = self.kill_now(&sandbox.id).await {
+                tracing::warn!(sandbox_id = %sandbox.id, error = %k, "killing a sandbox whose networks failed");
+            }
+            return Err(e);
         }
         Ok(sandbox)
     }
@@ -559,6 +583,8 @@ impl Control {
             SandboxState::Running => {}
             SandboxState::Paused => {
                 self.resume_locked(&mut sb, timeout).await?;
+                // Its networks know its new place before the caller uses it.
+                self.refresh_peers_of(id).await;
                 return Ok((sb.clone(), true));
             }
             other => {
@@ -646,6 +672,7 @@ impl Control {
         };
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
+        self.leave_all_networks(id).await;
         tracing::info!(sandbox_id = %id, state = sb.state.as_str(), "sandbox stopped");
         result
     }
@@ -661,6 +688,7 @@ impl Control {
         sb.fail(format!("sandbox exited: {reason}"));
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
+        self.leave_all_networks(id).await;
         tracing::warn!(sandbox_id = %id, reason = %reason, "sandbox exited on its own");
         Ok(())
     }

@@ -122,6 +122,18 @@ impl Control {
             });
         }
         self.forget_runtime_snapshot(&key).await;
+        // Children are in their parent's networks, at addresses of their own.
+        let joins = self.joins_of(id);
+        for child in out.iter_mut() {
+            let Ok(sb) = child else { continue };
+            if let Err(e) = self.join_all(&sb.team, &sb.id, &joins).await {
+                let child_id = sb.id.clone();
+                if let Err(k) = self.kill_now(&child_id).await {
+                    tracing::warn!(sandbox_id = %child_id, error = %k, "killing a fork child whose networks failed");
+                }
+                *child = Err(e);
+            }
+        }
         let ok = out.iter().filter(|r| r.is_ok()).count();
         tracing::info!(sandbox_id = %id, count, ok, "sandbox forked");
         Ok(out)

@@ -21,6 +21,7 @@ mod keys;
 mod list;
 mod model;
 mod network;
+mod networks;
 mod pause;
 mod recover;
 mod secrets;
@@ -47,6 +48,10 @@ pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey, Scope, 
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use network::NetworkUpdate;
+pub use networks::{
+    joins_from_metadata, Join, Member, NetworkView, PrivateNetwork, METADATA_KEY,
+    MAX_NETWORKS_PER_SANDBOX,
+};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
 pub use template_disk::{DiskPart, DiskUse};

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::keys::ApiKey;
 use crate::model::{Sandbox, SandboxState};
+use crate::networks::{Member, PrivateNetwork};
 use crate::snapshots::Snapshot;
 use crate::templates::{Build, BuildStatus, LogEntry, Template};
 
@@ -94,6 +95,40 @@ pub trait Store: Send + Sync + 'static {
     async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError>;
     /// Revokes a key by id; `false` if no such active key.
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Records a private network, replacing the record with the same id. The default (a
+    /// store without private networks) refuses.
+    async fn put_network(&self, network: &PrivateNetwork) -> Result<(), StoreError> {
+        let _ = network;
+        Err(StoreError::Backend(
+            "this store keeps no private networks".into(),
+        ))
+    }
+    /// Forgets a private network and its members; `false` if there was none.
+    async fn delete_network(&self, id: &str) -> Result<bool, StoreError> {
+        let _ = id;
+        Ok(false)
+    }
+    /// Every private network, in no particular order.
+    async fn networks(&self) -> Result<Vec<PrivateNetwork>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Records a membership, replacing the one of the same network and sandbox.
+    async fn put_member(&self, member: &Member) -> Result<(), StoreError> {
+        let _ = member;
+        Err(StoreError::Backend(
+            "this store keeps no private networks".into(),
+        ))
+    }
+    /// Forgets a membership; `false` if there was none.
+    async fn delete_member(&self, network_id: &str, sandbox_id: &str) -> Result<bool, StoreError> {
+        let _ = (network_id, sandbox_id);
+        Ok(false)
+    }
+    /// Every membership of every network.
+    async fn members(&self) -> Result<Vec<Member>, StoreError> {
+        Ok(Vec::new())
+    }
 
     /// Forgets killed and failed sandboxes whose end time is before `before`; returns how
     /// many. Stores that keep nothing forever implement it; the default keeps everything.

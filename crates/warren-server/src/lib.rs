@@ -12,6 +12,7 @@ pub mod error;
 mod extract;
 mod ingress;
 pub mod listener;
+mod networks;
 mod normalize;
 pub mod openapi;
 mod persistence;
@@ -102,6 +103,22 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             post(persistence::fork_sandbox),
         )
         .route("/snapshots", get(persistence::list_snapshots))
+        .route(
+            "/v1/networks",
+            post(networks::create_network).get(networks::list_networks),
+        )
+        .route(
+            "/v1/networks/{network}",
+            get(networks::get_network).delete(networks::delete_network),
+        )
+        .route(
+            "/v1/networks/{network}/members",
+            post(networks::join_network),
+        )
+        .route(
+            "/v1/networks/{network}/members/{sandbox_id}",
+            delete(networks::leave_network),
+        )
         .route(
             "/templates/{template_id}",
             delete(templates::delete_template),

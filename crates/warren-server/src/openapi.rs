@@ -10,7 +10,8 @@ use crate::types::{
     NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
     SetTimeout, SnapshotInfo,
 };
-use crate::{persistence, routes, template_disk, template_tags, templates};
+use crate::networks::{JoinSpec, MemberInfo, NetworkDetail, NewMember, NewNetwork};
+use crate::{networks, persistence, routes, template_disk, template_tags, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,12 +45,19 @@ use crate::{persistence, routes, template_disk, template_tags, templates};
         template_disk::disk_use,
         template_disk::prune,
         persistence::fork_sandbox,
+        networks::create_network,
+        networks::list_networks,
+        networks::get_network,
+        networks::delete_network,
+        networks::join_network,
+        networks::leave_network,
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
-        NetworkUpdateBody, FlowEntry, FlowList
+        NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
+        JoinSpec
     )),
     modifiers(&ApiKeyAuth)
 )]

@@ -52,8 +52,15 @@ pub(crate) async fn create_sandbox(
         .unwrap_or_default()
         .into_network(body.allow_internet_access)
         .map_err(ApiError::bad_request)?;
+    let networks = body
+        .networks
+        .unwrap_or_default()
+        .into_iter()
+        .map(crate::networks::JoinSpec::into_join)
+        .collect::<Result<Vec<_>, _>>()?;
     let sandbox = me
         .create(CreateRequest {
+            networks,
             template: body.template_id,
             timeout: body.timeout,
             metadata: body.metadata.unwrap_or_default(),

@@ -43,6 +43,9 @@ pub struct NewSandbox {
     #[schema(value_type = Option<Object>)]
     pub mcp: Option<serde_json::Value>,
     pub secure: Option<bool>,
+    /// Warren's extension: private networks to join, each `"name"`, `"name:alias"` or
+    /// `{"network", "alias"}` (the metadata key `warren.networks` does the same for SDKs).
+    pub networks: Option<Vec<crate::networks::JoinSpec>>,
 }
 
 /// `network` of create (`e2b-compat-wave2.md` §2.1). `allowPublicTraffic` is enforced by the

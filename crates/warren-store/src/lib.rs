@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod migrations;
+mod networks;
 mod seal;
 mod snapshots;
 mod templates;
@@ -454,6 +455,34 @@ const KEY_COLUMNS: &str = "id, name, hash, prefix, created_at_us, revoked_at_us,
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn put_network(&self, n: &warren_control::PrivateNetwork) -> Result<(), StoreError> {
+        let n = n.clone();
+        self.with(move |c| networks::put_network(c, &n)).await
+    }
+
+    async fn delete_network(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| networks::delete_network(c, &id)).await
+    }
+
+    async fn networks(&self) -> Result<Vec<warren_control::PrivateNetwork>, StoreError> {
+        self.with(networks::networks).await
+    }
+
+    async fn put_member(&self, m: &warren_control::Member) -> Result<(), StoreError> {
+        let m = m.clone();
+        self.with(move |c| networks::put_member(c, &m)).await
+    }
+
+    async fn delete_member(&self, network_id: &str, sandbox_id: &str) -> Result<bool, StoreError> {
+        let (n, s) = (network_id.to_string(), sandbox_id.to_string());
+        self.with(move |c| networks::delete_member(c, &n, &s)).await
+    }
+
+    async fn members(&self) -> Result<Vec<warren_control::Member>, StoreError> {
+        self.with(networks::members).await
+    }
+
     async fn prune_ended(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {
         self.with(move |c| {
             c.conn

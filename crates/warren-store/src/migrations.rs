@@ -108,4 +108,23 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
             PRIMARY KEY (build_id, seq)
         );",
     ),
+    (
+        7,
+        // Private networks and their members (Warren's own resource). Queried by id, team
+        // and name, and by sandbox; the rest of each record is a JSON document.
+        "CREATE TABLE networks (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            name TEXT NOT NULL,
+            doc TEXT NOT NULL,
+            UNIQUE (team, name)
+        );
+        CREATE TABLE network_members (
+            network_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            doc TEXT NOT NULL,
+            PRIMARY KEY (network_id, sandbox_id)
+        );
+        CREATE INDEX network_members_sandbox ON network_members(sandbox_id);",
+    ),
 ];

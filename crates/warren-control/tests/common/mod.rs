@@ -471,6 +471,7 @@ pub fn full_caps() -> Capabilities {
         snapshot_filesystem: true,
         egress_addresses: true,
         egress_names: false,
+        private_networks: false,
     }
 }
 
@@ -484,6 +485,7 @@ pub fn ns_caps() -> Capabilities {
         snapshot_filesystem: true,
         egress_addresses: true,
         egress_names: false,
+        private_networks: false,
     }
 }
 

@@ -1,6 +1,7 @@
-//! Changing a live sandbox's egress policy.
+//! Changing a live sandbox's egress policy and private-network peers.
 
 use warren_runtime::egress::EgressPolicy;
+use warren_runtime::peers::Peering;
 use warren_runtime::{RuntimeError, RuntimeSandbox};
 
 use super::NsRuntime;
@@ -43,5 +44,28 @@ impl NsRuntime {
             agent: h.agent,
             record: super::tagged(&record)?,
         })
+    }
+
+    /// [`warren_runtime::SandboxRuntime::set_peers`]: on the slot of running (or
+    /// memory-paused) sandbox `id`.
+    pub(crate) async fn set_peers_now(
+        &self,
+        id: &str,
+        peering: &Peering,
+    ) -> Result<(), RuntimeError> {
+        let pool = self.pool().await?;
+        let mut live = self.live.lock().await;
+        let Some(l) = live.get_mut(id) else {
+            return Err(if self.paused_fs.lock().await.contains(id) {
+                RuntimeError::Conflict(format!(
+                    "sandbox {id} is paused without its processes; its networks apply on resume"
+                ))
+            } else {
+                RuntimeError::NotFound(id.to_string())
+            });
+        };
+        pool.set_peers(&mut l.slot, peering)
+            .await
+            .map_err(|e| RuntimeError::unavailable("change the sandbox's private networks", e))
     }
 }

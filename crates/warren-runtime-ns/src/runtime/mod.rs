@@ -335,6 +335,7 @@ impl SandboxRuntime for NsRuntime {
             snapshot_filesystem: true,
             egress_addresses: true,
             egress_names: true,
+            private_networks: true,
         }
     }
 
@@ -344,6 +345,14 @@ impl SandboxRuntime for NsRuntime {
         policy: &warren_runtime::egress::EgressPolicy,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         self.set_egress_and_record(id, policy).await
+    }
+
+    async fn set_peers(
+        &self,
+        id: &str,
+        peering: &warren_runtime::peers::Peering,
+    ) -> Result<(), RuntimeError> {
+        self.set_peers_now(id, peering).await
     }
 
     async fn network_flows(

@@ -1,7 +1,9 @@
-//! A VM sandbox's egress policy: its record, and changing it while the VM runs.
+//! A VM sandbox's egress policy: its record, and changing it (and its private-network peers)
+//! while the VM runs.
 
 use warren_net::AdoptSlot;
 use warren_runtime::egress::EgressPolicy;
+use warren_runtime::peers::Peering;
 use warren_runtime::{RuntimeError, RuntimeSandbox};
 
 use super::{failed, Machine, Record, VmRuntime};
@@ -65,5 +67,40 @@ impl VmRuntime {
                 serde_json::to_value(Record::running(&m)).map_err(failed)?,
             ),
         })
+    }
+
+    /// [`warren_runtime::SandboxRuntime::set_peers`] for a running VM, with its slot taken
+    /// out of the machine for the nft calls as above. Another change holding the slot at that
+    /// moment (an egress update) is waited for, briefly.
+    pub(super) async fn set_peers_now(
+        &self,
+        id: &str,
+        peering: &Peering,
+    ) -> Result<(), RuntimeError> {
+        let pool = self.pool().await?;
+        for _ in 0..100 {
+            let m = match self.live.lock().await.get(id) {
+                Some(m) => m.clone(),
+                None if self.paused.lock().await.contains(id) => {
+                    return Err(RuntimeError::Conflict(format!(
+                        "sandbox {id} is paused; its networks apply on resume"
+                    )))
+                }
+                None => return Err(RuntimeError::NotFound(id.to_string())),
+            };
+            let taken = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let Some(mut slot) = taken else {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            };
+            let result = pool.set_peers(&mut slot, peering).await;
+            *m.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+            return result.map_err(|e| {
+                RuntimeError::unavailable("change the sandbox's private networks", e)
+            });
+        }
+        Err(RuntimeError::Conflict(format!(
+            "sandbox {id} is being stopped"
+        )))
     }
 }

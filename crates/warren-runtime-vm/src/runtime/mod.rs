@@ -586,6 +586,7 @@ impl SandboxRuntime for VmRuntime {
             snapshot_filesystem: true,
             egress_addresses: true,
             egress_names: true,
+            private_networks: true,
         }
     }
 
@@ -595,6 +596,14 @@ impl SandboxRuntime for VmRuntime {
         policy: &warren_runtime::egress::EgressPolicy,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         self.set_egress_now(id, policy).await
+    }
+
+    async fn set_peers(
+        &self,
+        id: &str,
+        peering: &warren_runtime::peers::Peering,
+    ) -> Result<(), RuntimeError> {
+        self.set_peers_now(id, peering).await
     }
 
     async fn network_flows(

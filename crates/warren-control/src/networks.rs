@@ -1,0 +1,740 @@
+//! Private networks between sandboxes (Warren's own; no E2B-compatible platform has them).
+//!
+//! A network belongs to a team and has a /24 of its own (from [`Config::network_range`]);
+//! each member gets an address in it that stays the same while it pauses, resumes and moves
+//! between network slots, and names `<sandboxID>.<network>.internal` and, if it joined with
+//! one, `<alias>.<network>.internal`. Members reach each other at those addresses (on every
+//! port, or on the network's `ports` only); nobody else reaches them.
+//!
+//! Sandboxes join at create (a Warren create field, or the metadata key [`METADATA_KEY`] for
+//! the unmodified E2B SDKs), later through the API, and a fork joins its parent's networks
+//! with new addresses. Memberships are in the store and in memory; the runtime gets each
+//! member's [`Peering`] whenever a member starts running somewhere or stops
+//! ([`Control::refresh_peers`]), and again after a server restart.
+//!
+//! [`Config::network_range`]: crate::Config
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use chrono::{DateTime, Utc};
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+use warren_runtime::peers::{Peer, Peering};
+use warren_runtime::RuntimeError;
+
+use crate::control::{lock, Control};
+use crate::error::ControlError;
+use crate::model::SandboxState;
+use crate::secrets::random_id;
+use crate::tenant::Tenant;
+
+/// The metadata key through which an unmodified E2B SDK asks for networks at create:
+/// `"backend"`, `"backend:db,frontend"` (network, optionally `:alias`, comma-separated).
+pub const METADATA_KEY: &str = "warren.networks";
+/// Networks one sandbox may be in.
+pub const MAX_NETWORKS_PER_SANDBOX: usize = 8;
+/// Ports a network's port policy may list.
+pub const MAX_PORTS: usize = 64;
+
+/// A private network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrivateNetwork {
+    pub id: String,
+    /// A DNS label, unique in its team: the middle of its members' names.
+    pub name: String,
+    pub team: String,
+    /// Its members' addresses (`.2` to `.254`).
+    pub cidr: Ipv4Net,
+    /// TCP and UDP ports members reach each other on; empty: every port.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One sandbox in one network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub network_id: String,
+    pub sandbox_id: String,
+    pub address: Ipv4Addr,
+    #[serde(default)]
+    pub alias: Option<String>,
+    pub joined_at: DateTime<Utc>,
+}
+
+impl Member {
+    /// The names that resolve to this member inside its network.
+    pub fn names(&self, network: &str) -> Vec<String> {
+        let mut names = vec![format!("{}.{network}.internal", self.sandbox_id)];
+        if let Some(a) = &self.alias {
+            names.push(format!("{a}.{network}.internal"));
+        }
+        names
+    }
+}
+
+/// A request to be in a network (by id or name), under an optional alias.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Join {
+    pub network: String,
+    pub alias: Option<String>,
+}
+
+/// A network with its members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkView {
+    pub network: PrivateNetwork,
+    pub members: Vec<Member>,
+}
+
+/// Every network and membership, as recorded (the store is written first).
+#[derive(Default)]
+pub(crate) struct NetworkState {
+    networks: BTreeMap<String, PrivateNetwork>,
+    /// By network id, then sandbox id.
+    members: BTreeMap<String, BTreeMap<String, Member>>,
+}
+
+impl NetworkState {
+    fn of_sandbox(&self, id: &str) -> BTreeSet<String> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.contains_key(id))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The network `r` (an id, or a name in `team`, or in any team for an admin when only
+    /// one team has it) as a key of `team_filter` may see it.
+    fn find(&self, team_filter: Option<&str>, r: &str) -> Option<&PrivateNetwork> {
+        let visible = |n: &&PrivateNetwork| team_filter.is_none_or(|t| n.team == t);
+        if let Some(n) = self.networks.get(r).filter(visible) {
+            return Some(n);
+        }
+        let mut named = self.networks.values().filter(visible).filter(|n| n.name == r);
+        let first = named.next()?;
+        named.next().is_none().then_some(first)
+    }
+
+    fn view(&self, n: &PrivateNetwork) -> NetworkView {
+        NetworkView {
+            network: n.clone(),
+            members: self
+                .members
+                .get(&n.id)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What sandbox `id` reaches and resolves, given where running sandboxes are now.
+    fn peering(&self, id: &str, host_of: &dyn Fn(&str) -> Option<Ipv4Addr>) -> Peering {
+        let mut out = Peering::default();
+        for net_id in self.of_sandbox(id) {
+            let (Some(net), Some(members)) = (self.networks.get(&net_id), self.members.get(&net_id))
+            else {
+                continue;
+            };
+            for m in members.values() {
+                for name in m.names(&net.name) {
+                    out.names.insert(name, m.address);
+                }
+                if m.sandbox_id == id {
+                    continue;
+                }
+                if let Some(host) = host_of(&m.sandbox_id) {
+                    out.peers.push(Peer {
+                        address: m.address,
+                        host,
+                        ports: net.ports.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The lowest /24 of `range` no network has.
+    fn free_cidr(&self, range: Ipv4Net) -> Option<Ipv4Net> {
+        let used: BTreeSet<Ipv4Net> = self.networks.values().map(|n| n.cidr).collect();
+        range.subnets(24).ok()?.find(|c| !used.contains(c))
+    }
+
+    /// The lowest free member address of network `n`.
+    fn free_address(&self, n: &PrivateNetwork) -> Option<Ipv4Addr> {
+        let used: BTreeSet<Ipv4Addr> = self
+            .members
+            .get(&n.id)
+            .map(|m| m.values().map(|m| m.address).collect())
+            .unwrap_or_default();
+        n.cidr
+            .hosts()
+            .skip(1) // .1 is left for a gateway-like role later.
+            .find(|a| !used.contains(a))
+    }
+}
+
+/// A DNS label: lowercase letters, digits and inner hyphens, at most 63 characters.
+pub fn valid_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The joins a create's metadata asks for under [`METADATA_KEY`].
+pub fn joins_from_metadata(
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<Join>, ControlError> {
+    let Some(value) = metadata.get(METADATA_KEY) else {
+        return Ok(Vec::new());
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let (network, alias) = match item.split_once(':') {
+                Some((n, a)) => (n.trim(), Some(a.trim().to_string())),
+                None => (item, None),
+            };
+            if network.is_empty() {
+                return Err(ControlError::InvalidArgument(format!(
+                    "metadata {METADATA_KEY}: {item:?} names no network (network or network:alias)"
+                )));
+            }
+            Ok(Join {
+                network: network.to_string(),
+                alias,
+            })
+        })
+        .collect()
+}
+
+fn network_not_found(r: &str) -> ControlError {
+    ControlError::NotFound(format!("network {r} not found"))
+}
+
+impl Control {
+    /// Loads the recorded networks and memberships (at start, before recovery routes the
+    /// sandboxes that are still running).
+    pub(crate) async fn load_networks(&self) -> Result<(), ControlError> {
+        let networks = self.inner.store.networks().await?;
+        let members = self.inner.store.members().await?;
+        let mut st = lock(&self.inner.networks);
+        for n in networks {
+            st.networks.insert(n.id.clone(), n);
+        }
+        for m in members {
+            st.members
+                .entry(m.network_id.clone())
+                .or_default()
+                .insert(m.sandbox_id.clone(), m);
+        }
+        Ok(())
+    }
+
+    /// Puts the current peers on every running member of `networks` and of `also` (whose
+    /// memberships just changed): one at a time, under the peering lock, each computed from
+    /// the state at that moment, so the last one applied is always the latest.
+    pub(crate) async fn refresh_peers(&self, networks: BTreeSet<String>, also: Vec<String>) {
+        let _g = self.inner.peering.lock().await;
+        self.refresh_peers_locked(networks, also).await;
+    }
+
+    async fn refresh_peers_locked(&self, networks: BTreeSet<String>, also: Vec<String>) {
+        let affected: BTreeSet<String> = {
+            let st = lock(&self.inner.networks);
+            networks
+                .iter()
+                .filter_map(|n| st.members.get(n))
+                .flat_map(|m| m.keys().cloned())
+                .chain(also)
+                .collect()
+        };
+        for id in affected {
+            if self.route(&id).is_none() {
+                continue;
+            }
+            let peering = {
+                let st = lock(&self.inner.networks);
+                st.peering(&id, &|m| match self.route(m)?.agent.ip() {
+                    std::net::IpAddr::V4(ip) => Some(ip),
+                    std::net::IpAddr::V6(_) => None,
+                })
+            };
+            match self.inner.runtime.set_peers(&id, &peering).await {
+                Ok(()) => {}
+                // Stopped or paused meanwhile: its next start applies the peers again.
+                Err(RuntimeError::NotFound(_) | RuntimeError::Conflict(_)) => {}
+                Err(e) => tracing::warn!(sandbox_id = %id, error = %e,
+                    "could not update the sandbox's private networks"),
+            }
+        }
+    }
+
+    /// A sandbox started running somewhere or stopped: its networks' members learn it (in
+    /// the background; callers that must see it done call [`Control::refresh_peers`]).
+    pub(crate) fn peers_moved(&self, id: &str) {
+        let networks = lock(&self.inner.networks).of_sandbox(id);
+        if networks.is_empty() {
+            return;
+        }
+        let c = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { c.refresh_peers(networks, vec![id]).await });
+    }
+
+    /// After a restart: memberships of sandboxes that did not come back are forgotten, and
+    /// every running member gets its peers (slots come back without them).
+    pub(crate) async fn restore_networks(&self) {
+        let members: BTreeSet<String> = lock(&self.inner.networks)
+            .members
+            .values()
+            .flat_map(|m| m.keys().cloned())
+            .collect();
+        for id in members {
+            let live = matches!(
+                self.get(&id).await.map(|sb| sb.state),
+                Ok(SandboxState::Running | SandboxState::Paused)
+            );
+            if !live {
+                self.leave_all_networks(&id).await;
+            }
+        }
+        let all = lock(&self.inner.networks).members.keys().cloned().collect();
+        self.refresh_peers(all, Vec::new()).await;
+    }
+
+    /// Waits until sandbox `id`'s networks know where it runs now (after a resume).
+    pub(crate) async fn refresh_peers_of(&self, id: &str) {
+        let networks = lock(&self.inner.networks).of_sandbox(id);
+        if !networks.is_empty() {
+            self.refresh_peers(networks, vec![id.to_string()]).await;
+        }
+    }
+
+    /// Creates a network for `team`.
+    pub async fn create_network(
+        &self,
+        team: &str,
+        name: &str,
+        ports: Vec<u16>,
+    ) -> Result<PrivateNetwork, ControlError> {
+        let name = name.trim().to_string();
+        if !valid_label(&name) {
+            return Err(ControlError::InvalidArgument(format!(
+                "network name {name:?} must be a DNS label: lowercase letters, digits and \
+                 hyphens, at most 63 characters"
+            )));
+        }
+        let mut ports = ports;
+        ports.sort_unstable();
+        ports.dedup();
+        if ports.contains(&0) || ports.len() > MAX_PORTS {
+            return Err(ControlError::InvalidArgument(format!(
+                "ports must be 1 to 65535, at most {MAX_PORTS} of them"
+            )));
+        }
+        if !self.inner.runtime.capabilities().private_networks {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {} runtime has no private networks",
+                self.inner.runtime.name()
+            )));
+        }
+        let _g = self.inner.peering.lock().await;
+        let network = {
+            let st = lock(&self.inner.networks);
+            if st.networks.values().any(|n| n.team == team && n.name == name) {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "network {name} already exists"
+                )));
+            }
+            let cidr = st.free_cidr(self.inner.config.network_range).ok_or_else(|| {
+                ControlError::FailedPrecondition(format!(
+                    "every /24 of {} holds a network: delete one first",
+                    self.inner.config.network_range
+                ))
+            })?;
+            PrivateNetwork {
+                id: random_id("net_", 16)?,
+                name,
+                team: team.to_string(),
+                cidr,
+                ports,
+                created_at: Utc::now(),
+            }
+        };
+        self.inner.store.put_network(&network).await?;
+        lock(&self.inner.networks)
+            .networks
+            .insert(network.id.clone(), network.clone());
+        tracing::info!(network = %network.name, id = %network.id, cidr = %network.cidr, "network created");
+        Ok(network)
+    }
+
+    /// The networks `team_filter` sees (all for `None`), by name.
+    pub fn networks(&self, team_filter: Option<&str>) -> Vec<NetworkView> {
+        let st = lock(&self.inner.networks);
+        let mut out: Vec<NetworkView> = st
+            .networks
+            .values()
+            .filter(|n| team_filter.is_none_or(|t| n.team == t))
+            .map(|n| st.view(n))
+            .collect();
+        out.sort_by(|a, b| a.network.name.cmp(&b.network.name));
+        out
+    }
+
+    /// One network, by id or name.
+    pub fn network(&self, team_filter: Option<&str>, r: &str) -> Result<NetworkView, ControlError> {
+        let st = lock(&self.inner.networks);
+        let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+        Ok(st.view(n))
+    }
+
+    /// Deletes a network that has no members (409 otherwise: they leave first).
+    pub async fn delete_network(&self, team_filter: Option<&str>, r: &str) -> Result<(), ControlError> {
+        let _g = self.inner.peering.lock().await;
+        let id = {
+            let st = lock(&self.inner.networks);
+            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+            let members = st.members.get(&n.id).map_or(0, BTreeMap::len);
+            if members > 0 {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "network {} has {members} member(s): remove them first",
+                    n.name
+                )));
+            }
+            n.id.clone()
+        };
+        self.inner.store.delete_network(&id).await?;
+        let mut st = lock(&self.inner.networks);
+        st.networks.remove(&id);
+        st.members.remove(&id);
+        Ok(())
+    }
+
+    /// Puts sandbox `sandbox_id` (of `team`) into network `r` and waits until every running
+    /// member's slot knows it.
+    pub async fn join_network(
+        &self,
+        team_filter: Option<&str>,
+        r: &str,
+        sandbox_id: &str,
+        alias: Option<String>,
+    ) -> Result<Member, ControlError> {
+        let sb = self.get(sandbox_id).await?;
+        if team_filter.is_some_and(|t| sb.team != t) {
+            return Err(crate::control::not_found(sandbox_id));
+        }
+        if !matches!(sb.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "sandbox {sandbox_id} is {}",
+                sb.state.as_str()
+            )));
+        }
+        let _g = self.inner.peering.lock().await;
+        let member = {
+            let st = lock(&self.inner.networks);
+            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+            if n.team != sb.team {
+                return Err(ControlError::InvalidArgument(format!(
+                    "network {} belongs to another team than sandbox {sandbox_id}",
+                    n.name
+                )));
+            }
+            let members = st.members.get(&n.id);
+            if let Some(existing) = members.and_then(|m| m.get(sandbox_id)) {
+                if existing.alias == alias {
+                    return Ok(existing.clone());
+                }
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {sandbox_id} is already in network {} (leave it to change its alias)",
+                    n.name
+                )));
+            }
+            if let Some(a) = &alias {
+                if !valid_label(a) {
+                    return Err(ControlError::InvalidArgument(format!(
+                        "alias {a:?} must be a DNS label: lowercase letters, digits and hyphens"
+                    )));
+                }
+                let taken = members.is_some_and(|m| {
+                    m.values()
+                        .any(|o| o.alias.as_deref() == Some(a.as_str()) || o.sandbox_id == *a)
+                });
+                if taken {
+                    return Err(ControlError::FailedPrecondition(format!(
+                        "alias {a} is taken in network {}",
+                        n.name
+                    )));
+                }
+            }
+            if st.of_sandbox(sandbox_id).len() >= MAX_NETWORKS_PER_SANDBOX {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "sandbox {sandbox_id} is in {MAX_NETWORKS_PER_SANDBOX} networks already"
+                )));
+            }
+            let address = st.free_address(n).ok_or_else(|| {
+                ControlError::FailedPrecondition(format!("network {} is full", n.name))
+            })?;
+            Member {
+                network_id: n.id.clone(),
+                sandbox_id: sandbox_id.to_string(),
+                address,
+                alias,
+                joined_at: Utc::now(),
+            }
+        };
+        self.inner.store.put_member(&member).await?;
+        lock(&self.inner.networks)
+            .members
+            .entry(member.network_id.clone())
+            .or_default()
+            .insert(sandbox_id.to_string(), member.clone());
+        self.refresh_peers_locked(BTreeSet::from([member.network_id.clone()]), Vec::new())
+            .await;
+        tracing::info!(sandbox_id, network = %member.network_id, address = %member.address, "joined a network");
+        Ok(member)
+    }
+
+    /// Takes sandbox `sandbox_id` out of network `r`; its open connections to members end.
+    pub async fn leave_network(
+        &self,
+        team_filter: Option<&str>,
+        r: &str,
+        sandbox_id: &str,
+    ) -> Result<(), ControlError> {
+        let _g = self.inner.peering.lock().await;
+        let id = {
+            let st = lock(&self.inner.networks);
+            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+            if !st.members.get(&n.id).is_some_and(|m| m.contains_key(sandbox_id)) {
+                return Err(ControlError::NotFound(format!(
+                    "sandbox {sandbox_id} is not in network {}",
+                    n.name
+                )));
+            }
+            n.id.clone()
+        };
+        self.inner.store.delete_member(&id, sandbox_id).await?;
+        if let Some(m) = lock(&self.inner.networks).members.get_mut(&id) {
+            m.remove(sandbox_id);
+        }
+        self.refresh_peers_locked(BTreeSet::from([id]), vec![sandbox_id.to_string()])
+            .await;
+        Ok(())
+    }
+
+    /// Checks, before a create, that every join names a network of `team` (so a bad name
+    /// fails the create before anything starts).
+    pub(crate) fn check_joins(&self, team: &str, joins: &[Join]) -> Result<(), ControlError> {
+        if joins.len() > MAX_NETWORKS_PER_SANDBOX {
+            return Err(ControlError::InvalidArgument(format!(
+                "a sandbox may be in at most {MAX_NETWORKS_PER_SANDBOX} networks"
+            )));
+        }
+        let st = lock(&self.inner.networks);
+        for j in joins {
+            if st.find(Some(team), &j.network).is_none() {
+                return Err(network_not_found(&j.network));
+            }
+            if let Some(a) = &j.alias {
+                if !valid_label(a) {
+                    return Err(ControlError::InvalidArgument(format!(
+                        "alias {a:?} must be a DNS label: lowercase letters, digits and hyphens"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets every membership of a sandbox that is gone (killed, failed).
+    pub(crate) async fn leave_all_networks(&self, sandbox_id: &str) {
+        let _g = self.inner.peering.lock().await;
+        let networks = lock(&self.inner.networks).of_sandbox(sandbox_id);
+        for n in &networks {
+            if let Err(e) = self.inner.store.delete_member(n, sandbox_id).await {
+                tracing::warn!(sandbox_id, network = %n, error = %e, "could not forget a membership");
+                continue;
+            }
+            if let Some(m) = lock(&self.inner.networks).members.get_mut(n) {
+                m.remove(sandbox_id);
+            }
+        }
+        if !networks.is_empty() {
+            self.refresh_peers_locked(networks, Vec::new()).await;
+        }
+    }
+
+    /// The networks (and aliases) of `parent`, for a fork's child: same networks, new
+    /// addresses, no alias (an alias names one sandbox).
+    pub(crate) fn joins_of(&self, parent: &str) -> Vec<Join> {
+        let st = lock(&self.inner.networks);
+        st.of_sandbox(parent)
+            .into_iter()
+            .map(|n| Join {
+                network: n,
+                alias: None,
+            })
+            .collect()
+    }
+
+    /// Joins a sandbox just created (team `team`) to `joins`.
+    pub(crate) async fn join_all(
+        &self,
+        team: &str,
+        sandbox_id: &str,
+        joins: &[Join],
+    ) -> Result<(), ControlError> {
+        for j in joins {
+            self.join_network(Some(team), &j.network, sandbox_id, j.alias.clone())
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+impl Tenant {
+    pub async fn create_network(&self, name: &str, ports: Vec<u16>) -> Result<PrivateNetwork, ControlError> {
+        self.control().create_network(self.team(), name, ports).await
+    }
+
+    pub fn networks(&self) -> Vec<NetworkView> {
+        self.control().networks(self.team_filter())
+    }
+
+    pub fn network(&self, r: &str) -> Result<NetworkView, ControlError> {
+        self.control().network(self.team_filter(), r)
+    }
+
+    pub async fn delete_network(&self, r: &str) -> Result<(), ControlError> {
+        self.control().delete_network(self.team_filter(), r).await
+    }
+
+    pub async fn join_network(
+        &self,
+        r: &str,
+        sandbox_id: &str,
+        alias: Option<String>,
+    ) -> Result<Member, ControlError> {
+        self.control()
+            .join_network(self.team_filter(), r, sandbox_id, alias)
+            .await
+    }
+
+    pub async fn leave_network(&self, r: &str, sandbox_id: &str) -> Result<(), ControlError> {
+        self.control()
+            .leave_network(self.team_filter(), r, sandbox_id)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_joins() {
+        let md = BTreeMap::from([(METADATA_KEY.to_string(), "backend:db, frontend".to_string())]);
+        assert_eq!(
+            joins_from_metadata(&md).unwrap(),
+            vec![
+                Join { network: "backend".into(), alias: Some("db".into()) },
+                Join { network: "frontend".into(), alias: None },
+            ]
+        );
+        assert!(joins_from_metadata(&BTreeMap::new()).unwrap().is_empty());
+        let bad = BTreeMap::from([(METADATA_KEY.to_string(), ":db".to_string())]);
+        assert!(joins_from_metadata(&bad).is_err());
+    }
+
+    #[test]
+    fn labels() {
+        assert!(valid_label("backend-1"));
+        assert!(!valid_label("Backend"));
+        assert!(!valid_label("-a"));
+        assert!(!valid_label("a.b"));
+        assert!(!valid_label(""));
+    }
+
+    fn net(id: &str, name: &str, cidr: &str, ports: Vec<u16>) -> PrivateNetwork {
+        PrivateNetwork {
+            id: id.into(),
+            name: name.into(),
+            team: "t".into(),
+            cidr: cidr.parse().unwrap(),
+            ports,
+            created_at: Utc::now(),
+        }
+    }
+
+    fn member(net: &str, id: &str, addr: &str, alias: Option<&str>) -> Member {
+        Member {
+            network_id: net.into(),
+            sandbox_id: id.into(),
+            address: addr.parse().unwrap(),
+            alias: alias.map(Into::into),
+            joined_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn peering_covers_every_network_and_only_running_peers() {
+        let mut st = NetworkState::default();
+        st.networks.insert("n1".into(), net("n1", "backend", "10.224.0.0/24", vec![]));
+        st.networks.insert("n2".into(), net("n2", "db", "10.224.1.0/24", vec![5432]));
+        for m in [
+            member("n1", "a", "10.224.0.2", None),
+            member("n1", "b", "10.224.0.3", Some("api")),
+            member("n1", "c", "10.224.0.4", None),
+            member("n2", "a", "10.224.1.2", None),
+            member("n2", "d", "10.224.1.3", Some("pg")),
+        ] {
+            st.members.entry(m.network_id.clone()).or_default().insert(m.sandbox_id.clone(), m);
+        }
+        // c is paused (no host): named, not a peer.
+        let hosts = |id: &str| match id {
+            "a" => Some(Ipv4Addr::new(10, 11, 0, 2)),
+            "b" => Some(Ipv4Addr::new(10, 11, 0, 6)),
+            "d" => Some(Ipv4Addr::new(10, 11, 0, 10)),
+            _ => None,
+        };
+        let p = st.peering("a", &hosts);
+        assert_eq!(p.peers.len(), 2);
+        assert!(p.peers.iter().any(|x| x.address == Ipv4Addr::new(10, 224, 0, 3)
+            && x.host == Ipv4Addr::new(10, 11, 0, 6)
+            && x.ports.is_empty()));
+        assert!(p.peers.iter().any(|x| x.address == Ipv4Addr::new(10, 224, 1, 3) && x.ports == vec![5432]));
+        assert_eq!(p.names["api.backend.internal"], Ipv4Addr::new(10, 224, 0, 3));
+        assert_eq!(p.names["c.backend.internal"], Ipv4Addr::new(10, 224, 0, 4));
+        assert_eq!(p.names["pg.db.internal"], Ipv4Addr::new(10, 224, 1, 3));
+        assert_eq!(p.names["a.db.internal"], Ipv4Addr::new(10, 224, 1, 2));
+        // b is not in db: it neither reaches nor resolves d.
+        let pb = st.peering("b", &hosts);
+        assert!(!pb.names.contains_key("pg.db.internal"));
+        assert!(pb.peers.iter().all(|x| x.host != Ipv4Addr::new(10, 11, 0, 10)));
+        // A sandbox in no network gets nothing.
+        assert!(st.peering("zzz", &hosts).is_empty());
+    }
+
+    #[test]
+    fn addresses_and_ranges_are_allocated_lowest_first() {
+        let mut st = NetworkState::default();
+        let range: Ipv4Net = "10.224.0.0/23".parse().unwrap();
+        assert_eq!(st.free_cidr(range).unwrap().to_string(), "10.224.0.0/24");
+        let n = net("n1", "x", "10.224.0.0/24", vec![]);
+        st.networks.insert("n1".into(), n.clone());
+        assert_eq!(st.free_cidr(range).unwrap().to_string(), "10.224.1.0/24");
+        st.networks.insert("n2".into(), net("n2", "y", "10.224.1.0/24", vec![]));
+        assert!(st.free_cidr(range).is_none());
+        assert_eq!(st.free_address(&n), Some(Ipv4Addr::new(10, 224, 0, 2)));
+        st.members.entry("n1".into()).or_default().insert("a".into(), member("n1", "a", "10.224.0.2", None));
+        assert_eq!(st.free_address(&n), Some(Ipv4Addr::new(10, 224, 0, 3)));
+    }
+}
