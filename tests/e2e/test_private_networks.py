@@ -86,7 +86,10 @@ def test_members_reach_each_other_by_name_and_nobody_else_does(server, network):
     name = network["name"]
     a = Sandbox.create(timeout=300, metadata={"warren.networks": f"{name}:db"})
     b = Sandbox.create(timeout=300, metadata={"warren.networks": name})
-    outsider = Sandbox.create(timeout=300)
+    # The outsider is in a network of its own: membership of one opens no other.
+    other = "n" + uuid.uuid4().hex[:10]
+    assert api(server, "POST", "/v1/networks", {"name": other}).status_code == 201
+    outsider = Sandbox.create(timeout=300, metadata={"warren.networks": other})
     try:
         m = members(server, name)
         a_addr, b_addr = m[a.sandbox_id]["address"], m[b.sandbox_id]["address"]
@@ -99,9 +102,11 @@ def test_members_reach_each_other_by_name_and_nobody_else_does(server, network):
         assert ask(b, a_addr) == f"ok:{b_addr}"
         # Unknown names in the network: no answer, and nothing asked outside.
         assert resolve(b, f"nobody.{name}.internal") == ""
-        # The outsider reaches neither the address nor a's slot, and fails fast.
+        # The outsider reaches neither the address nor a's names.
         out = ask(outsider, a_addr)
         assert not out.startswith("ok"), out
+        assert resolve(outsider, f"db.{name}.internal") == ""
+        assert resolve(outsider, f"{outsider.sandbox_id}.{other}.internal") == members(server, other)[outsider.sandbox_id]["address"]
         # b leaves: it no longer reaches a, and the open door closes at once.
         r = api(server, "DELETE", f"/v1/networks/{name}/members/{b.sandbox_id}")
         assert r.status_code == 204, r.text
@@ -119,6 +124,7 @@ def test_members_reach_each_other_by_name_and_nobody_else_does(server, network):
             s.kill()
     assert members(server, name) == {}, "killed sandboxes leave their networks"
     assert api(server, "DELETE", f"/v1/networks/{name}").status_code == 204
+    assert api(server, "DELETE", f"/v1/networks/{other}").status_code == 204
     assert api(server, "GET", f"/v1/networks/{name}").status_code == 404
 
 
