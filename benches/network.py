@@ -10,8 +10,12 @@ DNS server on 198.51.100.2 that answers `bench.test`), starts its own `warren se
 (allowOut 203.0.113.7 and the DNS server, denyOut 0.0.0.0/0) and with a domain policy (allowOut bench.test:
 the resolver pins it, and TCP goes through the egress proxy), and the same probe run on the
 host: connection + empty GET (time to the response), GET of 1 MiB, GET of 100 MiB (MB/s), and
-a DNS answer (through the sandbox's resolver beside a direct query). Prints medians and the
-ratio of each to the host's; asserts nothing but that numbers came out. Writes results.json
+a DNS answer (through the sandbox's resolver beside a direct query). Then ingress: requests
+per second to a web server in a sandbox (a 1 KiB file, one keep-alive connection, sequential)
+through the proxy with E2B's routing headers (plain HTTP), and in domain mode through the TLS
+listener (`{port}-{id}.<domain>` by Host and SNI) over HTTP/1.1 and HTTP/2. Prints medians
+and the ratio of each to the host's (for ingress: to header routing); asserts nothing but
+that numbers came out. Writes results.json
 to --out (default benches/results/network-<timestamp>/). Nothing is sent outside the
 namespace: its routes are checked before anything starts.
 """
@@ -140,6 +144,52 @@ class Internet:
         sh("ip", "netns", "del", self.name, check=False)
 
 
+INGRESS_DOMAIN = "bench.ingress.test"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def requests_per_second(client, url: str, n: int, **kw) -> float:
+    client.get(url, **kw).raise_for_status()  # connect and warm up
+    t = time.perf_counter()
+    for _ in range(n):
+        r = client.get(url, **kw)
+        assert r.status_code == 200 and len(r.content) == 1024, r.status_code
+    return n / (time.perf_counter() - t)
+
+
+def measure_ingress(server, tls_port: int, data_dir: str, n: int) -> dict:
+    """Requests/s to a web server in a sandbox through the proxy by headers, and in domain
+    mode over TLS (names given as Host and SNI to 127.0.0.1: nothing is resolved)."""
+    import httpx
+    from e2b import Sandbox
+    sbx = Sandbox.create(timeout=900)
+    try:
+        sbx.commands.run("head -c 1024 /dev/zero > /tmp/f && cd /tmp && python3 -m http.server 8000", background=True)
+        sbx.commands.run("for i in $(seq 100); do python3 -c \"import urllib.request; "
+                         "urllib.request.urlopen('http://127.0.0.1:8000/f')\" 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+        name = f"8000-{sbx.sandbox_id}.{INGRESS_DOMAIN}"
+        ca = os.path.join(data_dir, "tls", INGRESS_DOMAIN, "ca.crt")
+        out = {}
+        with httpx.Client() as c:
+            out["headers"] = requests_per_second(
+                c, f"{server.url}/f", n,
+                headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"})
+        tls = dict(headers={"Host": name}, extensions={"sni_hostname": name})
+        with httpx.Client(verify=ca) as c:
+            out["tls_h1"] = requests_per_second(c, f"https://127.0.0.1:{tls_port}/f", n, **tls)
+        with httpx.Client(verify=ca, http1=False, http2=True) as c:
+            out["tls_h2"] = requests_per_second(c, f"https://127.0.0.1:{tls_port}/f", n, **tls)
+        return out
+    finally:
+        sbx.kill()
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -170,8 +220,10 @@ def main() -> int:
         host = subprocess.run([sys.executable, "-c", PROBE, FAR, NAME, NEAR, *map(str, counts)],
                               check=True, capture_output=True, text=True)
         results["host"] = json.loads(host.stdout)
+        tls_port = free_port()
         server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), 8, args.runtime,
-                        extra_args=["--dns", NEAR])
+                        extra_args=["--dns", NEAR, "--domain", INGRESS_DOMAIN,
+                                    "--tls-listen", f"127.0.0.1:{tls_port}"])
         server.start()
         os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
         from e2b import Sandbox
@@ -190,6 +242,7 @@ def main() -> int:
                     results[label] = run_probe_in(sbx, FAR, dns, counts)
                 finally:
                     sbx.kill()
+            results["ingress"] = measure_ingress(server, tls_port, args.data_dir, 30 if args.smoke else 2000)
         finally:
             server.stop()
     rows = [("DNS answer (ms)", "dns_ms", False), ("connection + empty GET (ms)", "conn_ms", False),
@@ -209,6 +262,15 @@ def main() -> int:
         print(f"{title:30}" + "".join(f"{c:>18}" for c in cells))
     print("(ratios: how many times slower than the host; DNS: the sandbox asks its resolv.conf server,"
           " which with the domain policy is redirected to the per-sandbox resolver)")
+    ing = results["ingress"]
+    print(f"\ningress to a sandbox's web server (1 KiB GET, one keep-alive connection), requests/s,"
+          f" ratio to header routing")
+    base = ing["headers"]
+    for label, title in (("headers", "proxy, routing headers (HTTP)"),
+                         ("tls_h1", "domain mode, TLS, HTTP/1.1"), ("tls_h2", "domain mode, TLS, HTTP/2")):
+        v = ing[label]
+        missing |= not v or v != v
+        print(f"  {title:36} {v:9.0f}  ({base / v if v else float('nan'):4.1f}x)")
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     print(f"results in {out}/results.json")

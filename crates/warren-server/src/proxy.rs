@@ -530,6 +530,10 @@ fn respond(
     }
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    // Our own version to the client, not the sandbox's: a service answering HTTP/1.0
+    // (Python's http.server) would otherwise close every client connection after one
+    // response, a new TCP and TLS handshake per request.
+    parts.version = Version::HTTP_11;
     Response::from_parts(parts, cancellable(body, cancel.clone()))
 }
 

@@ -126,6 +126,11 @@ impl TlsServer {
 /// An HTTP/1.1 server on loopback (where the test runtime's sandboxes live) that answers every
 /// request with `hello from <port>`: a service a user runs in the sandbox.
 async fn user_service() -> u16 {
+    user_service_speaking("HTTP/1.1").await
+}
+
+/// The same, answering in `version` (Python's http.server speaks HTTP/1.0).
+async fn user_service_speaking(version: &'static str) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -141,7 +146,7 @@ async fn user_service() -> u16 {
                     if head.windows(4).any(|w| w == b"\r\n\r\n") {
                         let body = format!("hello from {port}");
                         let resp = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            "{version} 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
                             body.len()
                         );
                         if tcp.write_all(resp.as_bytes()).await.is_err() {
@@ -290,4 +295,36 @@ async fn names_outside_the_domain_are_refused() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
+}
+
+#[tokio::test]
+async fn client_connections_stay_open_whatever_http_version_the_sandbox_speaks() {
+    let s = start(ListenerLimits::default()).await;
+    let created = s.server.create(json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let port = user_service_speaking("HTTP/1.0").await;
+    let name = format!("{port}-{id}.{DOMAIN}");
+    let tls = s.connect(&name, &[b"http/1.1"]).await;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Three requests on one connection (one TLS handshake): each answered in HTTP/1.1.
+    for _ in 0..3 {
+        send.ready().await.expect("the connection is still open");
+        let resp = send
+            .send_request(
+                Request::get("/")
+                    .header("host", &name)
+                    .body(Empty::<Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.version(), Version::HTTP_11);
+        assert!(resp.headers().get("connection").is_none_or(|c| c != "close"));
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, format!("hello from {port}"));
+    }
 }
