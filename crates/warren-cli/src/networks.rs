@@ -129,7 +129,11 @@ pub async fn run(cmd: NetworkCommand, args: ClientArgs) -> anyhow::Result<u8> {
         }
         NetworkCommand::Info { network } => {
             let n: Value = client
-                .api(Method::GET, &format!("/v1/networks/{}", seg(&network)), None)
+                .api(
+                    Method::GET,
+                    &format!("/v1/networks/{}", seg(&network)),
+                    None,
+                )
                 .await?
                 .json()
                 .await?;

@@ -49,8 +49,8 @@ pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
 pub use network::NetworkUpdate;
 pub use networks::{
-    joins_from_metadata, Join, Member, NetworkView, PrivateNetwork, METADATA_KEY,
-    MAX_NETWORKS_PER_SANDBOX,
+    joins_from_metadata, Join, Member, NetworkView, PrivateNetwork, MAX_NETWORKS_PER_SANDBOX,
+    METADATA_KEY,
 };
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;

@@ -112,7 +112,11 @@ impl NetworkState {
         if let Some(n) = self.networks.get(r).filter(visible) {
             return Some(n);
         }
-        let mut named = self.networks.values().filter(visible).filter(|n| n.name == r);
+        let mut named = self
+            .networks
+            .values()
+            .filter(visible)
+            .filter(|n| n.name == r);
         let first = named.next()?;
         named.next().is_none().then_some(first)
     }
@@ -132,7 +136,8 @@ impl NetworkState {
     fn peering(&self, id: &str, host_of: &dyn Fn(&str) -> Option<Ipv4Addr>) -> Peering {
         let mut out = Peering::default();
         for net_id in self.of_sandbox(id) {
-            let (Some(net), Some(members)) = (self.networks.get(&net_id), self.members.get(&net_id))
+            let (Some(net), Some(members)) =
+                (self.networks.get(&net_id), self.members.get(&net_id))
             else {
                 continue;
             };
@@ -186,9 +191,7 @@ pub fn valid_label(s: &str) -> bool {
 }
 
 /// The joins a create's metadata asks for under [`METADATA_KEY`].
-pub fn joins_from_metadata(
-    metadata: &BTreeMap<String, String>,
-) -> Result<Vec<Join>, ControlError> {
+pub fn joins_from_metadata(metadata: &BTreeMap<String, String>) -> Result<Vec<Join>, ControlError> {
     let Some(value) = metadata.get(METADATA_KEY) else {
         return Ok(Vec::new());
     };
@@ -348,17 +351,23 @@ impl Control {
         let _g = self.inner.peering.lock().await;
         let network = {
             let st = lock(&self.inner.networks);
-            if st.networks.values().any(|n| n.team == team && n.name == name) {
+            if st
+                .networks
+                .values()
+                .any(|n| n.team == team && n.name == name)
+            {
                 return Err(ControlError::FailedPrecondition(format!(
                     "network {name} already exists"
                 )));
             }
-            let cidr = st.free_cidr(self.inner.config.network_range).ok_or_else(|| {
-                ControlError::FailedPrecondition(format!(
-                    "every /24 of {} holds a network: delete one first",
-                    self.inner.config.network_range
-                ))
-            })?;
+            let cidr = st
+                .free_cidr(self.inner.config.network_range)
+                .ok_or_else(|| {
+                    ControlError::FailedPrecondition(format!(
+                        "every /24 of {} holds a network: delete one first",
+                        self.inner.config.network_range
+                    ))
+                })?;
             PrivateNetwork {
                 id: random_id("net_", 16)?,
                 name,
@@ -392,16 +401,24 @@ impl Control {
     /// One network, by id or name.
     pub fn network(&self, team_filter: Option<&str>, r: &str) -> Result<NetworkView, ControlError> {
         let st = lock(&self.inner.networks);
-        let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+        let n = st
+            .find(team_filter, r)
+            .ok_or_else(|| network_not_found(r))?;
         Ok(st.view(n))
     }
 
     /// Deletes a network that has no members (409 otherwise: they leave first).
-    pub async fn delete_network(&self, team_filter: Option<&str>, r: &str) -> Result<(), ControlError> {
+    pub async fn delete_network(
+        &self,
+        team_filter: Option<&str>,
+        r: &str,
+    ) -> Result<(), ControlError> {
         let _g = self.inner.peering.lock().await;
         let id = {
             let st = lock(&self.inner.networks);
-            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+            let n = st
+                .find(team_filter, r)
+                .ok_or_else(|| network_not_found(r))?;
             let members = st.members.get(&n.id).map_or(0, BTreeMap::len);
             if members > 0 {
                 return Err(ControlError::FailedPrecondition(format!(
@@ -440,7 +457,9 @@ impl Control {
         let _g = self.inner.peering.lock().await;
         let member = {
             let st = lock(&self.inner.networks);
-            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
+            let n = st
+                .find(team_filter, r)
+                .ok_or_else(|| network_not_found(r))?;
             if n.team != sb.team {
                 return Err(ControlError::InvalidArgument(format!(
                     "network {} belongs to another team than sandbox {sandbox_id}",
@@ -512,8 +531,14 @@ impl Control {
         let _g = self.inner.peering.lock().await;
         let id = {
             let st = lock(&self.inner.networks);
-            let n = st.find(team_filter, r).ok_or_else(|| network_not_found(r))?;
-            if !st.members.get(&n.id).is_some_and(|m| m.contains_key(sandbox_id)) {
+            let n = st
+                .find(team_filter, r)
+                .ok_or_else(|| network_not_found(r))?;
+            if !st
+                .members
+                .get(&n.id)
+                .is_some_and(|m| m.contains_key(sandbox_id))
+            {
                 return Err(ControlError::NotFound(format!(
                     "sandbox {sandbox_id} is not in network {}",
                     n.name
@@ -601,8 +626,14 @@ impl Control {
 }
 
 impl Tenant {
-    pub async fn create_network(&self, name: &str, ports: Vec<u16>) -> Result<PrivateNetwork, ControlError> {
-        self.control().create_network(self.team(), name, ports).await
+    pub async fn create_network(
+        &self,
+        name: &str,
+        ports: Vec<u16>,
+    ) -> Result<PrivateNetwork, ControlError> {
+        self.control()
+            .create_network(self.team(), name, ports)
+            .await
     }
 
     pub fn networks(&self) -> Vec<NetworkView> {
@@ -645,8 +676,14 @@ mod tests {
         assert_eq!(
             joins_from_metadata(&md).unwrap(),
             vec![
-                Join { network: "backend".into(), alias: Some("db".into()) },
-                Join { network: "frontend".into(), alias: None },
+                Join {
+                    network: "backend".into(),
+                    alias: Some("db".into())
+                },
+                Join {
+                    network: "frontend".into(),
+                    alias: None
+                },
             ]
         );
         assert!(joins_from_metadata(&BTreeMap::new()).unwrap().is_empty());
@@ -687,8 +724,10 @@ mod tests {
     #[test]
     fn peering_covers_every_network_and_only_running_peers() {
         let mut st = NetworkState::default();
-        st.networks.insert("n1".into(), net("n1", "backend", "10.224.0.0/24", vec![]));
-        st.networks.insert("n2".into(), net("n2", "db", "10.224.1.0/24", vec![5432]));
+        st.networks
+            .insert("n1".into(), net("n1", "backend", "10.224.0.0/24", vec![]));
+        st.networks
+            .insert("n2".into(), net("n2", "db", "10.224.1.0/24", vec![5432]));
         for m in [
             member("n1", "a", "10.224.0.2", None),
             member("n1", "b", "10.224.0.3", Some("api")),
@@ -696,7 +735,10 @@ mod tests {
             member("n2", "a", "10.224.1.2", None),
             member("n2", "d", "10.224.1.3", Some("pg")),
         ] {
-            st.members.entry(m.network_id.clone()).or_default().insert(m.sandbox_id.clone(), m);
+            st.members
+                .entry(m.network_id.clone())
+                .or_default()
+                .insert(m.sandbox_id.clone(), m);
         }
         // c is paused (no host): named, not a peer.
         let hosts = |id: &str| match id {
@@ -707,18 +749,30 @@ mod tests {
         };
         let p = st.peering("a", &hosts);
         assert_eq!(p.peers.len(), 2);
-        assert!(p.peers.iter().any(|x| x.address == Ipv4Addr::new(10, 224, 0, 3)
-            && x.host == Ipv4Addr::new(10, 11, 0, 6)
-            && x.ports.is_empty()));
-        assert!(p.peers.iter().any(|x| x.address == Ipv4Addr::new(10, 224, 1, 3) && x.ports == vec![5432]));
-        assert_eq!(p.names["api.backend.internal"], Ipv4Addr::new(10, 224, 0, 3));
+        assert!(p
+            .peers
+            .iter()
+            .any(|x| x.address == Ipv4Addr::new(10, 224, 0, 3)
+                && x.host == Ipv4Addr::new(10, 11, 0, 6)
+                && x.ports.is_empty()));
+        assert!(p
+            .peers
+            .iter()
+            .any(|x| x.address == Ipv4Addr::new(10, 224, 1, 3) && x.ports == vec![5432]));
+        assert_eq!(
+            p.names["api.backend.internal"],
+            Ipv4Addr::new(10, 224, 0, 3)
+        );
         assert_eq!(p.names["c.backend.internal"], Ipv4Addr::new(10, 224, 0, 4));
         assert_eq!(p.names["pg.db.internal"], Ipv4Addr::new(10, 224, 1, 3));
         assert_eq!(p.names["a.db.internal"], Ipv4Addr::new(10, 224, 1, 2));
         // b is not in db: it neither reaches nor resolves d.
         let pb = st.peering("b", &hosts);
         assert!(!pb.names.contains_key("pg.db.internal"));
-        assert!(pb.peers.iter().all(|x| x.host != Ipv4Addr::new(10, 11, 0, 10)));
+        assert!(pb
+            .peers
+            .iter()
+            .all(|x| x.host != Ipv4Addr::new(10, 11, 0, 10)));
         // A sandbox in no network gets nothing.
         assert!(st.peering("zzz", &hosts).is_empty());
     }
@@ -731,10 +785,14 @@ mod tests {
         let n = net("n1", "x", "10.224.0.0/24", vec![]);
         st.networks.insert("n1".into(), n.clone());
         assert_eq!(st.free_cidr(range).unwrap().to_string(), "10.224.1.0/24");
-        st.networks.insert("n2".into(), net("n2", "y", "10.224.1.0/24", vec![]));
+        st.networks
+            .insert("n2".into(), net("n2", "y", "10.224.1.0/24", vec![]));
         assert!(st.free_cidr(range).is_none());
         assert_eq!(st.free_address(&n), Some(Ipv4Addr::new(10, 224, 0, 2)));
-        st.members.entry("n1".into()).or_default().insert("a".into(), member("n1", "a", "10.224.0.2", None));
+        st.members
+            .entry("n1".into())
+            .or_default()
+            .insert("a".into(), member("n1", "a", "10.224.0.2", None));
         assert_eq!(st.free_address(&n), Some(Ipv4Addr::new(10, 224, 0, 3)));
     }
 }

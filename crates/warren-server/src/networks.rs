@@ -88,7 +88,10 @@ impl NetworkDetail {
             cidr: n.cidr.to_string(),
             ports: n.ports.clone(),
             created_at: rfc3339(n.created_at),
-            members: members.iter().map(|m| MemberInfo::new(m, &n.name)).collect(),
+            members: members
+                .iter()
+                .map(|m| MemberInfo::new(m, &n.name))
+                .collect(),
         }
     }
 

@@ -4,13 +4,13 @@
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::networks::{JoinSpec, MemberInfo, NetworkDetail, NewMember, NewNetwork};
 use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ForkResultItem, ForkSandbox,
     LifecycleInfo, ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox,
     NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
     SetTimeout, SnapshotInfo,
 };
-use crate::networks::{JoinSpec, MemberInfo, NetworkDetail, NewMember, NewNetwork};
 use crate::{networks, persistence, routes, template_disk, template_tags, templates};
 
 #[derive(OpenApi)]

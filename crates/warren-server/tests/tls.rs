@@ -323,7 +323,10 @@ async fn client_connections_stay_open_whatever_http_version_the_sandbox_speaks()
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.version(), Version::HTTP_11);
-        assert!(resp.headers().get("connection").is_none_or(|c| c != "close"));
+        assert!(resp
+            .headers()
+            .get("connection")
+            .is_none_or(|c| c != "close"));
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, format!("hello from {port}"));
     }

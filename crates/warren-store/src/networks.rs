@@ -51,7 +51,9 @@ where
 }
 
 pub(crate) fn networks(db: &mut Db) -> Result<Vec<PrivateNetwork>, StoreError> {
-    docs(db, "SELECT id, doc FROM networks", "network", |d| serde_json::from_str(d))
+    docs(db, "SELECT id, doc FROM networks", "network", |d| {
+        serde_json::from_str(d)
+    })
 }
 
 pub(crate) fn put_member(db: &mut Db, m: &Member) -> Result<(), StoreError> {
