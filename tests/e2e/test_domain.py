@@ -209,3 +209,45 @@ def test_http2_and_pause_resume_at_the_public_names(domain_server):
         isolated(domain_server, [sys.executable, "-c", f"from e2b import Sandbox; Sandbox.kill({out['id']!r})"]),
         env=client_env(domain_server), check=True, timeout=60,
     )
+
+
+# The JS SDK (e2b 2.51.0, installed with the e2b CLI in tests/e2e/e2b-cli) in domain mode: it
+# resolves names with the system resolver (the stub, through the private resolv.conf) and
+# trusts the CA through NODE_EXTRA_CA_CERTS.
+JS_CLIENT = r"""
+const { Sandbox } = await import('e2b')
+const sbx = await Sandbox.create({ timeoutMs: 120000 })
+try {
+  const r = await sbx.commands.run('echo js over tls')
+  await sbx.files.write('/tmp/js.txt', 'written by js')
+  const down = await sbx.downloadUrl('/tmp/js.txt', { useSignatureExpiration: 120_000 })
+  const body = await (await fetch(down)).text()
+  const up = await sbx.uploadUrl('/tmp/up.txt')
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded by js']), 'up.txt')
+  const upload = (await fetch(up, { method: 'POST', body: form })).status
+  const read = await sbx.files.read('/tmp/up.txt')
+  console.log(JSON.stringify({ id: sbx.sandboxId, stdout: r.stdout, down, body, upload, read, host: sbx.getHost(8000) }))
+} finally {
+  await sbx.kill()
+}
+"""
+
+
+def test_the_js_sdk_works_with_only_e2b_domain(domain_server):
+    cli_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2b-cli")
+    require("node >= 20.18.1 and the JS SDK (tests/e2e/e2b-cli: npm ci, as scripts/test.sh does)",
+            shutil.which("node") is not None and os.path.isdir(os.path.join(cli_dir, "node_modules", "e2b")))
+    env = client_env(domain_server)
+    env["NODE_EXTRA_CA_CERTS"] = domain_server.ca
+    proc = subprocess.run(
+        isolated(domain_server, ["node", "--input-type=module", "-e", JS_CLIENT]),
+        cwd=cli_dir, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["stdout"] == "js over tls\n"
+    assert out["down"].startswith(f"https://49983-{out['id']}.{DOMAIN}/files?"), out["down"]
+    assert out["body"] == "written by js"
+    assert out["upload"] == 200 and out["read"] == "uploaded by js"
+    assert out["host"] == f"8000-{out['id']}.{DOMAIN}"
