@@ -3,12 +3,8 @@
 use rusqlite::params;
 use warren_control::{Member, PrivateNetwork, StoreError};
 
+use crate::templates::corrupt;
 use crate::{backend, Db};
-
-fn corrupt(what: &str, id: &str) -> impl FnOnce(serde_json::Error) -> StoreError {
-    let (what, id) = (what.to_string(), id.to_string());
-    move |e| StoreError::Corrupt(format!("{what} {id}: {e}"))
-}
 
 pub(crate) fn put_network(db: &mut Db, n: &PrivateNetwork) -> Result<(), StoreError> {
     let doc = serde_json::to_string(n).map_err(backend)?;

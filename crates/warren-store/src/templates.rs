@@ -5,7 +5,7 @@ use warren_control::{Build, BuildStatus, LogEntry, StoreError, Template};
 
 use crate::{backend, Db};
 
-fn corrupt(what: &str, id: &str) -> impl FnOnce(serde_json::Error) -> StoreError {
+pub(crate) fn corrupt(what: &str, id: &str) -> impl FnOnce(serde_json::Error) -> StoreError {
     let (what, id) = (what.to_string(), id.to_string());
     move |e| StoreError::Corrupt(format!("{what} {id}: {e}"))
 }

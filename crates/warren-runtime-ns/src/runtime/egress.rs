@@ -16,13 +16,7 @@ impl NsRuntime {
         let pool = self.pool().await?;
         let mut live = self.live.lock().await;
         let Some(l) = live.get_mut(id) else {
-            return Err(if self.paused_fs.lock().await.contains(id) {
-                RuntimeError::Conflict(format!(
-                    "sandbox {id} is paused without its processes; its policy applies on resume"
-                ))
-            } else {
-                RuntimeError::NotFound(id.to_string())
-            });
+            return Err(self.not_live(id, "policy").await);
         };
         warren_host::egress::apply(pool, &mut l.slot, policy).await
     }
@@ -56,16 +50,22 @@ impl NsRuntime {
         let pool = self.pool().await?;
         let mut live = self.live.lock().await;
         let Some(l) = live.get_mut(id) else {
-            return Err(if self.paused_fs.lock().await.contains(id) {
-                RuntimeError::Conflict(format!(
-                    "sandbox {id} is paused without its processes; its networks apply on resume"
-                ))
-            } else {
-                RuntimeError::NotFound(id.to_string())
-            });
+            return Err(self.not_live(id, "networks").await);
         };
         pool.set_peers(&mut l.slot, peering)
             .await
             .map_err(|e| RuntimeError::unavailable("change the sandbox's private networks", e))
+    }
+
+    /// Why sandbox `id` has no slot to change: paused without its processes (its `what`
+    /// applies on resume), or unknown.
+    async fn not_live(&self, id: &str, what: &str) -> RuntimeError {
+        if self.paused_fs.lock().await.contains(id) {
+            RuntimeError::Conflict(format!(
+                "sandbox {id} is paused without its processes; its {what} applies on resume"
+            ))
+        } else {
+            RuntimeError::NotFound(id.to_string())
+        }
     }
 }
