@@ -182,12 +182,33 @@ def assert_refused(sbx: Sandbox, host: str) -> None:
     assert probe(sbx, "udp", host, 5353)["out"] != "ok"
 
 
+def flows_of(sbx: Sandbox, until) -> list:
+    """The sandbox's flow log through the API, once `until(entries)` holds (entries decided by
+    address come from the kernel's log a moment after the packet), or as it is after 10 s."""
+    url = f"{os.environ['E2B_API_URL']}/sandboxes/{sbx.sandbox_id}/network/flows"
+    for _ in range(100):
+        got = requests.get(url, headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+        assert got.status_code == 200, got.text
+        flows = got.json()["flows"]
+        if until(flows):
+            break
+        time.sleep(0.1)
+    return flows
+
+
 def test_deny_out_refuses_at_once_and_allow_beats_deny(internet):
     sbx = new_sandbox(network={"deny_out": [FAR]})
     try:
         assert_reached(sbx, NEAR)
         assert_refused(sbx, FAR)
         assert sbx.get_info().network.get("deny_out") == [FAR]
+        # What nftables alone decided (no name involved) is in the flow log too, TCP and UDP.
+        want = {("tcp", f"{NEAR}:8080", "allowed"), ("udp", f"{NEAR}:5353", "allowed"),
+                ("tcp", f"{FAR}:8080", "denied"), ("udp", f"{FAR}:5353", "denied")}
+        seen = lambda fs: {(f["kind"], f.get("destination"), f["verdict"]) for f in fs if f["via"] == "address"}
+        flows = flows_of(sbx, lambda fs: want <= seen(fs))
+        assert want <= seen(flows), flows
+        assert all("policy" in f["reason"] for f in flows if f["verdict"] == "denied"), flows
     finally:
         sbx.kill()
     only_far = new_sandbox(network={"allow_out": [f"{FAR}/32"], "deny_out": ["0.0.0.0/0"]})

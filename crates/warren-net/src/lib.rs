@@ -37,6 +37,7 @@ mod error;
 mod flows;
 mod host;
 pub mod netns;
+mod nflog;
 mod peers;
 mod pins;
 mod policy;

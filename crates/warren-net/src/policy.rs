@@ -97,6 +97,7 @@ pub(crate) fn declarations(policy: &SlotPolicy, resolver: Option<ResolverAt>) ->
 \tchain {POLICY_CHAIN} {{
 {rules}\t}}
 \tchain refuse {{
+\t\t{log_deny}
 \t\tmeta l4proto tcp counter reject with tcp reset
 \t\tcounter reject with icmpx type admin-prohibited
 \t}}
@@ -110,6 +111,7 @@ pub(crate) fn declarations(policy: &SlotPolicy, resolver: Option<ResolverAt>) ->
         allow = crate::rules::elements(policy.allow.iter()),
         deny = crate::rules::elements(policy.deny.iter()),
         rules = policy_rules(policy, resolver),
+        log_deny = crate::nflog::log_statement(crate::nflog::DENY, crate::nflog::RATE),
         proxy_out = tab(&proxy_rules(policy, Hook::Output)),
         proxy_pre = tab(&proxy_rules(policy, Hook::Prerouting)),
     )

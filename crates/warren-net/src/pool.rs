@@ -85,6 +85,10 @@ pub(crate) struct Inner {
     pins: Arc<Pins>,
     /// What they decided, by the sandbox each slot serves.
     flows: Arc<FlowLog>,
+    /// By slot name, the reader of what the slot's filter decided by address (leased slots).
+    readers: Mutex<std::collections::HashMap<String, JoinHandle<()>>>,
+    /// The runtime the pool started in: readers are spawned there whoever calls.
+    runtime: tokio::runtime::Handle,
     /// Slot links need their own forwarding switch (the host has `ip_forward` off).
     forward_per_link: bool,
     /// Serialises changes of the host table (no-egress elements) with the watchdog's check
@@ -236,6 +240,8 @@ impl NetPool {
             proxy,
             pins,
             flows,
+            readers: Mutex::default(),
+            runtime: tokio::runtime::Handle::current(),
             forward_per_link,
             table_lock: tokio::sync::Mutex::new(()),
             expected_table: Mutex::new(expected_table),
@@ -310,8 +316,19 @@ impl NetPool {
 
     /// The resolver's and the egress proxy's decisions about `slot`'s traffic go to `owner`'s
     /// flow log (a sandbox id) from now on, until the slot is released.
+    ///
+    /// Also starts the slot's reader of the connections its filter decides by address (for
+    /// the same log), on the runtime the pool started in.
     pub fn set_owner(&self, slot: &Slot, owner: &str) {
         self.inner.flows.set_owner(&slot.name, Some(owner));
+        let task = self.inner.runtime.spawn(crate::nflog::read(
+            slot.name.clone(),
+            slot.netns_path(),
+            self.inner.flows.clone(),
+        ));
+        if let Some(old) = self.inner.readers().insert(slot.name.clone(), task) {
+            old.abort();
+        }
     }
 
     /// `owner`'s flow log, oldest first: the last decisions about its sandbox's DNS queries
@@ -438,6 +455,9 @@ impl NetPool {
 
 impl Drop for NetPool {
     fn drop(&mut self) {
+        for (_, reader) in self.inner.readers().drain() {
+            reader.abort();
+        }
         self.worker.abort();
         if let Some(w) = &self.watchdog {
             w.abort();
@@ -446,6 +466,10 @@ impl Drop for NetPool {
 }
 
 impl Inner {
+    fn readers(&self) -> MutexGuard<'_, std::collections::HashMap<String, JoinHandle<()>>> {
+        self.readers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the counters half-updated in a way
         // that matters more than stopping the pool, so recover the guard.
@@ -623,6 +647,9 @@ impl Inner {
     async fn recycle(&self, name: String, addrs: SlotAddrs, internet: bool) -> Result<()> {
         self.resolver.forget(addrs.host_side);
         self.flows.set_owner(&name, None);
+        if let Some(reader) = self.readers().remove(&name) {
+            reader.abort();
+        }
         // No link pair of the last tenant's networks survives it (the fresh filter table
         // below holds no peers either).
         if let Err(e) = self.drop_peer_links(&name).await {

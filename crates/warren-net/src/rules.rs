@@ -269,8 +269,12 @@ table inet {table} {{
 \t\tct direction original jump {POLICY_CHAIN}
 \t\tct state established,related accept
 {limits}\t\tip daddr @dns_servers meta l4proto {{ tcp, udp }} th dport 53 accept
-{resolver}\t\tip daddr @isolated counter drop
+{resolver}\t\tip daddr @isolated ct state new {log_block}
+\t\tip daddr @isolated counter drop
+\t\tip daddr @blocked ct state new {log_block}
 \t\tip daddr @blocked counter reject with icmpx type admin-prohibited
+\t\t# Reaching here: allowed by address; the flow log hears of it (not the egress proxy's own).
+\t\tct state new meta mark != {mark:#x} {log_allow}
 \t}}
 {policy}{peer_chains}}}
 ",
@@ -280,6 +284,9 @@ table inet {table} {{
         peer_out = crate::peers::egress_rules(f.pool, host_veth),
         peer_chains = crate::peers::chains(),
         proxy_port = crate::proxy::PROXY_PORT,
+        mark = crate::proxy::MARK,
+        log_block = crate::nflog::log_statement(crate::nflog::BLOCK, crate::nflog::RATE),
+        log_allow = crate::nflog::log_statement(crate::nflog::ALLOW, crate::nflog::RATE),
         resolver = f
             .resolver_at(a)
             .map(|r| format!(
@@ -471,7 +478,16 @@ mod tests {
             &addrs(),
             &SlotPolicy::open(),
         );
-        assert!(!unlimited.contains("ct count") && !unlimited.contains("limit rate"));
+        assert!(!unlimited.contains("ct count") && !unlimited.contains("limit rate over"));
+        // What the filter decides by address goes to the flow log (NFLOG), rate-limited, the
+        // verdict in a rule of its own.
+        let egress = &unlimited[unlimited.find("chain egress").unwrap()..];
+        let log_block = egress
+            .find("ip daddr @blocked ct state new limit rate 50/second")
+            .unwrap();
+        assert!(log_block < egress.find("ip daddr @blocked counter reject").unwrap());
+        assert!(egress.contains("ct state new meta mark != 0x57720001 limit rate 50/second burst 100 packets log prefix \"wr-allow\" group 7"));
+        assert!(unlimited.contains("log prefix \"wr-deny\" group 7"));
     }
 
     #[test]

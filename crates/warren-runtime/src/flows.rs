@@ -11,6 +11,10 @@ pub enum FlowKind {
     Dns,
     /// A TCP connection.
     Tcp,
+    /// A UDP flow (its first packet).
+    Udp,
+    /// Another protocol (ICMP...), by its first packet.
+    Other,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

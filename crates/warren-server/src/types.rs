@@ -181,14 +181,14 @@ pub struct NetworkInfo {
 pub struct FlowEntry {
     /// When, as RFC 3339.
     pub time: String,
-    /// `dns` (a query) or `tcp` (a connection).
+    /// `dns` (a query), `tcp` (a connection), `udp` or `other` (their first packet).
     pub kind: String,
     /// `allowed` or `denied`.
     pub verdict: String,
     /// The name asked for (DNS) or carried (TLS SNI, HTTP Host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Where a connection was headed, `ip:port`.
+    /// Where a connection was headed, `ip:port` (`ip` for protocols without ports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<String>,
     /// Addresses of a DNS answer.
@@ -205,6 +205,8 @@ impl From<warren_control::Flow> for FlowEntry {
         let kind = match f.kind {
             warren_control::FlowKind::Dns => "dns",
             warren_control::FlowKind::Tcp => "tcp",
+            warren_control::FlowKind::Udp => "udp",
+            warren_control::FlowKind::Other => "other",
         };
         let verdict = match f.verdict {
             warren_control::FlowVerdict::Allowed => "allowed",
