@@ -205,6 +205,7 @@ impl Builder {
         let id = format!("bld{}", random_hex(20));
         let token = random_hex(40);
         let spec = CreateSpec {
+            volumes: Vec::new(),
             id: id.clone(),
             template: parent.to_string(),
             cpu_count: job.cpu_count,

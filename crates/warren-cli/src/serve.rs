@@ -273,11 +273,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("preparing the base template")?;
     ensure_key(&control, &args.data_dir).await?;
+    // Volumes: one filesystem image each under the data dir, mounted on the host.
+    let volumes = Arc::new(
+        warren_volume::VolumeHost::open(&args.data_dir.join("volumes"))
+            .context("opening the volume store")?,
+    );
+    control.set_volume_disks(Arc::new(warren_server::volumes::HostDisks(volumes.clone())));
 
     let app = warren_server::app(
         control.clone(),
         ServerConfig {
             domain,
+            volumes: Some(volumes),
             ..Default::default()
         },
     );

@@ -52,6 +52,13 @@ pub struct Config {
     /// sandboxes' slots (translated there), so the range need not be routed anywhere; it
     /// should not hold addresses sandboxes must reach otherwise.
     pub network_range: ipnet::Ipv4Net,
+    /// A new volume's quota when its creator names none: bytes (the size of its
+    /// filesystem, allocated only as it fills) and inodes (files and directories).
+    pub volume_bytes: u64,
+    pub volume_inodes: u64,
+    /// The largest quota a creator may ask for, and how many volumes the server keeps.
+    pub max_volume_bytes: u64,
+    pub max_volumes: usize,
 }
 
 impl Default for Config {
@@ -82,6 +89,10 @@ impl Default for Config {
             max_template_memory_mb: 16 * 1024,
             network_range: ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(10, 224, 0, 0), 12)
                 .expect("a /12 is a valid prefix"),
+            volume_bytes: 10 * 1024 * 1024 * 1024,
+            volume_inodes: 1 << 20,
+            max_volume_bytes: 1024 * 1024 * 1024 * 1024,
+            max_volumes: 1000,
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct CreateRequest {
     /// Private networks to join (Warren's create extension; the metadata key
     /// `warren.networks` asks for more).
     pub networks: Vec<crate::networks::Join>,
+    /// Volumes to mount (E2B's `volumeMounts`).
+    pub volume_mounts: Vec<crate::volumes::MountRequest>,
     /// The creating key's team; empty means the default team.
     pub team: String,
 }
@@ -61,6 +63,7 @@ pub(crate) struct Plan {
     pub timeout: Duration,
     /// Runtime snapshot key to start from.
     pub from_snapshot: Option<String>,
+    pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
 }
 
 /// Where the proxy sends a running sandbox's traffic.
@@ -101,7 +104,7 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) runtime: Arc<dyn SandboxRuntime>,
     pub(crate) config: Config,
-    live: StdMutex<HashMap<String, Entry>>,
+    pub(crate) live: StdMutex<HashMap<String, Entry>>,
     routes: StdMutex<HashMap<String, Route>>,
     /// Paused (or pausing) sandboxes that traffic wakes (`autoResume`): the proxy looks here
     /// first, so requests for other unrouted sandboxes fail fast instead of waiting for a
@@ -117,6 +120,10 @@ pub(crate) struct Inner {
     pub(crate) networks: StdMutex<crate::networks::NetworkState>,
     /// Serialises changes of networks and the application of peers to runtimes.
     pub(crate) peering: Mutex<()>,
+    /// The host's volume storage, once the server gives it.
+    pub(crate) volume_disks: std::sync::OnceLock<Arc<dyn crate::volumes::VolumeDisks>>,
+    /// Serialises volume creation and deletion (name checks, in-use checks).
+    pub(crate) volume_lock: Mutex<()>,
 }
 
 /// The control plane. Cheap to clone.
@@ -166,6 +173,8 @@ impl Control {
                 builds: crate::builds::BuildState::new()?,
                 networks: StdMutex::default(),
                 peering: Mutex::new(()),
+                volume_disks: std::sync::OnceLock::new(),
+                volume_lock: Mutex::new(()),
             }),
         };
         control.load_networks().await?;
@@ -371,6 +380,9 @@ impl Control {
         let mut joins = req.networks.clone();
         joins.extend(crate::networks::joins_from_metadata(&req.metadata)?);
         self.check_joins(&team_of(&req.team), &joins)?;
+        let mounts = self
+            .resolve_mounts(&team_of(&req.team), &req.volume_mounts)
+            .await?;
         let cfg = &self.inner.config;
         // A snapshot id or name is a valid `templateID` (SDKs create from snapshots that way).
         // The template built here that this create spawns from, to count it.
@@ -394,6 +406,12 @@ impl Control {
                     team: team_of(&req.team),
                     timeout,
                     from_snapshot: Some(snap.key),
+                    // A snapshot's sandboxes mount its volumes unless the create names others.
+                    volume_mounts: if req.volume_mounts.is_empty() {
+                        snap.volume_mounts
+                    } else {
+                        mounts
+                    },
                 }
             }
             None => {
@@ -420,6 +438,7 @@ impl Control {
                     team: team_of(&req.team),
                     timeout,
                     from_snapshot: None,
+                    volume_mounts: mounts,
                 }
             }
         };
@@ -442,6 +461,7 @@ impl Control {
     pub(crate) async fn create_planned(&self, plan: Plan) -> Result<Sandbox, ControlError> {
         let cfg = &self.inner.config;
         let timeout = plan.timeout;
+        let volumes = self.mount_sources(&plan.volume_mounts).await?;
         let now = Utc::now();
         let sandbox = Sandbox {
             id: random_id("i", 20)?,
@@ -463,6 +483,7 @@ impl Control {
             pause_mode: None,
             network: plan.network,
             team: plan.team,
+            volume_mounts: plan.volume_mounts,
         };
 
         // Reserve a slot and hold the sandbox's lock for the whole creation, so a concurrent
@@ -496,6 +517,7 @@ impl Control {
 
         let mut spec = spec_of(&sandbox);
         spec.from_snapshot = plan.from_snapshot;
+        spec.volumes = volumes;
         let created = self.inner.runtime.create(spec).await;
         let sb = &mut *guard;
         match created {
@@ -771,6 +793,7 @@ impl Control {
 /// resume; a fork's children change `from_snapshot`).
 pub(crate) fn spec_of(sb: &Sandbox) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: sb.id.clone(),
         template: sb.template.clone(),
         cpu_count: sb.cpu_count,

@@ -95,6 +95,7 @@ impl Control {
                 team: sb.team.clone(),
                 timeout,
                 from_snapshot: Some(key.clone()),
+                volume_mounts: sb.volume_mounts.clone(),
             }
         };
 

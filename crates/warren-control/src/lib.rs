@@ -31,6 +31,7 @@ mod template_disk;
 mod template_tags;
 mod templates;
 mod tenant;
+mod volumes;
 
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
@@ -61,6 +62,10 @@ pub use templates::{
     DEFAULT_TAG,
 };
 pub use tenant::Tenant;
+pub use volumes::{
+    DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
+    VolumeUsage, MAX_VOLUME_MOUNTS,
+};
 pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::{Capabilities, PauseMode};

@@ -211,6 +211,7 @@ mod tests {
     fn sb(id: &str, secs: i64, meta: &[(&str, &str)]) -> Sandbox {
         let t = Utc.timestamp_opt(secs, 0).unwrap();
         Sandbox {
+            volume_mounts: Vec::new(),
             id: id.into(),
             template: "base".into(),
             state: SandboxState::Running,

@@ -127,6 +127,8 @@ pub struct Sandbox {
     pub network: Network,
     /// The team of the API key that created it (a fork's children: the parent's).
     pub team: String,
+    /// Volumes it mounts (again on every resume; its forks and snapshots mount them too).
+    pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
 }
 
 /// A sandbox's network settings as the control plane enforces them.

@@ -169,7 +169,10 @@ impl Control {
         timeout: std::time::Duration,
     ) -> Result<(), ControlError> {
         let id = sb.id.clone();
-        let (rt, kind) = match self.inner.runtime.resume(spec_of(sb)).await {
+        let mut spec = spec_of(sb);
+        // The volumes again (after a host restart they are mounted on the host first).
+        spec.volumes = self.mount_sources(&sb.volume_mounts).await?;
+        let (rt, kind) = match self.inner.runtime.resume(spec).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(sandbox_id = %id, error = %e, "resume failed; sandbox stays paused");

@@ -39,6 +39,9 @@ pub struct Snapshot {
     pub created_at: DateTime<Utc>,
     /// The team of the sandbox it was taken of.
     pub team: String,
+    /// The volumes its sandbox mounted: sandboxes made from it mount them too (the volumes'
+    /// files are not in the snapshot; they are shared, live).
+    pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
 }
 
 /// Filters and page of `list_snapshots`.
@@ -170,6 +173,7 @@ impl Control {
             bytes: info.bytes,
             created_at: Utc::now(),
             team: sb.team.clone(),
+            volume_mounts: sb.volume_mounts.clone(),
         };
         drop(sb);
         let older = match &name {

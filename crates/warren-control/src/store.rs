@@ -125,6 +125,35 @@ pub trait Store: Send + Sync + 'static {
         let _ = (network_id, sandbox_id);
         Ok(false)
     }
+    /// Records a volume (with its token), replacing the record with the same id. The
+    /// default (a store without volumes) refuses.
+    async fn put_volume(&self, volume: &crate::volumes::Volume) -> Result<(), StoreError> {
+        let _ = volume;
+        Err(StoreError::Backend("this store keeps no volumes".into()))
+    }
+    async fn get_volume(&self, id: &str) -> Result<Option<crate::volumes::Volume>, StoreError> {
+        let _ = id;
+        Ok(None)
+    }
+    async fn volume_by_name(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> Result<Option<crate::volumes::Volume>, StoreError> {
+        let _ = (team, name);
+        Ok(None)
+    }
+    /// Every volume of `team` (`None`: of every team), in no particular order.
+    async fn volumes(&self, team: Option<&str>) -> Result<Vec<crate::volumes::Volume>, StoreError> {
+        let _ = team;
+        Ok(Vec::new())
+    }
+    /// Forgets a volume; `false` if there was none.
+    async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
+        let _ = id;
+        Ok(false)
+    }
+
     /// Every membership of every network.
     async fn members(&self) -> Result<Vec<Member>, StoreError> {
         Ok(Vec::new())

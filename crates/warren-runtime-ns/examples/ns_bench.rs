@@ -175,6 +175,7 @@ async fn main() {
         pids: Some(512),
     };
     let spec = |i: usize, net: &NetNs| LaunchSpec {
+        volumes: Vec::new(),
         id: format!("b{}-{i}", std::process::id()),
         image_root: root.clone(),
         netns: net.path(),

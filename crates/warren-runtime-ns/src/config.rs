@@ -41,6 +41,17 @@ pub struct InitConfig {
     /// flags). Off by default: a new user namespace hands its creator every capability again.
     #[serde(default)]
     pub nested_namespaces: bool,
+    /// Volumes, in mount order: the `i`th is mounted (by the manager, id-mapped, with its
+    /// read-only and nosuid/nodev settings) at `vol/<i>` of `sandbox_dir`.
+    #[serde(default)]
+    pub volumes: Vec<InitVolume>,
+}
+
+/// Where one volume goes in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitVolume {
+    /// Absolute and clean (the control plane checked it).
+    pub path: String,
 }
 
 /// The sandbox's confinement.

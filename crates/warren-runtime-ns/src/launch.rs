@@ -51,6 +51,9 @@ pub struct LaunchSpec {
     pub access_token: Option<String>,
     /// Let the sandbox create namespaces of its own (see [`InitConfig::nested_namespaces`]).
     pub nested_namespaces: bool,
+    /// Volumes, in mount order: the host mounts each, id-mapped, at `vol/<i>` of the
+    /// sandbox directory, and nsinit moves it to its path in the sandbox.
+    pub volumes: Vec<warren_runtime::VolumeMount>,
 }
 
 /// A started sandbox.
@@ -136,9 +139,8 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = cg.kill_all();
                 let _ = cg.remove();
-                let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
                 let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
-                let _ = fs::remove_dir_all(&dir);
+                let _ = remove_sandbox_dir(&dir);
             })
             .await;
             Err(e)
@@ -201,6 +203,13 @@ async fn start(
         id_base: spec.id_base,
         confinement: cfg.confinement,
         nested_namespaces: spec.nested_namespaces,
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|v| crate::config::InitVolume {
+                path: v.path.clone(),
+            })
+            .collect(),
     };
     let Spawned {
         shim,
@@ -342,10 +351,52 @@ fn enter_sandbox(
     let userns: OwnedFd = fs::File::open(format!("/proc/{shim_pid}/ns/user"))
         .map_err(io("open the sandbox's user namespace"))?
         .into();
-    crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(format!(
-        "id-mapped mount of {}",
-        spec.image_root.display()
-    )))
+    crate::sys::idmapped_bind(&spec.image_root, &dir.join("lower"), &userns).map_err(io(
+        format!("id-mapped mount of {}", spec.image_root.display()),
+    ))?;
+    // Volumes hold the ids the sandbox sees (0..65536), whoever wrote them: mapped through
+    // this sandbox's namespace, its uid 1000 is the volume's 1000, as in every other sandbox
+    // sharing the volume.
+    for (i, v) in spec.volumes.iter().enumerate() {
+        let target = volume_dir(dir, i);
+        fs::create_dir_all(&target).map_err(io(format!("create {}", target.display())))?;
+        crate::sys::idmapped_volume(&v.source, &target, &userns, v.read_only)
+            .map_err(io(format!("id-mapped mount of volume {}", v.volume_id)))?;
+    }
+    Ok(())
+}
+
+/// Where the host mounts a sandbox's `i`th volume before nsinit moves it into place.
+pub(crate) fn volume_dir(dir: &Path, i: usize) -> PathBuf {
+    dir.join("vol").join(i.to_string())
+}
+
+/// Detaches the host's copies of the image and volume mounts (the sandbox keeps its own).
+fn detach_staging(dir: &Path) {
+    let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    if let Ok(entries) = fs::read_dir(dir.join("vol")) {
+        for e in entries.flatten() {
+            let _ = umount2(&e.path(), MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// Removes the sandbox directory `dir` after [`detach_staging`]. The volume mount points go
+/// first and one at a time (`rmdir` fails on a directory that is not empty): a volume still
+/// mounted there must never be emptied by the recursive removal.
+fn remove_sandbox_dir(dir: &Path) -> std::io::Result<()> {
+    detach_staging(dir);
+    match fs::read_dir(dir.join("vol")) {
+        Ok(entries) => {
+            for e in entries {
+                fs::remove_dir(e?.path())?;
+            }
+            fs::remove_dir(dir.join("vol"))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::remove_dir_all(dir)
 }
 
 /// Waits for nsinit's remaining reports: PID 1's host pid, then `ready` (PID 1 is about to
@@ -358,7 +409,7 @@ async fn wait_for_ready(
     let outcome = tokio::time::timeout(NSINIT_STEP_TIMEOUT, reports).await;
     // The sandbox has its own copy of the image mount (its mount namespace is private by now,
     // or the start failed); the host's copy is no longer needed either way.
-    let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    detach_staging(dir);
     let (pid1, result) = match outcome {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(LaunchError::Init(format!("status reader: {e}"))),
@@ -449,10 +500,9 @@ impl Sandbox {
 
 fn remove_state(cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
     cg.remove().map_err(io("remove cgroup"))?;
-    let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
     // Detach before deleting: removing files through the mount would only empty it.
     let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
-    match fs::remove_dir_all(dir) {
+    match remove_sandbox_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(LaunchError::Io {

@@ -116,6 +116,18 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     touch(&agent)?;
     bind_ro(&cfg.agent_bin, &agent)?;
 
+    for (i, v) in cfg.volumes.iter().enumerate() {
+        let staged = cfg.sandbox_dir.join("vol").join(i.to_string());
+        let target = mount_point_in(&root, &v.path)?;
+        mnt(
+            Some(&staged.to_string_lossy()),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+        )?;
+    }
+
     mkdir(&root.join("proc"), 0o555)?;
     mnt(
         Some("proc"),
@@ -173,6 +185,39 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     chdir("/").map_err(|e| format!("chdir /: {e}"))
+}
+
+/// The directory `path` (absolute, clean) names under `root`, made where missing. The image
+/// is the template author's: a symlink on the way could point anywhere on the host (nothing
+/// is pivoted yet), so the walk never follows one.
+fn mount_point_in(root: &Path, path: &str) -> Result<std::path::PathBuf, String> {
+    let mut cur = root.to_path_buf();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        if part == "." || part == ".." {
+            return Err(format!("volume mount path {path} is not clean"));
+        }
+        cur.push(part);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!(
+                    "volume mount path {path} crosses a symbolic link in the image"
+                ))
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(format!(
+                    "volume mount path {path}: a file of the image is in the way"
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(&cur).map_err(|e| format!("mkdir {}: {e}", cur.display()))?;
+                fs::set_permissions(&cur, fs::Permissions::from_mode(0o755))
+                    .map_err(|e| format!("chmod {}: {e}", cur.display()))?;
+            }
+            Err(e) => return Err(format!("stat {}: {e}", cur.display())),
+        }
+    }
+    Ok(cur)
 }
 
 /// `/sys` without the host's: a tmpfs holding the CPU topology (glibc, Python and Node read

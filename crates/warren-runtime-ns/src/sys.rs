@@ -11,6 +11,8 @@ const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 #[repr(C)]
 struct MountAttr {
@@ -29,6 +31,27 @@ fn cpath(p: &Path) -> io::Result<CString> {
 /// through the user namespace `userns` (a `/proc/<pid>/ns/user` descriptor): files owned by
 /// host uid 0 appear owned by the uid that namespace maps to 0.
 pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> io::Result<()> {
+    idmapped_mount(source, target, userns, MOUNT_ATTR_RDONLY)
+}
+
+/// [`idmapped_bind`] of a volume: writable unless `read_only`, never honouring set-id bits or
+/// device nodes (a sandbox could plant them there for another sandbox or the host).
+pub fn idmapped_volume(
+    source: &Path,
+    target: &Path,
+    userns: &OwnedFd,
+    read_only: bool,
+) -> io::Result<()> {
+    let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 };
+    idmapped_mount(
+        source,
+        target,
+        userns,
+        ro | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+    )
+}
+
+fn idmapped_mount(source: &Path, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
     let src = cpath(source)?;
     let dst = cpath(target)?;
     // SAFETY: `src` is a valid NUL-terminated path for the duration of the call; open_tree
@@ -47,7 +70,7 @@ pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> io::Resu
     // SAFETY: open_tree just returned this descriptor to us and nothing else owns it.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
+        attr_set: MOUNT_ATTR_IDMAP | attrs,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,

@@ -418,6 +418,7 @@ async fn ranges_overlapping_etc_subuid_are_refused() {
     let cfg = config_for("subuid");
     let net = NetNs::new();
     let spec = launch::LaunchSpec {
+        volumes: Vec::new(),
         id: "tsubuid".into(),
         image_root: image_root().to_path_buf(),
         netns: net.path(),

@@ -27,6 +27,7 @@ fn config() -> Option<HostConfig> {
 
 fn spec(id: &str, internet: bool) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,

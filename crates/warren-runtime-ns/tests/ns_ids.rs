@@ -28,6 +28,7 @@ fn config() -> Option<HostConfig> {
 
 fn spec(id: &str, from_snapshot: Option<&str>) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,

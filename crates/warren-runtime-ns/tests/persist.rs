@@ -28,6 +28,7 @@ fn config(tag: &str, net: u32) -> Option<HostConfig> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,

@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     rt.reattach(vec![]).await;
     let token = format!("tok{}", std::process::id());
     let spec = |id: &str, token: Option<String>| CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,

@@ -66,6 +66,7 @@ fn config(tag: &str, n: u8, warm: usize) -> (HostConfig, VmSettings) {
 
 fn spec(id: String) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id,
         template: "base".into(),
         cpu_count: 1,

@@ -33,6 +33,7 @@ fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,
@@ -368,6 +369,7 @@ async fn checkpoints_are_sealed_root_only_and_still_restore() {
     }
     let child = rt
         .create(CreateSpec {
+            volumes: Vec::new(),
             from_snapshot: Some(key.clone()),
             ..spec(&format!("{id}c"))
         })

@@ -36,6 +36,7 @@ fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
+        volumes: Vec::new(),
         id: id.into(),
         template: "base".into(),
         cpu_count: 1,

@@ -41,6 +41,23 @@ pub struct CreateSpec {
     /// pristine state: its filesystem, and its memory where the back end captures memory.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Volumes to mount, in order (a later path may lie inside an earlier one).
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// One volume mounted into a sandbox ([`Capabilities::volumes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The volume's id (what the host serves it by).
+    pub volume_id: String,
+    /// The directory on the host to mount: the volume's mounted filesystem, or a
+    /// directory in it (a subpath). Its files carry the ids the sandbox sees (0..65536):
+    /// the back end maps them to the sandbox's own.
+    pub source: std::path::PathBuf,
+    /// Absolute, clean path inside the sandbox.
+    pub path: String,
+    pub read_only: bool,
 }
 
 impl CreateSpec {
@@ -98,6 +115,10 @@ pub struct Capabilities {
     /// Private networks between sandboxes ([`SandboxRuntime::set_peers`]).
     #[serde(default)]
     pub private_networks: bool,
+    /// Volumes mounted at create ([`CreateSpec::volumes`]), kept across pause, resume and
+    /// snapshots.
+    #[serde(default)]
+    pub volumes: bool,
 }
 
 /// What a pause keeps.

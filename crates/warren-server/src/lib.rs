@@ -22,6 +22,8 @@ mod template_disk;
 mod template_tags;
 mod templates;
 pub mod types;
+mod volume_content;
+pub mod volumes;
 
 use std::sync::Arc;
 
@@ -40,6 +42,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Domain of `{port}-{id}.{domain}` hosts; `None` accepts any domain.
     pub domain: Option<String>,
+    /// This host's volume storage, for the volume content API (`None`: volumes are off).
+    pub volumes: Option<Arc<warren_volume::VolumeHost>>,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +51,7 @@ impl Default for ServerConfig {
         ServerConfig {
             body_limit: DEFAULT_BODY_LIMIT,
             domain: None,
+            volumes: None,
         }
     }
 }
@@ -55,6 +60,7 @@ impl Default for ServerConfig {
 pub struct AppState {
     pub control: Control,
     pub proxy: Arc<proxy::Proxy>,
+    pub volumes: Option<Arc<warren_volume::VolumeHost>>,
 }
 
 /// The whole application: proxy first, then the API.
@@ -62,6 +68,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
     let state = AppState {
         control,
         proxy: Arc::new(proxy::Proxy::new(config.domain.clone())),
+        volumes: config.volumes.clone(),
     };
     let api = Router::new()
         .route("/health", get(routes::health))
@@ -123,6 +130,14 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             "/templates/{template_id}",
             delete(templates::delete_template),
         )
+        .route(
+            "/volumes",
+            get(volumes::list_volumes).post(volumes::create_volume),
+        )
+        .route(
+            "/volumes/{volume_id}",
+            get(volumes::get_volume).delete(volumes::delete_volume),
+        )
         .route("/templates", get(templates::list_templates))
         .route("/v3/templates", post(templates::register_build))
         .route(
@@ -169,6 +184,25 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         )
         .layer(middleware::from_fn(normalize::json_errors))
         .with_state(state.clone());
-    let api = uploads.merge(api);
+    // The volume content API authenticates with the volume's token, streams files of any
+    // size (the volume's quota bounds them) and answers errors in its own shape.
+    let content = Router::new()
+        .route(
+            "/volumecontent/{volume_id}/dir",
+            get(volume_content::list_dir).post(volume_content::make_dir),
+        )
+        .route(
+            "/volumecontent/{volume_id}/path",
+            get(volume_content::stat)
+                .patch(volume_content::set_metadata)
+                .delete(volume_content::remove),
+        )
+        .route(
+            "/volumecontent/{volume_id}/file",
+            get(volume_content::read_file).put(volume_content::write_file),
+        )
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state.clone());
+    let api = uploads.merge(content).merge(api);
     api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
 }

@@ -58,9 +58,16 @@ pub(crate) async fn create_sandbox(
         .into_iter()
         .map(crate::networks::JoinSpec::into_join)
         .collect::<Result<Vec<_>, _>>()?;
+    let volume_mounts = body
+        .volume_mounts
+        .unwrap_or_default()
+        .into_iter()
+        .map(crate::types::VolumeMountSpec::into_request)
+        .collect();
     let sandbox = me
         .create(CreateRequest {
             networks,
+            volume_mounts,
             template: body.template_id,
             timeout: body.timeout,
             metadata: body.metadata.unwrap_or_default(),

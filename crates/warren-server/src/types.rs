@@ -46,6 +46,45 @@ pub struct NewSandbox {
     /// Warren's extension: private networks to join, each `"name"`, `"name:alias"` or
     /// `{"network", "alias"}` (the metadata key `warren.networks` does the same for SDKs).
     pub networks: Option<Vec<crate::networks::JoinSpec>>,
+    /// Volumes to mount: `[{"name", "path"}]` (E2B), plus Warren's `readOnly`.
+    pub volume_mounts: Option<Vec<VolumeMountSpec>>,
+}
+
+/// One of create's `volumeMounts`, and how details and listings echo them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMountSpec {
+    /// The volume's name (or id).
+    pub name: String,
+    /// Absolute, clean path in the sandbox.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subpath: Option<String>,
+}
+
+impl VolumeMountSpec {
+    pub fn into_request(self) -> warren_control::MountRequest {
+        warren_control::MountRequest {
+            name: self.name,
+            path: self.path,
+            read_only: self.read_only,
+            subpath: self.subpath,
+        }
+    }
+
+    fn of(s: &Sandbox) -> Vec<VolumeMountSpec> {
+        s.volume_mounts
+            .iter()
+            .map(|m| VolumeMountSpec {
+                name: m.name.clone(),
+                path: m.path.clone(),
+                read_only: m.read_only,
+                subpath: m.subpath.clone(),
+            })
+            .collect()
+    }
 }
 
 /// `network` of create (`e2b-compat-wave2.md` §2.1). `allowPublicTraffic` is enforced by the
@@ -422,6 +461,8 @@ pub struct SandboxDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<String>,
     pub runtime: RuntimeInfo,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMountSpec>,
 }
 
 /// Items of `GET /v2/sandboxes`.
@@ -445,6 +486,8 @@ pub struct ListedSandbox {
     pub state: String,
     pub alias: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMountSpec>,
 }
 
 /// Items of `GET /sandboxes/{sandboxID}/metrics`.
@@ -554,6 +597,7 @@ impl SandboxDetail {
                 .to_string()
             }),
             runtime,
+            volume_mounts: VolumeMountSpec::of(s),
         }
     }
 }
@@ -601,6 +645,7 @@ impl ListedSandbox {
             state: s.api_state().into(),
             alias: Some(s.template.clone()),
             metadata: s.metadata.clone(),
+            volume_mounts: VolumeMountSpec::of(s),
         }
     }
 }

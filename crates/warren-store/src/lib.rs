@@ -13,6 +13,7 @@ mod networks;
 mod seal;
 mod snapshots;
 mod templates;
+mod volumes;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -251,7 +252,7 @@ pub(crate) fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
 
 const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
      allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
-     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network, team";
+     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network, team, volume_mounts";
 
 /// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
 struct SandboxRow {
@@ -274,6 +275,7 @@ struct SandboxRow {
     pause_mode: Option<String>,
     network: String,
     team: String,
+    volume_mounts: String,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
@@ -297,6 +299,7 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         pause_mode: r.get(16)?,
         network: r.get(17)?,
         team: r.get(18)?,
+        volume_mounts: r.get(19)?,
     })
 }
 
@@ -323,7 +326,10 @@ impl SandboxRow {
             ),
             None => None,
         };
+        let volume_mounts =
+            serde_json::from_str(&self.volume_mounts).map_err(|_| corrupt("volume mounts"))?;
         Ok(Sandbox {
+            volume_mounts,
             state,
             env_vars,
             lifecycle,
@@ -364,6 +370,7 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
         .seal("traffic_access_token", &s.traffic_access_token)?;
     let lifecycle = serde_json::to_string(&s.lifecycle).map_err(backend)?;
     let network = serde_json::to_string(&s.network).map_err(backend)?;
+    let volume_mounts = serde_json::to_string(&s.volume_mounts).map_err(backend)?;
     let pause_mode = s
         .pause_mode
         .map(|m| match serde_json::to_value(m) {
@@ -372,12 +379,12 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
         })
         .transpose()?;
     let sql = if insert {
-        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19)")
+        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)")
     } else {
         "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
          disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
          envd_access_token=?12, traffic_access_token=?13, runtime=?14, env_vars=?15, \
-         lifecycle=?16, pause_mode=?17, network=?18, team=?19 WHERE id=?1"
+         lifecycle=?16, pause_mode=?17, network=?18, team=?19, volume_mounts=?20 WHERE id=?1"
             .to_string()
     };
     let n = conn
@@ -403,6 +410,7 @@ fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
                 pause_mode,
                 network,
                 s.team,
+                volume_mounts,
             ],
         )
         .map_err(backend)?;
@@ -481,6 +489,36 @@ impl Store for SqliteStore {
 
     async fn members(&self) -> Result<Vec<warren_control::Member>, StoreError> {
         self.with(networks::members).await
+    }
+
+    async fn put_volume(&self, v: &warren_control::Volume) -> Result<(), StoreError> {
+        let v = v.clone();
+        self.with(move |c| volumes::put(c, &v)).await
+    }
+
+    async fn get_volume(&self, id: &str) -> Result<Option<warren_control::Volume>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::get(c, "id = ?1", &[&id])).await
+    }
+
+    async fn volume_by_name(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> Result<Option<warren_control::Volume>, StoreError> {
+        let (t, n) = (team.to_string(), name.to_string());
+        self.with(move |c| volumes::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
+            .await
+    }
+
+    async fn volumes(&self, team: Option<&str>) -> Result<Vec<warren_control::Volume>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| volumes::all(c, team.as_deref())).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::delete(c, &id)).await
     }
 
     async fn prune_ended(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {

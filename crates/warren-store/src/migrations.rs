@@ -127,4 +127,19 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         );
         CREATE INDEX network_members_sandbox ON network_members(sandbox_id);",
     ),
+    (
+        8,
+        // Volumes (a JSON document, the content-API token sealed in a column of its own),
+        // and the volumes each sandbox and snapshot mounts.
+        "CREATE TABLE volumes (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            name TEXT NOT NULL,
+            token TEXT NOT NULL,
+            doc TEXT NOT NULL,
+            UNIQUE (team, name)
+        );
+        ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE snapshots ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';",
+    ),
 ];

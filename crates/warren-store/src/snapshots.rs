@@ -9,7 +9,7 @@ use crate::seal::Sealer;
 use crate::{backend, from_micros, micros, Db};
 
 const COLUMNS: &str = "id, name, runtime_key, sandbox_id, template, cpu_count, memory_mb, \
-     disk_mb, allow_internet_access, env_vars, metadata, memory, bytes, created_at_us, team";
+     disk_mb, allow_internet_access, env_vars, metadata, memory, bytes, created_at_us, team, volume_mounts";
 
 struct SnapshotRow {
     id: String,
@@ -27,6 +27,7 @@ struct SnapshotRow {
     bytes: i64,
     created_at_us: i64,
     team: String,
+    volume_mounts: String,
 }
 
 fn read_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
@@ -46,6 +47,7 @@ fn read_row(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
         bytes: r.get(12)?,
         created_at_us: r.get(13)?,
         team: r.get(14)?,
+        volume_mounts: r.get(15)?,
     })
 }
 
@@ -53,6 +55,8 @@ impl SnapshotRow {
     fn decode(self, sealer: &Sealer) -> Result<Snapshot, StoreError> {
         let corrupt = |what: &str| StoreError::Corrupt(format!("snapshot {}: {what}", self.id));
         let env_vars = sealer.open("env_vars", &self.env_vars)?;
+        let volume_mounts =
+            serde_json::from_str(&self.volume_mounts).map_err(|_| corrupt("volume mounts"))?;
         Ok(Snapshot {
             env_vars: serde_json::from_str(&env_vars).map_err(|_| corrupt("env vars"))?,
             metadata: serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?,
@@ -68,6 +72,7 @@ impl SnapshotRow {
             disk_mb: self.disk_mb,
             allow_internet_access: self.allow_internet_access,
             memory: self.memory,
+            volume_mounts,
             team: self.team,
         })
     }
@@ -82,6 +87,7 @@ pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Resul
     let conn = &mut db.conn;
     let metadata = serde_json::to_string(&s.metadata).map_err(backend)?;
     let bytes = i64::try_from(s.bytes).map_err(backend)?;
+    let volume_mounts = serde_json::to_string(&s.volume_mounts).map_err(backend)?;
     let tx = conn.transaction().map_err(backend)?;
     if let Some(old) = replaces {
         tx.execute("DELETE FROM snapshots WHERE id = ?1", [old])
@@ -89,7 +95,7 @@ pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Resul
     }
     tx.execute(
         &format!(
-            "INSERT INTO snapshots ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"
+            "INSERT INTO snapshots ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
         ),
         params![
             s.id,
@@ -107,6 +113,7 @@ pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Resul
             bytes,
             micros(s.created_at),
             s.team,
+            volume_mounts,
         ],
     )
     .map_err(backend)?;

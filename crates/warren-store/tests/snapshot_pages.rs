@@ -9,6 +9,7 @@ use warren_store::SqliteStore;
 
 fn snap(id: &str, team: &str, sandbox: &str, micros: i64, bytes: u64) -> Snapshot {
     Snapshot {
+        volume_mounts: Vec::new(),
         id: id.into(),
         names: Vec::new(),
         key: format!("key-{id}"),

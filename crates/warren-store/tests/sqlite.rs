@@ -39,6 +39,13 @@ fn sandbox(id: &str) -> Sandbox {
             mask_request_host: Some("app.test:${PORT}".into()),
         },
         team: "team-a".into(),
+        volume_mounts: vec![warren_control::VolumeMountRecord {
+            volume_id: "vol1".into(),
+            name: "data".into(),
+            path: "/mnt/data".into(),
+            read_only: true,
+            subpath: None,
+        }],
     }
 }
 
@@ -59,6 +66,13 @@ fn snapshot(id: &str, name: Option<&str>, secs: i64) -> Snapshot {
         bytes: 123_456_789_012,
         created_at: Utc.timestamp_micros(secs * 1_000_000).unwrap(),
         team: "team-a".into(),
+        volume_mounts: vec![warren_control::VolumeMountRecord {
+            volume_id: "vol1".into(),
+            name: "data".into(),
+            path: "/data".into(),
+            read_only: false,
+            subpath: None,
+        }],
     }
 }
 

@@ -472,6 +472,7 @@ pub fn full_caps() -> Capabilities {
         egress_addresses: true,
         egress_names: false,
         private_networks: false,
+        volumes: true,
     }
 }
 
@@ -486,6 +487,7 @@ pub fn ns_caps() -> Capabilities {
         egress_addresses: true,
         egress_names: false,
         private_networks: false,
+        volumes: true,
     }
 }
 

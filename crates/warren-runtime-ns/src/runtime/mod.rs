@@ -269,6 +269,7 @@ impl NsRuntime {
             id_base,
             access_token: spec.access_token.clone(),
             nested_namespaces: false,
+            volumes: spec.volumes.clone(),
         };
         let sandbox = launch::launch(&self.ns, &launch_spec)
             .await
@@ -336,6 +337,7 @@ impl SandboxRuntime for NsRuntime {
             egress_addresses: true,
             egress_names: true,
             private_networks: true,
+            volumes: true,
         }
     }
 

@@ -304,6 +304,7 @@ pub async fn start_in(
     let net = NetNs::new();
     let id = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let mut spec = LaunchSpec {
+        volumes: Vec::new(),
         id,
         image_root: image_root().to_path_buf(),
         netns: net.path(),

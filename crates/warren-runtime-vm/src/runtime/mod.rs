@@ -587,6 +587,7 @@ impl SandboxRuntime for VmRuntime {
             egress_addresses: true,
             egress_names: true,
             private_networks: true,
+            volumes: false,
         }
     }
 

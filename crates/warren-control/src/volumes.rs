@@ -1,0 +1,427 @@
+//! Volumes: storage that outlives sandboxes, mounted into several at once.
+//!
+//! A volume belongs to a team, has a name unique in it (E2B's rule: `[a-zA-Z0-9_-]+`), a
+//! quota in bytes and inodes, and a token for E2B's volume content API (the SDK's `Volume`
+//! reads and writes files with it, no sandbox needed). Where its files live is the host's
+//! business ([`VolumeDisks`]); the control plane records volumes, checks mounts at create
+//! (E2B's `volumeMounts`, by volume name), keeps them on the sandbox's record so pause,
+//! resume, snapshots and forks mount the same volumes again, and refuses to delete a volume
+//! a sandbox still mounts.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use warren_runtime::VolumeMount;
+
+use crate::control::{lock, Control};
+use crate::error::ControlError;
+use crate::secrets::{random_id, random_secret};
+
+/// Volumes one sandbox may mount.
+pub const MAX_VOLUME_MOUNTS: usize = 16;
+/// Longest volume name.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Sandbox paths no volume may cover: the kernel's views and the agent.
+const RESERVED_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/usr/local/bin/warren-agent"];
+
+/// A volume as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub id: String,
+    pub name: String,
+    pub team: String,
+    pub quota: VolumeQuota,
+    pub created_at: DateTime<Utc>,
+    /// Bearer token of the content API. A credential: the store seals it, and it is kept
+    /// out of the record's document.
+    #[serde(skip)]
+    pub token: String,
+}
+
+/// What a volume may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeQuota {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// What a volume holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeUsage {
+    pub bytes_used: u64,
+    pub bytes_total: u64,
+    pub inodes_used: u64,
+    pub inodes_total: u64,
+}
+
+/// One volume a caller asks to mount (E2B's `{name, path}`, plus Warren's `readOnly` and
+/// `subpath`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountRequest {
+    /// The volume's name (E2B refers to volumes by name here) or id.
+    pub name: String,
+    pub path: String,
+    pub read_only: bool,
+    /// A directory inside the volume to mount instead of its root (made if missing).
+    pub subpath: Option<String>,
+}
+
+/// One volume a sandbox mounts, on its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMountRecord {
+    pub volume_id: String,
+    pub name: String,
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subpath: Option<String>,
+}
+
+/// Why the host could not do something with a volume's disk.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The caller's input (a quota, a subpath) is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// The host's disk (not the volume) is full.
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Where volumes' files live on this host.
+#[async_trait]
+pub trait VolumeDisks: Send + Sync + 'static {
+    /// Makes an empty volume with `quota`.
+    async fn create(&self, id: &str, quota: VolumeQuota) -> Result<(), DiskError>;
+    /// Removes a volume and everything in it. Idempotent.
+    async fn delete(&self, id: &str) -> Result<(), DiskError>;
+    /// The host directory a sandbox mounts: the volume's root or `subpath` in it (made if
+    /// missing, never through a symbolic link), the volume mounted on the host first.
+    async fn source(&self, id: &str, subpath: Option<&str>) -> Result<PathBuf, DiskError>;
+    async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError>;
+}
+
+/// What a caller may ask of a new volume's quota (omitted: the server's defaults).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaRequest {
+    pub bytes: Option<u64>,
+    pub inodes: Option<u64>,
+}
+
+fn disk_error(e: DiskError) -> ControlError {
+    match e {
+        DiskError::Invalid(m) => ControlError::InvalidArgument(m),
+        DiskError::NoSpace(m) => ControlError::QuotaExceeded(m),
+        DiskError::Failed(m) => ControlError::Internal(m),
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `path` is absolute and clean (no `.`, `..`, empty or trailing components): E2B's rule.
+fn clean_absolute(path: &str) -> bool {
+    path.len() > 1
+        && path.starts_with('/')
+        && !path.ends_with('/')
+        && path[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
+/// `subpath` is relative and clean.
+fn clean_relative(subpath: &str) -> bool {
+    subpath
+        .split('/')
+        .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
+fn under(path: &str, dir: &str) -> bool {
+    path == dir || path.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
+}
+
+fn volume_not_found(r: &str) -> ControlError {
+    ControlError::NotFound(format!("volume {r} not found"))
+}
+
+impl Control {
+    /// Gives the control plane the host's volume storage; without it the volume API answers
+    /// that volumes are not enabled.
+    pub fn set_volume_disks(&self, disks: std::sync::Arc<dyn VolumeDisks>) {
+        let _ = self.inner.volume_disks.set(disks);
+    }
+
+    fn disks(&self) -> Result<&dyn VolumeDisks, ControlError> {
+        self.inner
+            .volume_disks
+            .get()
+            .map(|d| d.as_ref())
+            .ok_or_else(|| {
+                ControlError::Unavailable("volumes are not enabled on this server".into())
+            })
+    }
+
+    /// Makes a volume for `team`.
+    pub async fn create_volume(
+        &self,
+        team: &str,
+        name: &str,
+        quota: QuotaRequest,
+    ) -> Result<Volume, ControlError> {
+        if !valid_name(name) {
+            return Err(ControlError::InvalidArgument(format!(
+                "Invalid volume name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '_' \
+                 and '-'"
+            )));
+        }
+        let cfg = &self.inner.config;
+        let quota = VolumeQuota {
+            bytes: quota.bytes.unwrap_or(cfg.volume_bytes),
+            inodes: quota.inodes.unwrap_or(cfg.volume_inodes),
+        };
+        if quota.bytes > cfg.max_volume_bytes {
+            return Err(ControlError::InvalidArgument(format!(
+                "a volume may hold at most {} bytes",
+                cfg.max_volume_bytes
+            )));
+        }
+        let disks = self.disks()?;
+        // One create per name at a time: the check and the record must not interleave.
+        let _g = self.inner.volume_lock.lock().await;
+        if self.inner.store.volume_by_name(team, name).await?.is_some() {
+            return Err(ControlError::InvalidArgument(format!(
+                "volume {name} already exists"
+            )));
+        }
+        if self.inner.store.volumes(None).await?.len() >= cfg.max_volumes {
+            return Err(ControlError::QuotaExceeded(format!(
+                "this server keeps at most {} volumes; delete one first",
+                cfg.max_volumes
+            )));
+        }
+        let volume = Volume {
+            id: random_id("vol", 17)?,
+            name: name.to_string(),
+            team: team.to_string(),
+            quota,
+            created_at: Utc::now(),
+            token: random_secret("wvt_")?,
+        };
+        disks.create(&volume.id, quota).await.map_err(disk_error)?;
+        if let Err(e) = self.inner.store.put_volume(&volume).await {
+            // Not acknowledged: no disk without a record.
+            if let Err(d) = disks.delete(&volume.id).await {
+                tracing::warn!(volume_id = %volume.id, error = %d, "removing an unrecorded volume");
+            }
+            return Err(e.into());
+        }
+        tracing::info!(volume_id = %volume.id, name = %volume.name, %team, "volume created");
+        Ok(volume)
+    }
+
+    /// The volume `r` (an id, or a name in `team`) if `team` may see it (`None`: any team).
+    pub async fn volume(&self, team: Option<&str>, r: &str) -> Result<Volume, ControlError> {
+        let by_id = self.inner.store.get_volume(r).await?;
+        let found = match (by_id, team) {
+            (Some(v), None) => Some(v),
+            (Some(v), Some(t)) if v.team == t => Some(v),
+            (_, Some(t)) => self.inner.store.volume_by_name(t, r).await?,
+            (None, None) => None,
+        };
+        found.ok_or_else(|| volume_not_found(r))
+    }
+
+    /// Every volume `team` may see (`None`: all), oldest first.
+    pub async fn volumes(&self, team: Option<&str>) -> Result<Vec<Volume>, ControlError> {
+        let mut all = self.inner.store.volumes(team).await?;
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(all)
+    }
+
+    pub async fn volume_usage(&self, volume: &Volume) -> Result<VolumeUsage, ControlError> {
+        self.disks()?.usage(&volume.id).await.map_err(disk_error)
+    }
+
+    /// The volume whose content-API token is `token` (`id` is the path's volume id).
+    /// Wrong tokens and unknown ids look the same.
+    pub async fn volume_by_token(&self, id: &str, token: &str) -> Result<Volume, ControlError> {
+        let denied = || ControlError::PermissionDenied("invalid or missing volume token".into());
+        let v = self.inner.store.get_volume(id).await?.ok_or_else(denied)?;
+        let ok: bool = subtle::ConstantTimeEq::ct_eq(v.token.as_bytes(), token.as_bytes()).into();
+        if ok && !token.is_empty() {
+            Ok(v)
+        } else {
+            Err(denied())
+        }
+    }
+
+    /// Deletes volume `r` and its files, unless a sandbox (running or paused) mounts it.
+    pub async fn delete_volume(&self, team: Option<&str>, r: &str) -> Result<(), ControlError> {
+        let v = self.volume(team, r).await?;
+        let _g = self.inner.volume_lock.lock().await;
+        let users = self.volume_users(&v.id).await;
+        if !users.is_empty() {
+            return Err(ControlError::FailedPrecondition(format!(
+                "volume {} is mounted by sandbox {}; kill it first",
+                v.name,
+                users.join(", ")
+            )));
+        }
+        self.inner.store.delete_volume(&v.id).await?;
+        self.disks()?.delete(&v.id).await.map_err(disk_error)?;
+        tracing::info!(volume_id = %v.id, name = %v.name, "volume deleted");
+        Ok(())
+    }
+
+    /// Live sandboxes (not killed or failed) that mount volume `id`.
+    async fn volume_users(&self, id: &str) -> Vec<String> {
+        let live: Vec<crate::control::Entry> = lock(&self.inner.live).values().cloned().collect();
+        let mut out = Vec::new();
+        for e in live {
+            let sb = e.lock().await;
+            if !sb.state.is_gone() && sb.volume_mounts.iter().any(|m| m.volume_id == id) {
+                out.push(sb.id.clone());
+            }
+        }
+        out
+    }
+
+    /// Checks a create's `volumeMounts` for `team` and resolves them to volumes (errors as
+    /// E2B words them: `invalid mounts:` and one line per bad mount).
+    pub(crate) async fn resolve_mounts(
+        &self,
+        team: &str,
+        mounts: &[MountRequest],
+    ) -> Result<Vec<VolumeMountRecord>, ControlError> {
+        if mounts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.inner.runtime.capabilities().volumes {
+            return Err(ControlError::InvalidArgument(format!(
+                "the {} runtime does not mount volumes yet",
+                self.inner.runtime.name()
+            )));
+        }
+        self.disks()?;
+        if mounts.len() > MAX_VOLUME_MOUNTS {
+            return Err(ControlError::InvalidArgument(format!(
+                "invalid mounts: at most {MAX_VOLUME_MOUNTS} volumes per sandbox"
+            )));
+        }
+        let mut problems = Vec::new();
+        let mut out: Vec<VolumeMountRecord> = Vec::new();
+        for (i, m) in mounts.iter().enumerate() {
+            let problem = if m.path.is_empty() {
+                Some("path must not be empty".to_string())
+            } else if !clean_absolute(&m.path) {
+                Some(format!("path {:?} must be absolute and clean", m.path))
+            } else if let Some(r) = RESERVED_PATHS.iter().find(|r| under(&m.path, r)) {
+                Some(format!("path {} is reserved ({r})", m.path))
+            } else if out.iter().any(|o| o.path == m.path) {
+                Some(format!("path {} is used twice", m.path))
+            } else if m.subpath.as_deref().is_some_and(|s| !clean_relative(s)) {
+                Some("subpath must be relative and clean".to_string())
+            } else if m.subpath.is_some() {
+                // Binding a directory inside a volume other sandboxes write to needs a
+                // resolution no symbolic link can redirect; until then, whole volumes only.
+                Some("subpath mounts are not supported yet".to_string())
+            } else {
+                match self.volume(Some(team), &m.name).await {
+                    Ok(v) => {
+                        out.push(VolumeMountRecord {
+                            volume_id: v.id,
+                            name: v.name,
+                            path: m.path.clone(),
+                            read_only: m.read_only,
+                            subpath: m.subpath.clone(),
+                        });
+                        None
+                    }
+                    Err(ControlError::NotFound(_)) => {
+                        Some(format!("volume {:?} not found", m.name))
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if let Some(p) = problem {
+                problems.push(format!("\t- volume mount #{i}: {p}"));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ControlError::InvalidArgument(format!(
+                "invalid mounts:\n{}",
+                problems.join("\n")
+            )));
+        }
+        // Parents before what lies inside them.
+        out.sort_by_key(|m| m.path.matches('/').count());
+        Ok(out)
+    }
+
+    /// The runtime's view of `mounts`: each volume mounted on the host (again, after a host
+    /// restart) and its directory.
+    pub(crate) async fn mount_sources(
+        &self,
+        mounts: &[VolumeMountRecord],
+    ) -> Result<Vec<VolumeMount>, ControlError> {
+        let mut out = Vec::with_capacity(mounts.len());
+        for m in mounts {
+            let source = self
+                .disks()?
+                .source(&m.volume_id, m.subpath.as_deref())
+                .await
+                .map_err(|e| match e {
+                    DiskError::Failed(msg) => ControlError::Unavailable(format!(
+                        "volume {} cannot be mounted: {msg}",
+                        m.name
+                    )),
+                    other => disk_error(other),
+                })?;
+            out.push(VolumeMount {
+                volume_id: m.volume_id.clone(),
+                source,
+                path: m.path.clone(),
+                read_only: m.read_only,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_paths() {
+        assert!(valid_name("data_1-x"));
+        assert!(!valid_name("") && !valid_name("a b") && !valid_name("a/b"));
+        assert!(clean_absolute("/mnt/data"));
+        for bad in [
+            "",
+            "/",
+            "mnt",
+            "/mnt/",
+            "/mnt//d",
+            "/mnt/./d",
+            "/mnt/../etc",
+        ] {
+            assert!(!clean_absolute(bad), "{bad}");
+        }
+        assert!(clean_relative("a/b") && !clean_relative("../a") && !clean_relative("/a"));
+        assert!(under("/proc/self", "/proc") && under("/proc", "/proc"));
+        assert!(!under("/process", "/proc"));
+    }
+}

@@ -1,0 +1,240 @@
+//! Volumes, E2B's API (`/volumes`, authenticated by API key): create, list, get (with the
+//! content-API token) and delete. The content API is in `volume_content`. [`HostDisks`]
+//! gives the control plane this host's volume storage (`warren-volume`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use warren_control::{DiskError, QuotaRequest, Volume, VolumeDisks, VolumeQuota, VolumeUsage};
+use warren_volume::{ErrorKind, VolumeError, VolumeHost};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, Authed};
+use crate::types::{rfc3339, ErrorBody};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Body of `POST /volumes`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NewVolume {
+    /// Letters, digits, `_` and `-`; unique in the team.
+    pub name: String,
+    /// Warren: the volume's quota (absent: the server's defaults).
+    #[serde(default)]
+    pub quota: Option<QuotaSpec>,
+}
+
+/// Warren's quota of a volume: bytes its files may take and files it may hold.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaSpec {
+    pub bytes: Option<u64>,
+    pub inodes: Option<u64>,
+}
+
+/// A volume with its content-API token (E2B's `VolumeAndToken`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAndToken {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+    /// `Authorization: Bearer <token>` of the content API (`/volumecontent/{volumeID}/...`).
+    pub token: String,
+    /// Warren: its quota and what it uses now.
+    pub quota: QuotaInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageInfo>,
+    pub created_at: String,
+}
+
+/// A volume in a listing (no token).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeEntry {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaInfo {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageInfo {
+    pub bytes_used: u64,
+    pub bytes_total: u64,
+    pub inodes_used: u64,
+    pub inodes_total: u64,
+}
+
+fn with_token(v: &Volume, usage: Option<VolumeUsage>) -> VolumeAndToken {
+    VolumeAndToken {
+        volume_id: v.id.clone(),
+        name: v.name.clone(),
+        token: v.token.clone(),
+        quota: QuotaInfo {
+            bytes: v.quota.bytes,
+            inodes: v.quota.inodes,
+        },
+        usage: usage.map(|u| UsageInfo {
+            bytes_used: u.bytes_used,
+            bytes_total: u.bytes_total,
+            inodes_used: u.inodes_used,
+            inodes_total: u.inodes_total,
+        }),
+        created_at: rfc3339(v.created_at),
+    }
+}
+
+/// Creates a volume.
+#[utoipa::path(
+    post, path = "/volumes", request_body = NewVolume,
+    responses((status = 201, body = VolumeAndToken), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 503, description = "Volumes not enabled", body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn create_volume(
+    Authed(me): Authed,
+    ApiJson(body): ApiJson<NewVolume>,
+) -> ApiResult<impl IntoResponse> {
+    let q = body.quota.unwrap_or_default();
+    let quota = QuotaRequest {
+        bytes: q.bytes,
+        inodes: q.inodes,
+    };
+    let v = me
+        .control()
+        .create_volume(me.team(), &body.name, quota)
+        .await?;
+    Ok((StatusCode::CREATED, Json(with_token(&v, None))))
+}
+
+/// The caller's volumes.
+#[utoipa::path(
+    get, path = "/volumes",
+    responses((status = 200, body = Vec<VolumeEntry>), (status = 401, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn list_volumes(Authed(me): Authed) -> ApiResult<Json<Vec<VolumeEntry>>> {
+    let all = me.control().volumes(me.team_filter()).await?;
+    Ok(Json(
+        all.into_iter()
+            .map(|v| VolumeEntry {
+                volume_id: v.id,
+                name: v.name,
+            })
+            .collect(),
+    ))
+}
+
+/// One volume (by id or name) with its token, quota and usage.
+#[utoipa::path(
+    get, path = "/volumes/{volumeID}", params(("volumeID" = String, Path, description = "Id or name")),
+    responses((status = 200, body = VolumeAndToken), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn get_volume(
+    Authed(me): Authed,
+    Path(volume): Path<String>,
+) -> ApiResult<Json<VolumeAndToken>> {
+    let v = me.control().volume(me.team_filter(), &volume).await?;
+    let usage = me.control().volume_usage(&v).await.ok();
+    Ok(Json(with_token(&v, usage)))
+}
+
+/// Deletes a volume and its files; refused while a sandbox mounts it.
+#[utoipa::path(
+    delete, path = "/volumes/{volumeID}", params(("volumeID" = String, Path, description = "Id or name")),
+    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, description = "Mounted by a sandbox", body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn delete_volume(
+    Authed(me): Authed,
+    Path(volume): Path<String>,
+) -> ApiResult<StatusCode> {
+    me.control()
+        .delete_volume(me.team_filter(), &volume)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The control plane's view of this host's volume storage.
+pub struct HostDisks(pub Arc<VolumeHost>);
+
+fn disk_error(e: VolumeError) -> DiskError {
+    match e.kind() {
+        ErrorKind::BadRequest | ErrorKind::Conflict | ErrorKind::NotFound => {
+            DiskError::Invalid(e.to_string())
+        }
+        ErrorKind::InsufficientStorage => DiskError::NoSpace(e.to_string()),
+        ErrorKind::Internal => DiskError::Failed(e.to_string()),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, DiskError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DiskError::Failed(format!("volume task: {e}")))?
+        .map_err(disk_error)
+}
+
+#[async_trait]
+impl VolumeDisks for HostDisks {
+    async fn create(&self, id: &str, quota: VolumeQuota) -> Result<(), DiskError> {
+        let (host, id) = (self.0.clone(), id.to_string());
+        let quota = warren_volume::Quota {
+            bytes: quota.bytes,
+            inodes: quota.inodes,
+        };
+        blocking(move || host.create(&id, quota)).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), DiskError> {
+        let (host, id) = (self.0.clone(), id.to_string());
+        blocking(move || host.delete(&id)).await
+    }
+
+    async fn source(&self, id: &str, subpath: Option<&str>) -> Result<PathBuf, DiskError> {
+        if subpath.is_some() {
+            return Err(DiskError::Invalid(
+                "subpath mounts are not supported yet".into(),
+            ));
+        }
+        let (host, id) = (self.0.clone(), id.to_string());
+        blocking(move || host.ensure_mounted(&id)).await
+    }
+
+    async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError> {
+        let (host, id) = (self.0.clone(), id.to_string());
+        let u = blocking(move || host.usage(&id)).await?;
+        Ok(VolumeUsage {
+            bytes_used: u.bytes_used,
+            bytes_total: u.bytes_total,
+            inodes_used: u.inodes_used,
+            inodes_total: u.inodes_total,
+        })
+    }
+}
+
+/// The content API's host, if volumes are enabled.
+pub(crate) fn host(st: &AppState) -> Option<Arc<VolumeHost>> {
+    st.volumes.clone()
+}

@@ -1,0 +1,274 @@
+//! The host tools a volume's life uses (mkfs.ext4, mount, umount, losetup, resize2fs,
+//! fsfreeze, cp) and the checks around them (is it mounted, which loop device).
+//!
+//! Mounting goes through `mount -o loop` rather than a loop-device crate plus mount(2): util-linux
+//! already allocates the device race-free through /dev/loop-control, sets it up in one
+//! LOOP_CONFIGURE with autoclear (so unmounting, even lazily, releases the device), reuses a
+//! device already backing the same file, and needs no bindgen/libclang at build time. The
+//! cost is a process spawn per mount, which is noise next to the mount itself.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::VolumeError;
+
+/// The uid:gid that owns a new filesystem's root: the sandboxes' default user.
+pub(crate) const ROOT_OWNER: &str = "1000:1000";
+
+/// Runs a tool to completion; a non-zero exit is a [`VolumeError::Command`] carrying stderr.
+fn run(what: &str, program: &str, args: &[&OsStr]) -> Result<(), VolumeError> {
+    let out = Command::new(program)
+        .args(args)
+        // Messages in one language for the logs, and no locale files looked up.
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| VolumeError::io(format!("running {program} ({what})"), e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if detail.is_empty() {
+        detail = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+    Err(VolumeError::Command {
+        what: what.to_string(),
+        detail: format!("{program} exited with {}: {detail}", out.status),
+    })
+}
+
+/// Makes an ext4 filesystem filling `image` with at least `inodes` inodes.
+///
+/// `-m 0`: no blocks reserved for root, the quota is all the user's. `-I 256`: inodes large
+/// enough for nanosecond timestamps and dates past 2038 (mke2fs's "small" profile, which it
+/// picks for images under 512 MiB, would otherwise choose 128). `root_owner`: the root
+/// directory belongs to the sandboxes' default user, mode 0755.
+pub(crate) fn mkfs(image: &Path, inodes: u64) -> Result<(), VolumeError> {
+    let inodes = inodes.to_string();
+    let root_owner = format!("root_owner={ROOT_OWNER}");
+    run(
+        "making the volume's filesystem",
+        "mkfs.ext4",
+        &[
+            "-q".as_ref(),
+            "-F".as_ref(),
+            "-m".as_ref(),
+            "0".as_ref(),
+            "-I".as_ref(),
+            "256".as_ref(),
+            "-N".as_ref(),
+            inodes.as_ref(),
+            "-E".as_ref(),
+            root_owner.as_ref(),
+            image.as_os_str(),
+        ],
+    )
+}
+
+/// Loop-mounts `image` at `target`. `nosuid,nodev`: nothing a sandbox stores in its volume can
+/// become a set-uid program or a device node for anyone who later reaches the mount.
+pub(crate) fn mount(image: &Path, target: &Path) -> Result<(), VolumeError> {
+    run(
+        "mounting the volume",
+        "mount",
+        &[
+            "-t".as_ref(),
+            "ext4".as_ref(),
+            "-o".as_ref(),
+            "loop,nosuid,nodev".as_ref(),
+            image.as_os_str(),
+            target.as_os_str(),
+        ],
+    )
+}
+
+/// Unmounts `target` until nothing is mounted there: a plain unmount first, a lazy detach when
+/// something still holds the filesystem (an open file, a sandbox's bind mount elsewhere); the
+/// loop device goes away by autoclear once the last user lets go.
+pub(crate) fn unmount_all(target: &Path) -> Result<(), VolumeError> {
+    for _ in 0..8 {
+        if !is_mounted(target)? {
+            return Ok(());
+        }
+        if run("unmounting the volume", "umount", &[target.as_os_str()]).is_err() {
+            run(
+                "detaching the volume",
+                "umount",
+                &["-l".as_ref(), target.as_os_str()],
+            )?;
+        }
+    }
+    if is_mounted(target)? {
+        return Err(VolumeError::Command {
+            what: "unmounting the volume".into(),
+            detail: format!("{} is still a mount point", target.display()),
+        });
+    }
+    Ok(())
+}
+
+/// Whether something is mounted on `dir`: its device differs from its parent's. One stat each,
+/// which is why this is used rather than reading /proc/self/mountinfo (long on a busy host).
+pub(crate) fn is_mounted(dir: &Path) -> Result<bool, VolumeError> {
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    let d = fs::symlink_metadata(dir)
+        .map_err(|e| VolumeError::io(format!("checking {}", dir.display()), e))?;
+    let p = fs::symlink_metadata(parent)
+        .map_err(|e| VolumeError::io(format!("checking {}", parent.display()), e))?;
+    Ok(d.dev() != p.dev())
+}
+
+/// The loop device (`/dev/loopN`) whose filesystem is mounted at `mount_point`, checked through
+/// sysfs to be backed by `image`, so a resize can never hit another device.
+pub(crate) fn loop_device(mount_point: &Path, image: &Path) -> Result<PathBuf, VolumeError> {
+    let dev = fs::metadata(mount_point)
+        .map_err(|e| VolumeError::io(format!("checking {}", mount_point.display()), e))?
+        .dev();
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let not_loop = || VolumeError::Command {
+        what: "finding the volume's loop device".into(),
+        detail: format!(
+            "{} is not mounted from a loop device backed by {}",
+            mount_point.display(),
+            image.display()
+        ),
+    };
+    let backing = fs::read_to_string(sys.join("loop/backing_file")).map_err(|_| not_loop())?;
+    let want = fs::canonicalize(image)
+        .map_err(|e| VolumeError::io(format!("resolving {}", image.display()), e))?;
+    if Path::new(backing.trim_end()) != want {
+        return Err(not_loop());
+    }
+    let target = fs::read_link(&sys).map_err(|_| not_loop())?;
+    let name = target.file_name().ok_or_else(not_loop)?;
+    Ok(Path::new("/dev").join(name))
+}
+
+/// Makes the loop device see its backing file's new size and grows the mounted filesystem
+/// online to fill it.
+pub(crate) fn grow_online(device: &Path) -> Result<(), VolumeError> {
+    run(
+        "updating the loop device's size",
+        "losetup",
+        &["-c".as_ref(), device.as_os_str()],
+    )?;
+    run("growing the filesystem", "resize2fs", &[device.as_os_str()])
+}
+
+/// Whether this process may grow a mounted ext4 filesystem: the kernel's online resize wants
+/// CAP_SYS_RESOURCE, which some hosts (containers, some VMs) withhold even from root.
+pub(crate) fn can_resize_online() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let Ok(status) = fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
+/// Whether any loop device is backed by `image`: after our own unmount, that means the
+/// filesystem is still mounted somewhere (a sandbox's bind mount keeps it alive) and must not
+/// be touched offline.
+pub(crate) fn image_in_use(image: &Path) -> Result<bool, VolumeError> {
+    let want = fs::canonicalize(image)
+        .map_err(|e| VolumeError::io(format!("resolving {}", image.display()), e))?;
+    let entries =
+        fs::read_dir("/sys/block").map_err(|e| VolumeError::io("listing /sys/block", e))?;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("loop") {
+            continue;
+        }
+        if let Ok(backing) = fs::read_to_string(entry.path().join("loop/backing_file")) {
+            if Path::new(backing.trim_end()) == want {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// One plain (not lazy) unmount: fails while anything holds the filesystem.
+pub(crate) fn unmount_once(target: &Path) -> Result<(), VolumeError> {
+    run("unmounting the volume", "umount", &[target.as_os_str()])
+}
+
+/// Checks and grows an unmounted image to its file's size: `e2fsck -f -p` (resize2fs insists on
+/// a freshly checked filesystem), then `resize2fs`.
+pub(crate) fn grow_offline(image: &Path) -> Result<(), VolumeError> {
+    let out = Command::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(image)
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| VolumeError::io("running e2fsck", e))?;
+    // 0: clean, 1: errors corrected; anything else leaves the image alone.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        return Err(VolumeError::Command {
+            what: "checking the filesystem before growing it".into(),
+            detail: format!(
+                "e2fsck exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        });
+    }
+    run("growing the filesystem", "resize2fs", &[image.as_os_str()])
+}
+
+/// Copies an image file as a reflink where the host filesystem can (instant, shared blocks),
+/// else as a sparse copy (holes stay holes).
+pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), VolumeError> {
+    run(
+        "copying the volume image",
+        "cp",
+        &[
+            "--reflink=auto".as_ref(),
+            "--sparse=always".as_ref(),
+            "--".as_ref(),
+            from.as_os_str(),
+            to.as_os_str(),
+        ],
+    )
+}
+
+/// Freezes the filesystem mounted at `mount_point` until the returned guard is dropped.
+pub(crate) fn freeze(mount_point: &Path) -> Result<Frozen, VolumeError> {
+    run(
+        "freezing the volume",
+        "fsfreeze",
+        &["-f".as_ref(), mount_point.as_os_str()],
+    )?;
+    Ok(Frozen {
+        mount_point: mount_point.to_path_buf(),
+    })
+}
+
+/// A frozen filesystem; dropping it thaws, whatever happened meanwhile (an error, a panic).
+pub(crate) struct Frozen {
+    mount_point: PathBuf,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // A volume left frozen blocks every writer in its sandboxes, so try hard.
+        for attempt in 1..=5 {
+            match run(
+                "thawing the volume",
+                "fsfreeze",
+                &["-u".as_ref(), self.mount_point.as_os_str()],
+            ) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::error!(mount_point = %self.mount_point.display(), attempt, "{e}");
+                    std::thread::sleep(std::time::Duration::from_millis(100 * attempt));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+"""Volumes through the unmodified E2B SDK: the `Volume` class (control API and content API,
+no sandbox running), `volume_mounts` on create, several sandboxes sharing one volume, and
+what a volume must survive (kill, pause/resume, forks and snapshots, a server SIGKILL).
+
+The SDK reaches the content API at E2B_VOLUME_API_URL (set here to the server, as a user
+without domain mode would; in domain mode it is https://api.<domain> by default)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+import requests
+from e2b import Sandbox, Volume
+from e2b.exceptions import NotFoundException
+
+from conftest import require
+
+
+@pytest.fixture(autouse=True)
+def _volume_api(server):
+    os.environ["E2B_VOLUME_API_URL"] = server.url
+    yield
+
+
+def needs_mounts() -> None:
+    """Mounting volumes into sandboxes is built for the ns runtime; the vm runtime refuses
+    `volumeMounts` with a clear 400 until its network file system lands."""
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
+        pytest.skip("the vm runtime does not mount volumes yet (refused with 400)")
+
+
+def new_volume(**quota) -> Volume:
+    name = f"v-{uuid.uuid4().hex[:10]}"
+    if not quota:
+        return Volume.create(name)
+    r = requests.post(f"{os.environ['E2B_API_URL']}/volumes", json={"name": name, "quota": quota},
+                      headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=30)
+    assert r.status_code == 201, r.text
+    return Volume.connect(r.json()["volumeID"])
+
+
+def drop(vol: Volume) -> None:
+    Volume.destroy(vol.volume_id)
+
+
+def sh(sbx: Sandbox, cmd: str, user: str | None = None):
+    kw = {"user": user} if user else {}
+    return sbx.commands.run(cmd, timeout=60, **kw)
+
+
+def test_volume_api_without_a_sandbox():
+    vol = new_volume()
+    try:
+        assert any(v.volume_id == vol.volume_id and v.name == vol.name for v in Volume.list())
+        info = Volume.get_info(vol.volume_id)
+        assert info.name == vol.name and info.token
+        vol.write_file("/hello.txt", "hi there")
+        assert vol.read_file("/hello.txt") == "hi there"
+        st = vol.get_info("/hello.txt")
+        assert (st.type.value if hasattr(st.type, "value") else st.type) == "file"
+        assert st.size == 8 and st.uid == 1000 and st.gid == 1000
+        # Overwrite needs force; a missing parent is an error unless asked to make it.
+        with pytest.raises(Exception):
+            vol.write_file("/hello.txt", "again")
+        vol.write_file("/hello.txt", "again", force=True)
+        assert vol.read_file("/hello.txt") == "again"
+        vol.make_dir("/a/b/c", force=True)
+        vol.write_file("/a/b/c/d.bin", b"\x00\x01" * 1000)
+        names = sorted(e.path for e in vol.list("/a", depth=3))
+        assert names == ["/a/b", "/a/b/c", "/a/b/c/d.bin"], names
+        vol.update_metadata("/a/b/c/d.bin", mode=0o600, uid=0, gid=0)
+        st = vol.get_info("/a/b/c/d.bin")
+        assert (st.mode & 0o777, st.uid) == (0o600, 0)
+        assert vol.exists("/a/b") and not vol.exists("/nope")
+        vol.remove("/a")
+        assert not vol.exists("/a/b/c/d.bin")
+        # A token is the volume's alone.
+        r = requests.get(f"{os.environ['E2B_API_URL']}/volumecontent/{vol.volume_id}/path",
+                         params={"path": "/"}, headers={"Authorization": "Bearer wvt_wrong"}, timeout=10)
+        assert r.status_code == 403 and r.json()["code"] == "403", r.text
+    finally:
+        drop(vol)
+    with pytest.raises(NotFoundException):
+        Volume.get_info(vol.volume_id)
+
+
+def test_names_are_checked_and_unique():
+    bad = requests.post(f"{os.environ['E2B_API_URL']}/volumes", json={"name": "no spaces"},
+                        headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+    assert bad.status_code == 400 and "name" in bad.json()["message"]
+    vol = new_volume()
+    try:
+        again = requests.post(f"{os.environ['E2B_API_URL']}/volumes", json={"name": vol.name},
+                              headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+        assert again.status_code == 400 and "exists" in again.json()["message"]
+    finally:
+        drop(vol)
+
+
+def test_two_sandboxes_share_a_volume_and_see_the_same_owners():
+    needs_mounts()
+    vol = new_volume()
+    a = Sandbox.create(volume_mounts={"/mnt/data": vol}, timeout=300)
+    b = Sandbox.create(volume_mounts={"/data": vol.name}, timeout=300)
+    try:
+        # The default user writes into the volume's root; the other sandbox and the content
+        # API see the same file with the same owner (ids are the sandbox's own in each).
+        assert sh(a, "echo from-a > /mnt/data/a.txt && id -u").stdout.strip() == "1000"
+        assert sh(b, "cat /data/a.txt").stdout == "from-a\n"
+        assert sh(b, "stat -c %u:%g /data/a.txt").stdout.strip() == "1000:1000"
+        sh(b, "mkdir /data/dir && echo from-root > /data/dir/r.txt", user="root")
+        assert sh(a, "stat -c %u /mnt/data/dir/r.txt").stdout.strip() == "0"
+        assert vol.read_file("/a.txt") == "from-a\n"
+        assert vol.get_info("/dir/r.txt").uid == 0
+        vol.write_file("/from-api.txt", "api")
+        assert sh(a, "cat /mnt/data/from-api.txt").stdout == "api"
+        # Set-id bits and device nodes mean nothing in a volume.
+        mounts = sh(a, "grep ' /mnt/data ' /proc/self/mounts").stdout
+        assert "nosuid" in mounts and "nodev" in mounts, mounts
+        # Details echo the mounts.
+        detail = requests.get(f"{os.environ['E2B_API_URL']}/sandboxes/{a.sandbox_id}",
+                              headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10).json()
+        assert detail["volumeMounts"] == [{"name": vol.name, "path": "/mnt/data"}], detail
+        # A volume in use cannot be deleted.
+        r = requests.delete(f"{os.environ['E2B_API_URL']}/volumes/{vol.volume_id}",
+                            headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10)
+        assert r.status_code == 409, r.text
+    finally:
+        a.kill()
+        b.kill()
+    # Killing the sandboxes leaves the files.
+    assert vol.read_file("/a.txt") == "from-a\n"
+    drop(vol)
+
+
+def test_read_only_mounts_and_bad_mounts():
+    needs_mounts()
+    vol = new_volume()
+    base = os.environ["E2B_API_URL"]
+    hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    try:
+        vol.write_file("/x", "x")
+        r = requests.post(f"{base}/v2/sandboxes", headers=hdr, timeout=120, json={
+            "templateID": "base", "volumeMounts": [{"name": vol.name, "path": "/ro", "readOnly": True}]})
+        assert r.status_code == 201, r.text
+        sbx = Sandbox.connect(r.json()["sandboxID"])
+        try:
+            assert sh(sbx, "cat /ro/x").stdout == "x"
+            try:
+                sh(sbx, "echo y > /ro/y", user="root")
+                raise AssertionError("a read-only volume took a write")
+            except Exception as e:  # CommandExitException
+                assert "Read-only file system" in str(e), e
+        finally:
+            sbx.kill()
+        for mounts, why in [
+            ([{"name": vol.name, "path": "relative"}], "absolute"),
+            ([{"name": vol.name, "path": "/proc/x"}], "reserved"),
+            ([{"name": vol.name, "path": "/a"}, {"name": vol.name, "path": "/a"}], "twice"),
+            ([{"name": "no-such-volume", "path": "/a"}], "not found"),
+        ]:
+            r = requests.post(f"{base}/v2/sandboxes", headers=hdr, timeout=60,
+                              json={"templateID": "base", "volumeMounts": mounts})
+            assert r.status_code == 400 and why in r.json()["message"], r.text
+    finally:
+        drop(vol)
+
+
+def test_quota_gives_enospc_inside_and_a_clear_error_outside():
+    needs_mounts()
+    vol = new_volume(bytes=32 * 1024 * 1024, inodes=2048)
+    sbx = Sandbox.create(volume_mounts={"/q": vol}, timeout=300)
+    try:
+        r = sbx.commands.run("dd if=/dev/zero of=/q/big bs=1M count=64 2>&1; echo rc=$?", timeout=120)
+        assert "No space left on device" in r.stdout and "rc=1" in r.stdout, r.stdout
+        sh(sbx, "rm /q/big")
+        r = requests.put(f"{os.environ['E2B_API_URL']}/volumecontent/{vol.volume_id}/file",
+                         params={"path": "/too-big"}, data=b"\0" * (40 * 1024 * 1024),
+                         headers={"Authorization": f"Bearer {Volume.get_info(vol.volume_id).token}"}, timeout=60)
+        assert r.status_code == 507, r.text
+        assert not vol.exists("/too-big")
+        info = requests.get(f"{os.environ['E2B_API_URL']}/volumes/{vol.volume_id}",
+                            headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=10).json()
+        assert info["quota"] == {"bytes": 32 * 1024 * 1024, "inodes": 2048}
+        assert 0 < info["usage"]["bytesTotal"] <= 32 * 1024 * 1024, info
+    finally:
+        sbx.kill()
+        drop(vol)
+
+
+def test_hostile_links_in_a_volume_lead_nowhere():
+    needs_mounts()
+    vol = new_volume()
+    sbx = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
+    try:
+        sh(sbx, "ln -s /etc/passwd /v/abs && ln -s ../../../../../../etc /v/rel && mkfifo /v/fifo")
+        st = vol.get_info("/abs")
+        assert (st.type.value if hasattr(st.type, "value") else st.type) == "symlink" and st.target == "/etc/passwd"
+        for path in ["/abs", "/rel/passwd", "/fifo"]:
+            with pytest.raises(Exception):
+                vol.read_file(path)
+        with pytest.raises(Exception):
+            vol.write_file("/rel/warren-was-here", "x")
+        assert not os.path.exists("/etc/warren-was-here")
+        with pytest.raises(Exception):
+            vol.update_metadata("/rel/passwd", mode=0o777)
+        assert os.stat("/etc/passwd").st_mode & 0o777 == 0o644
+    finally:
+        sbx.kill()
+        drop(vol)
+
+
+def checksum(sbx: Sandbox, path: str) -> str:
+    return sh(sbx, f"sha256sum {path} | cut -d' ' -f1").stdout.strip()
+
+
+def test_volume_survives_pause_resume_fork_and_a_server_kill(server):
+    needs_mounts()
+    vol = new_volume()
+    sbx = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
+    try:
+        sh(sbx, "head -c 3000000 /dev/urandom > /v/blob && sync")
+        want = checksum(sbx, "/v/blob")
+        sbx.pause()
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        assert checksum(resumed, "/v/blob") == want
+        # A snapshot's sandboxes mount the same volume (live, shared).
+        snap = resumed.create_snapshot()
+        child = Sandbox.create(snap.snapshot_id, timeout=120)
+        try:
+            assert checksum(child, "/v/blob") == want
+            sh(child, "echo child > /v/child.txt")
+            assert sh(resumed, "cat /v/child.txt").stdout == "child\n"
+        finally:
+            child.kill()
+            Sandbox.delete_snapshot(snap.snapshot_id)
+        # Writes in flight when the server dies: what a sandbox fsync'd is there afterwards,
+        # and the sandbox and its mount are taken back.
+        sh(resumed, "for i in $(seq 1 50); do head -c 100000 /dev/urandom > /v/f$i; done; sync")
+        sums = sh(resumed, "cd /v && sha256sum f* | sha256sum").stdout
+        server.proc.kill()
+        server.proc.wait()
+        server.start()
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert sh(again, "cd /v && sha256sum f* | sha256sum").stdout == sums
+        assert vol.read_file("/blob", format="bytes") is not None
+        assert hashlib.sha256(bytes(vol.read_file("/blob", format="bytes"))).hexdigest() == want
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+        drop(vol)
+
+
+def test_a_runtime_without_volume_mounts_says_so():
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "vm":
+        pytest.skip("the ns runtime mounts volumes (the tests above)")
+    vol = new_volume()
+    try:
+        r = requests.post(f"{os.environ['E2B_API_URL']}/v2/sandboxes", timeout=60,
+                          headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
+                          json={"templateID": "base", "volumeMounts": [{"name": vol.name, "path": "/v"}]})
+        assert r.status_code == 400 and "does not mount volumes" in r.json()["message"], r.text
+    finally:
+        drop(vol)
