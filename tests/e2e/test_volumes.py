@@ -264,3 +264,52 @@ def test_a_runtime_without_volume_mounts_says_so():
         assert r.status_code == 400 and "does not mount volumes" in r.json()["message"], r.text
     finally:
         drop(vol)
+
+
+def test_cli_files_and_snapshots(server, tmp_path):
+    """`warren volume ...`: create with a quota, files in and out, a snapshot, a volume made
+    from it that has the old content while the original moves on, and the CLI's sandbox
+    mount flag."""
+    from test_cli import warren
+
+    def ok(*args):
+        r = warren(server, "volume", *args)
+        assert r.returncode == 0, (args, r.stderr)
+        return r.stdout
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    vid = ok("create", name, "--size", "64M", "--inodes", "4096").strip()
+    copy = None
+    try:
+        src = tmp_path / "in.bin"
+        src.write_bytes(os.urandom(300_000))
+        ok("mkdir", name, "/d/e", "-p")
+        ok("put", name, str(src), "/d/e/in.bin")
+        assert "/d/e/in.bin" in ok("ls", name, "/d", "--depth", "3")
+        ok("get", name, "/d/e/in.bin", str(tmp_path / "out.bin"))
+        assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+        info = ok("info", name)
+        assert "quota 67108864" in info and "quota 4096" in info, info
+        snap = ok("snapshot", name).strip()
+        assert snap in ok("snapshots", name)
+        ok("rm", name, "/d")
+        copy = f"{name}-copy"
+        ok("create", copy, "--from-snapshot", snap)
+        ok("get", copy, "/d/e/in.bin", str(tmp_path / "copy.bin"))
+        assert (tmp_path / "copy.bin").read_bytes() == src.read_bytes()
+        assert "/d/e/in.bin" in ok("ls", copy, "/", "--depth", "3")
+        assert "/d" not in ok("ls", name, "/")
+        if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "vm":
+            sid = warren(server, "sandbox", "create", "--volume", f"{copy}:/c:ro").stdout.strip()
+            try:
+                out = warren(server, "sandbox", "exec", sid, "--", "sha256sum", "/c/d/e/in.bin").stdout
+                assert hashlib.sha256(src.read_bytes()).hexdigest() in out, out
+            finally:
+                warren(server, "sandbox", "kill", sid)
+        ok("delete-snapshot", snap)
+        assert snap not in ok("snapshots", name)
+    finally:
+        if copy:
+            warren(server, "volume", "delete", copy)
+        ok("delete", vid)
+    assert name not in ok("list")

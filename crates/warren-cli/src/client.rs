@@ -71,6 +71,30 @@ impl Client {
         Self::check(resp).await
     }
 
+    /// A request to the volume content API (`/volumecontent/...`) with a volume's token.
+    pub async fn volume_content(
+        &self,
+        method: reqwest::Method,
+        path_and_query: &str,
+        token: &str,
+        body: Option<reqwest::Body>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let mut req = self
+            .http
+            .request(method, self.url(path_and_query))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req
+                .header("Content-Type", "application/octet-stream")
+                .body(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("contacting {}", self.base))?;
+        Self::check(resp).await
+    }
+
     /// The agent of sandbox `id`, reached through the server's proxy with its access token.
     pub fn agent(&self, id: &str, token: &str) -> anyhow::Result<AgentClient> {
         Ok(AgentClient::new(self.http.clone(), self.base.clone())

@@ -13,6 +13,7 @@ mod serve;
 mod shell;
 mod template;
 mod template_build;
+mod volumes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -110,6 +111,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Volumes: create, list, info, delete, their files (ls, put, get, mkdir, rm) and
+    /// snapshots.
+    Volume {
+        #[command(subcommand)]
+        command: volumes::VolumeCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Lists and deletes snapshots (take them with `warren sandbox snapshot`).
     Snapshot {
         #[command(subcommand)]
@@ -182,6 +191,7 @@ fn main() -> std::process::ExitCode {
             Command::Template { command, client } => template::run(command, client).await,
             Command::Snapshot { command, client } => persist::run(command, client).await,
             Command::Network { command, client } => networks::run(command, client).await,
+            Command::Volume { command, client } => volumes::run(command, client).await,
             Command::Keys {
                 command,
                 data_dir,

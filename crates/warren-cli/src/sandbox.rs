@@ -130,6 +130,28 @@ pub struct CreateArgs {
     /// A private network to join, as NAME or NAME:ALIAS (repeatable).
     #[arg(long = "network", value_name = "NAME[:ALIAS]")]
     networks: Vec<String>,
+    /// A volume to mount, as NAME:/PATH or NAME:/PATH:ro (repeatable).
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]", value_parser = volume_mount)]
+    volumes: Vec<Value>,
+}
+
+/// `NAME:/PATH[:ro]` as a `volumeMounts` entry.
+fn volume_mount(s: &str) -> Result<Value, String> {
+    let (name, rest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NAME:/PATH[:ro]"))?;
+    let (path, ro) = match rest.strip_suffix(":ro") {
+        Some(p) => (p, true),
+        None => (rest, false),
+    };
+    if name.is_empty() || !path.starts_with('/') {
+        return Err(format!("{s:?}: expected NAME:/PATH[:ro]"));
+    }
+    let mut m = json!({"name": name, "path": path});
+    if ro {
+        m["readOnly"] = true.into();
+    }
+    Ok(m)
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -230,6 +252,9 @@ fn create_body(c: CreateArgs) -> Value {
     c.egress.add_to_create(&mut body);
     if !c.networks.is_empty() {
         body["networks"] = c.networks.clone().into();
+    }
+    if !c.volumes.is_empty() {
+        body["volumeMounts"] = Value::Array(c.volumes);
     }
     body
 }

@@ -59,6 +59,7 @@ pub struct Config {
     /// The largest quota a creator may ask for, and how many volumes the server keeps.
     pub max_volume_bytes: u64,
     pub max_volumes: usize,
+    pub max_volume_snapshots: usize,
 }
 
 impl Default for Config {
@@ -93,6 +94,7 @@ impl Default for Config {
             volume_inodes: 1 << 20,
             max_volume_bytes: 1024 * 1024 * 1024 * 1024,
             max_volumes: 1000,
+            max_volume_snapshots: 1000,
         }
     }
 }

@@ -64,7 +64,7 @@ pub use templates::{
 pub use tenant::Tenant;
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
-    VolumeUsage, MAX_VOLUME_MOUNTS,
+    VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,
 };
 pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};

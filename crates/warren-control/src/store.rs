@@ -154,6 +154,33 @@ pub trait Store: Send + Sync + 'static {
         Ok(false)
     }
 
+    async fn put_volume_snapshot(
+        &self,
+        snapshot: &crate::volumes::VolumeSnapshot,
+    ) -> Result<(), StoreError> {
+        let _ = snapshot;
+        Err(StoreError::Backend("this store keeps no volumes".into()))
+    }
+    async fn get_volume_snapshot(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::volumes::VolumeSnapshot>, StoreError> {
+        let _ = id;
+        Ok(None)
+    }
+    /// Every volume snapshot of `team` (`None`: of every team), in no particular order.
+    async fn volume_snapshots(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<crate::volumes::VolumeSnapshot>, StoreError> {
+        let _ = team;
+        Ok(Vec::new())
+    }
+    async fn delete_volume_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let _ = id;
+        Ok(false)
+    }
+
     /// Every membership of every network.
     async fn members(&self) -> Result<Vec<Member>, StoreError> {
         Ok(Vec::new())

@@ -106,6 +106,27 @@ pub trait VolumeDisks: Send + Sync + 'static {
     /// missing, never through a symbolic link), the volume mounted on the host first.
     async fn source(&self, id: &str, subpath: Option<&str>) -> Result<PathBuf, DiskError>;
     async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError>;
+    /// A consistent copy of volume `id` as snapshot `snap_id`; returns the bytes it takes.
+    async fn snapshot(&self, id: &str, snap_id: &str) -> Result<u64, DiskError>;
+    /// A new volume `id` with snapshot `snap_id`'s content and size.
+    async fn create_from_snapshot(&self, snap_id: &str, id: &str) -> Result<(), DiskError>;
+    /// Removes a snapshot. Idempotent.
+    async fn delete_snapshot(&self, snap_id: &str) -> Result<(), DiskError>;
+}
+
+/// A point-in-time copy of a volume; new volumes can start from it. It outlives its volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSnapshot {
+    pub id: String,
+    pub volume_id: String,
+    /// The volume's name when the snapshot was taken.
+    pub volume_name: String,
+    pub team: String,
+    /// Its volume's quota: a volume made from it gets the same.
+    pub quota: VolumeQuota,
+    /// Bytes it takes on the host's disk.
+    pub bytes: u64,
+    pub created_at: DateTime<Utc>,
 }
 
 /// What a caller may ask of a new volume's quota (omitted: the server's defaults).
@@ -180,6 +201,18 @@ impl Control {
         name: &str,
         quota: QuotaRequest,
     ) -> Result<Volume, ControlError> {
+        self.create_volume_from(team, name, quota, None).await
+    }
+
+    /// Makes a volume for `team`, empty or with the content of snapshot `from` (one of
+    /// `team`'s; the volume gets the snapshot's quota).
+    pub async fn create_volume_from(
+        &self,
+        team: &str,
+        name: &str,
+        quota: QuotaRequest,
+        from: Option<&str>,
+    ) -> Result<Volume, ControlError> {
         if !valid_name(name) {
             return Err(ControlError::InvalidArgument(format!(
                 "Invalid volume name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '_' \
@@ -187,9 +220,21 @@ impl Control {
             )));
         }
         let cfg = &self.inner.config;
-        let quota = VolumeQuota {
-            bytes: quota.bytes.unwrap_or(cfg.volume_bytes),
-            inodes: quota.inodes.unwrap_or(cfg.volume_inodes),
+        let source = match from {
+            Some(s) => Some(self.volume_snapshot(Some(team), s).await?),
+            None => None,
+        };
+        let quota = match &source {
+            Some(s) if quota == QuotaRequest::default() => s.quota,
+            Some(_) => {
+                return Err(ControlError::InvalidArgument(
+                    "a volume made from a snapshot has the snapshot's quota".into(),
+                ))
+            }
+            None => VolumeQuota {
+                bytes: quota.bytes.unwrap_or(cfg.volume_bytes),
+                inodes: quota.inodes.unwrap_or(cfg.volume_inodes),
+            },
         };
         if quota.bytes > cfg.max_volume_bytes {
             return Err(ControlError::InvalidArgument(format!(
@@ -219,7 +264,11 @@ impl Control {
             created_at: Utc::now(),
             token: random_secret("wvt_")?,
         };
-        disks.create(&volume.id, quota).await.map_err(disk_error)?;
+        match &source {
+            Some(s) => disks.create_from_snapshot(&s.id, &volume.id).await,
+            None => disks.create(&volume.id, quota).await,
+        }
+        .map_err(disk_error)?;
         if let Err(e) = self.inner.store.put_volume(&volume).await {
             // Not acknowledged: no disk without a record.
             if let Err(d) = disks.delete(&volume.id).await {
@@ -238,7 +287,23 @@ impl Control {
             (Some(v), None) => Some(v),
             (Some(v), Some(t)) if v.team == t => Some(v),
             (_, Some(t)) => self.inner.store.volume_by_name(t, r).await?,
-            (None, None) => None,
+            // An admin names a volume of any team: only a name no other team uses will do.
+            (None, None) => {
+                let mut named: Vec<Volume> = self
+                    .inner
+                    .store
+                    .volumes(None)
+                    .await?
+                    .into_iter()
+                    .filter(|v| v.name == r)
+                    .collect();
+                if named.len() > 1 {
+                    return Err(ControlError::InvalidArgument(format!(
+                        "several teams have a volume named {r}; use its id"
+                    )));
+                }
+                named.pop()
+            }
         };
         found.ok_or_else(|| volume_not_found(r))
     }
@@ -283,6 +348,84 @@ impl Control {
         self.disks()?.delete(&v.id).await.map_err(disk_error)?;
         tracing::info!(volume_id = %v.id, name = %v.name, "volume deleted");
         Ok(())
+    }
+
+    /// Takes a snapshot of volume `r` (writers in its sandboxes wait while it is copied).
+    pub async fn snapshot_volume(
+        &self,
+        team: Option<&str>,
+        r: &str,
+    ) -> Result<VolumeSnapshot, ControlError> {
+        let v = self.volume(team, r).await?;
+        let disks = self.disks()?;
+        let _g = self.inner.volume_lock.lock().await;
+        let max = self.inner.config.max_volume_snapshots;
+        if self.inner.store.volume_snapshots(None).await?.len() >= max {
+            return Err(ControlError::QuotaExceeded(format!(
+                "this server keeps at most {max} volume snapshots; delete one first"
+            )));
+        }
+        let id = random_id("vsn", 17)?;
+        let bytes = disks.snapshot(&v.id, &id).await.map_err(disk_error)?;
+        let snap = VolumeSnapshot {
+            id,
+            volume_id: v.id,
+            volume_name: v.name,
+            team: v.team,
+            quota: v.quota,
+            bytes,
+            created_at: Utc::now(),
+        };
+        if let Err(e) = self.inner.store.put_volume_snapshot(&snap).await {
+            let _ = disks.delete_snapshot(&snap.id).await;
+            return Err(e.into());
+        }
+        Ok(snap)
+    }
+
+    /// Snapshots `team` may see (`None`: all), of volume `volume_id` only when given, oldest
+    /// first.
+    pub async fn volume_snapshots(
+        &self,
+        team: Option<&str>,
+        volume_id: Option<&str>,
+    ) -> Result<Vec<VolumeSnapshot>, ControlError> {
+        let mut all: Vec<VolumeSnapshot> = self
+            .inner
+            .store
+            .volume_snapshots(team)
+            .await?
+            .into_iter()
+            .filter(|s| volume_id.is_none_or(|v| s.volume_id == v))
+            .collect();
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(all)
+    }
+
+    pub async fn volume_snapshot(
+        &self,
+        team: Option<&str>,
+        id: &str,
+    ) -> Result<VolumeSnapshot, ControlError> {
+        match self.inner.store.get_volume_snapshot(id).await? {
+            Some(s) if team.is_none_or(|t| s.team == t) => Ok(s),
+            _ => Err(ControlError::NotFound(format!(
+                "volume snapshot {id} not found"
+            ))),
+        }
+    }
+
+    pub async fn delete_volume_snapshot(
+        &self,
+        team: Option<&str>,
+        id: &str,
+    ) -> Result<(), ControlError> {
+        let s = self.volume_snapshot(team, id).await?;
+        self.inner.store.delete_volume_snapshot(&s.id).await?;
+        self.disks()?
+            .delete_snapshot(&s.id)
+            .await
+            .map_err(disk_error)
     }
 
     /// Live sandboxes (not killed or failed) that mount volume `id`.

@@ -138,6 +138,14 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             "/volumes/{volume_id}",
             get(volumes::get_volume).delete(volumes::delete_volume),
         )
+        .route(
+            "/v1/volumes/{volume}/snapshots",
+            get(volumes::list_volume_snapshots).post(volumes::snapshot_volume),
+        )
+        .route(
+            "/v1/volume-snapshots/{snapshot_id}",
+            delete(volumes::delete_volume_snapshot),
+        )
         .route("/templates", get(templates::list_templates))
         .route("/v3/templates", post(templates::register_build))
         .route(

@@ -9,9 +9,12 @@ use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ForkResultItem, ForkSandbox,
     LifecycleInfo, ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox,
     NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
-    SetTimeout, SnapshotInfo,
+    SetTimeout, SnapshotInfo, VolumeMountSpec,
 };
-use crate::{networks, persistence, routes, template_disk, template_tags, templates};
+use crate::volumes::{
+    NewVolume, QuotaInfo, QuotaSpec, UsageInfo, VolumeAndToken, VolumeEntry, VolumeSnapshotInfo,
+};
+use crate::{networks, persistence, routes, template_disk, template_tags, templates, volumes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -51,13 +54,21 @@ use crate::{networks, persistence, routes, template_disk, template_tags, templat
         networks::delete_network,
         networks::join_network,
         networks::leave_network,
+        volumes::create_volume,
+        volumes::list_volumes,
+        volumes::get_volume,
+        volumes::delete_volume,
+        volumes::snapshot_volume,
+        volumes::list_volume_snapshots,
+        volumes::delete_volume_snapshot,
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
-        JoinSpec
+        JoinSpec, VolumeMountSpec, NewVolume, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,
+        VolumeEntry, VolumeSnapshotInfo
     )),
     modifiers(&ApiKeyAuth)
 )]

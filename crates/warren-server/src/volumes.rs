@@ -31,6 +31,40 @@ pub struct NewVolume {
     /// Warren: the volume's quota (absent: the server's defaults).
     #[serde(default)]
     pub quota: Option<QuotaSpec>,
+    /// Warren: start with the content of this volume snapshot (and its quota).
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
+}
+
+/// A volume snapshot (Warren's `/v1/volumes/{volume}/snapshots`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub volume_name: String,
+    pub quota: QuotaInfo,
+    /// Bytes it takes on the server's disk.
+    pub size_bytes: u64,
+    pub created_at: String,
+}
+
+impl VolumeSnapshotInfo {
+    fn new(s: &warren_control::VolumeSnapshot) -> Self {
+        VolumeSnapshotInfo {
+            snapshot_id: s.id.clone(),
+            volume_id: s.volume_id.clone(),
+            volume_name: s.volume_name.clone(),
+            quota: QuotaInfo {
+                bytes: s.quota.bytes,
+                inodes: s.quota.inodes,
+            },
+            size_bytes: s.bytes,
+            created_at: rfc3339(s.created_at),
+        }
+    }
 }
 
 /// Warren's quota of a volume: bytes its files may take and files it may hold.
@@ -119,7 +153,7 @@ pub(crate) async fn create_volume(
     };
     let v = me
         .control()
-        .create_volume(me.team(), &body.name, quota)
+        .create_volume_from(me.team(), &body.name, quota, body.from_snapshot.as_deref())
         .await?;
     Ok((StatusCode::CREATED, Json(with_token(&v, None))))
 }
@@ -174,6 +208,58 @@ pub(crate) async fn delete_volume(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Takes a snapshot of a volume (its sandboxes' writes wait while it is copied).
+#[utoipa::path(
+    post, path = "/v1/volumes/{volume}/snapshots", params(("volume" = String, Path, description = "Id or name")),
+    responses((status = 201, body = VolumeSnapshotInfo), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 507, description = "Too many snapshots", body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn snapshot_volume(
+    Authed(me): Authed,
+    Path(volume): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let s = me
+        .control()
+        .snapshot_volume(me.team_filter(), &volume)
+        .await?;
+    Ok((StatusCode::CREATED, Json(VolumeSnapshotInfo::new(&s))))
+}
+
+/// A volume's snapshots, oldest first.
+#[utoipa::path(
+    get, path = "/v1/volumes/{volume}/snapshots", params(("volume" = String, Path, description = "Id or name")),
+    responses((status = 200, body = Vec<VolumeSnapshotInfo>), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn list_volume_snapshots(
+    Authed(me): Authed,
+    Path(volume): Path<String>,
+) -> ApiResult<Json<Vec<VolumeSnapshotInfo>>> {
+    let v = me.control().volume(me.team_filter(), &volume).await?;
+    let all = me
+        .control()
+        .volume_snapshots(me.team_filter(), Some(&v.id))
+        .await?;
+    Ok(Json(all.iter().map(VolumeSnapshotInfo::new).collect()))
+}
+
+/// Deletes a volume snapshot.
+#[utoipa::path(
+    delete, path = "/v1/volume-snapshots/{snapshotID}", params(("snapshotID" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn delete_volume_snapshot(
+    Authed(me): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    me.control()
+        .delete_volume_snapshot(me.team_filter(), &id)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// The control plane's view of this host's volume storage.
 pub struct HostDisks(pub Arc<VolumeHost>);
 
@@ -220,6 +306,21 @@ impl VolumeDisks for HostDisks {
         }
         let (host, id) = (self.0.clone(), id.to_string());
         blocking(move || host.ensure_mounted(&id)).await
+    }
+
+    async fn snapshot(&self, id: &str, snap_id: &str) -> Result<u64, DiskError> {
+        let (host, id, snap) = (self.0.clone(), id.to_string(), snap_id.to_string());
+        blocking(move || host.snapshot(&id, &snap)).await
+    }
+
+    async fn create_from_snapshot(&self, snap_id: &str, id: &str) -> Result<(), DiskError> {
+        let (host, id, snap) = (self.0.clone(), id.to_string(), snap_id.to_string());
+        blocking(move || host.create_from_snapshot(&snap, &id)).await
+    }
+
+    async fn delete_snapshot(&self, snap_id: &str) -> Result<(), DiskError> {
+        let (host, snap) = (self.0.clone(), snap_id.to_string());
+        blocking(move || host.delete_snapshot(&snap)).await
     }
 
     async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError> {

@@ -10,6 +10,7 @@
 
 mod migrations;
 mod networks;
+mod sandboxes;
 mod seal;
 mod snapshots;
 mod templates;
@@ -24,7 +25,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use warren_control::{ApiKey, Sandbox, SandboxState, Snapshot, Store, StoreError};
-use warren_runtime::RuntimeSandbox;
+
+use crate::sandboxes::{read_row, write_sandbox, SANDBOX_COLUMNS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -250,176 +252,6 @@ pub(crate) fn from_micros(us: i64) -> Result<DateTime<Utc>, StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {us}")))
 }
 
-const SANDBOX_COLUMNS: &str = "id, template, state, failure, cpu_count, memory_mb, disk_mb, \
-     allow_internet_access, metadata, started_at_us, end_at_us, envd_access_token, \
-     traffic_access_token, runtime, env_vars, lifecycle, pause_mode, network, team, volume_mounts";
-
-/// Raw row, decoded outside rusqlite's closure so decode errors keep their own type.
-struct SandboxRow {
-    id: String,
-    template: String,
-    state: String,
-    failure: Option<String>,
-    cpu_count: u32,
-    memory_mb: u32,
-    disk_mb: u32,
-    allow_internet_access: bool,
-    metadata: String,
-    started_at_us: i64,
-    end_at_us: i64,
-    envd_access_token: String,
-    traffic_access_token: String,
-    runtime: Option<String>,
-    env_vars: String,
-    lifecycle: String,
-    pause_mode: Option<String>,
-    network: String,
-    team: String,
-    volume_mounts: String,
-}
-
-fn read_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
-    Ok(SandboxRow {
-        id: r.get(0)?,
-        template: r.get(1)?,
-        state: r.get(2)?,
-        failure: r.get(3)?,
-        cpu_count: r.get(4)?,
-        memory_mb: r.get(5)?,
-        disk_mb: r.get(6)?,
-        allow_internet_access: r.get(7)?,
-        metadata: r.get(8)?,
-        started_at_us: r.get(9)?,
-        end_at_us: r.get(10)?,
-        envd_access_token: r.get(11)?,
-        traffic_access_token: r.get(12)?,
-        runtime: r.get(13)?,
-        env_vars: r.get(14)?,
-        lifecycle: r.get(15)?,
-        pause_mode: r.get(16)?,
-        network: r.get(17)?,
-        team: r.get(18)?,
-        volume_mounts: r.get(19)?,
-    })
-}
-
-impl SandboxRow {
-    fn decode(self, sealer: &seal::Sealer) -> Result<Sandbox, StoreError> {
-        let corrupt = |what: &str| StoreError::Corrupt(format!("sandbox {}: {what}", self.id));
-        let env_vars = sealer.open("env_vars", &self.env_vars)?;
-        let envd_access_token = sealer.open("envd_access_token", &self.envd_access_token)?;
-        let traffic_access_token =
-            sealer.open("traffic_access_token", &self.traffic_access_token)?;
-        let state = SandboxState::parse(&self.state).ok_or_else(|| corrupt("state"))?;
-        let metadata = serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?;
-        let runtime: Option<RuntimeSandbox> = match &self.runtime {
-            Some(json) => Some(serde_json::from_str(json).map_err(|_| corrupt("runtime record"))?),
-            None => None,
-        };
-        let env_vars = serde_json::from_str(&env_vars).map_err(|_| corrupt("env vars"))?;
-        let lifecycle = serde_json::from_str(&self.lifecycle).map_err(|_| corrupt("lifecycle"))?;
-        let network = serde_json::from_str(&self.network).map_err(|_| corrupt("network"))?;
-        let pause_mode = match &self.pause_mode {
-            Some(m) => Some(
-                serde_json::from_value(serde_json::Value::String(m.clone()))
-                    .map_err(|_| corrupt("pause mode"))?,
-            ),
-            None => None,
-        };
-        let volume_mounts =
-            serde_json::from_str(&self.volume_mounts).map_err(|_| corrupt("volume mounts"))?;
-        Ok(Sandbox {
-            volume_mounts,
-            state,
-            env_vars,
-            lifecycle,
-            pause_mode,
-            network,
-            team: self.team,
-            metadata,
-            runtime,
-            started_at: from_micros(self.started_at_us)?,
-            end_at: from_micros(self.end_at_us)?,
-            id: self.id,
-            template: self.template,
-            failure: self.failure,
-            cpu_count: self.cpu_count,
-            memory_mb: self.memory_mb,
-            disk_mb: self.disk_mb,
-            allow_internet_access: self.allow_internet_access,
-            envd_access_token,
-            traffic_access_token,
-        })
-    }
-}
-
-fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), StoreError> {
-    let conn = &db.conn;
-    let metadata = serde_json::to_string(&s.metadata).map_err(backend)?;
-    let runtime = s
-        .runtime
-        .as_ref()
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(backend)?;
-    let env_vars = serde_json::to_string(&s.env_vars).map_err(backend)?;
-    let env_vars = db.sealer.seal("env_vars", &env_vars)?;
-    let envd_access_token = db.sealer.seal("envd_access_token", &s.envd_access_token)?;
-    let traffic_access_token = db
-        .sealer
-        .seal("traffic_access_token", &s.traffic_access_token)?;
-    let lifecycle = serde_json::to_string(&s.lifecycle).map_err(backend)?;
-    let network = serde_json::to_string(&s.network).map_err(backend)?;
-    let volume_mounts = serde_json::to_string(&s.volume_mounts).map_err(backend)?;
-    let pause_mode = s
-        .pause_mode
-        .map(|m| match serde_json::to_value(m) {
-            Ok(serde_json::Value::String(m)) => Ok(m),
-            _ => Err(backend("pause mode does not serialise to a string")),
-        })
-        .transpose()?;
-    let sql = if insert {
-        format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)")
-    } else {
-        "UPDATE sandboxes SET template=?2, state=?3, failure=?4, cpu_count=?5, memory_mb=?6, \
-         disk_mb=?7, allow_internet_access=?8, metadata=?9, started_at_us=?10, end_at_us=?11, \
-         envd_access_token=?12, traffic_access_token=?13, runtime=?14, env_vars=?15, \
-         lifecycle=?16, pause_mode=?17, network=?18, team=?19, volume_mounts=?20 WHERE id=?1"
-            .to_string()
-    };
-    let n = conn
-        .execute(
-            &sql,
-            params![
-                s.id,
-                s.template,
-                s.state.as_str(),
-                s.failure,
-                s.cpu_count,
-                s.memory_mb,
-                s.disk_mb,
-                s.allow_internet_access,
-                metadata,
-                micros(s.started_at),
-                micros(s.end_at),
-                envd_access_token,
-                traffic_access_token,
-                runtime,
-                env_vars,
-                lifecycle,
-                pause_mode,
-                network,
-                s.team,
-                volume_mounts,
-            ],
-        )
-        .map_err(backend)?;
-    if n != 1 {
-        return Err(backend(format!("sandbox {} was not recorded", s.id)));
-    }
-    Ok(())
-}
-
 type KeyRow = (
     String,
     String,
@@ -519,6 +351,36 @@ impl Store for SqliteStore {
     async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with(move |c| volumes::delete(c, &id)).await
+    }
+
+    async fn put_volume_snapshot(
+        &self,
+        s: &warren_control::VolumeSnapshot,
+    ) -> Result<(), StoreError> {
+        let s = s.clone();
+        self.with(move |c| volumes::put_snapshot(c, &s)).await
+    }
+
+    async fn get_volume_snapshot(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::VolumeSnapshot>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::get_snapshot(c, &id)).await
+    }
+
+    async fn volume_snapshots(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::VolumeSnapshot>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| volumes::snapshots(c, team.as_deref()))
+            .await
+    }
+
+    async fn delete_volume_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::delete_snapshot(c, &id)).await
     }
 
     async fn prune_ended(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {

@@ -142,4 +142,14 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
         ALTER TABLE snapshots ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';",
     ),
+    (
+        9,
+        // Volume snapshots (they outlive their volume).
+        "CREATE TABLE volume_snapshots (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            volume_id TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );",
+    ),
 ];

@@ -1,7 +1,7 @@
 //! The `volumes` table: a JSON document per volume, its content-API token sealed apart.
 
 use rusqlite::{params, OptionalExtension, ToSql};
-use warren_control::{StoreError, Volume};
+use warren_control::{StoreError, Volume, VolumeSnapshot};
 
 use crate::templates::corrupt;
 use crate::{backend, Db};
@@ -66,6 +66,58 @@ pub(crate) fn delete(db: &mut Db, id: &str) -> Result<bool, StoreError> {
     let n = db
         .conn
         .execute("DELETE FROM volumes WHERE id = ?1", [id])
+        .map_err(backend)?;
+    Ok(n > 0)
+}
+
+pub(crate) fn put_snapshot(db: &mut Db, s: &VolumeSnapshot) -> Result<(), StoreError> {
+    let doc = serde_json::to_string(s).map_err(backend)?;
+    db.conn
+        .execute(
+            "INSERT INTO volume_snapshots (id, team, volume_id, doc) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(id) DO UPDATE SET team = ?2, volume_id = ?3, doc = ?4",
+            params![s.id, s.team, s.volume_id, doc],
+        )
+        .map_err(backend)?;
+    Ok(())
+}
+
+pub(crate) fn get_snapshot(db: &mut Db, id: &str) -> Result<Option<VolumeSnapshot>, StoreError> {
+    let doc: Option<String> = db
+        .conn
+        .query_row(
+            "SELECT doc FROM volume_snapshots WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(backend)?;
+    doc.map(|d| serde_json::from_str(&d).map_err(corrupt("volume snapshot", id)))
+        .transpose()
+}
+
+pub(crate) fn snapshots(
+    db: &mut Db,
+    team: Option<&str>,
+) -> Result<Vec<VolumeSnapshot>, StoreError> {
+    let mut stmt = db
+        .conn
+        .prepare("SELECT id, doc FROM volume_snapshots WHERE ?1 IS NULL OR team = ?1")
+        .map_err(backend)?;
+    let rows: Vec<(String, String)> = stmt
+        .query_map([team], |r| Ok((r.get(0)?, r.get(1)?)))
+        .map_err(backend)?
+        .collect::<Result<_, _>>()
+        .map_err(backend)?;
+    rows.iter()
+        .map(|(id, doc)| serde_json::from_str(doc).map_err(corrupt("volume snapshot", id)))
+        .collect()
+}
+
+pub(crate) fn delete_snapshot(db: &mut Db, id: &str) -> Result<bool, StoreError> {
+    let n = db
+        .conn
+        .execute("DELETE FROM volume_snapshots WHERE id = ?1", [id])
         .map_err(backend)?;
     Ok(n > 0)
 }
