@@ -60,6 +60,8 @@ pub struct Config {
     pub max_volume_bytes: u64,
     pub max_volumes: usize,
     pub max_volume_snapshots: usize,
+    /// Secrets one team may keep.
+    pub max_secrets: usize,
 }
 
 impl Default for Config {
@@ -95,6 +97,7 @@ impl Default for Config {
             max_volume_bytes: 1024 * 1024 * 1024 * 1024,
             max_volumes: 1000,
             max_volume_snapshots: 1000,
+            max_secrets: 1000,
         }
     }
 }

@@ -122,8 +122,9 @@ pub(crate) struct Inner {
     pub(crate) peering: Mutex<()>,
     /// The host's volume storage, once the server gives it.
     pub(crate) volume_disks: std::sync::OnceLock<Arc<dyn crate::volumes::VolumeDisks>>,
-    /// Serialises volume creation and deletion (name checks, in-use checks).
-    pub(crate) volume_lock: Mutex<()>,
+    /// Serialises creation and deletion of named resources (volumes, secrets): name and
+    /// in-use checks.
+    pub(crate) resource_lock: Mutex<()>,
 }
 
 /// The control plane. Cheap to clone.
@@ -174,7 +175,7 @@ impl Control {
                 networks: StdMutex::default(),
                 peering: Mutex::new(()),
                 volume_disks: std::sync::OnceLock::new(),
-                volume_lock: Mutex::new(()),
+                resource_lock: Mutex::new(()),
             }),
         };
         control.load_networks().await?;

@@ -31,6 +31,7 @@ mod template_disk;
 mod template_tags;
 mod templates;
 mod tenant;
+mod vault;
 mod volumes;
 
 pub use build_spec::{
@@ -62,6 +63,7 @@ pub use templates::{
     DEFAULT_TAG,
 };
 pub use tenant::Tenant;
+pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
     VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,

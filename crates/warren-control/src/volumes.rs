@@ -244,7 +244,7 @@ impl Control {
         }
         let disks = self.disks()?;
         // One create per name at a time: the check and the record must not interleave.
-        let _g = self.inner.volume_lock.lock().await;
+        let _g = self.inner.resource_lock.lock().await;
         if self.inner.store.volume_by_name(team, name).await?.is_some() {
             return Err(ControlError::InvalidArgument(format!(
                 "volume {name} already exists"
@@ -335,7 +335,7 @@ impl Control {
     /// Deletes volume `r` and its files, unless a sandbox (running or paused) mounts it.
     pub async fn delete_volume(&self, team: Option<&str>, r: &str) -> Result<(), ControlError> {
         let v = self.volume(team, r).await?;
-        let _g = self.inner.volume_lock.lock().await;
+        let _g = self.inner.resource_lock.lock().await;
         let users = self.volume_users(&v.id).await;
         if !users.is_empty() {
             return Err(ControlError::FailedPrecondition(format!(
@@ -358,7 +358,7 @@ impl Control {
     ) -> Result<VolumeSnapshot, ControlError> {
         let v = self.volume(team, r).await?;
         let disks = self.disks()?;
-        let _g = self.inner.volume_lock.lock().await;
+        let _g = self.inner.resource_lock.lock().await;
         let max = self.inner.config.max_volume_snapshots;
         if self.inner.store.volume_snapshots(None).await?.len() >= max {
             return Err(ControlError::QuotaExceeded(format!(

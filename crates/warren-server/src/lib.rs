@@ -18,6 +18,7 @@ pub mod openapi;
 mod persistence;
 pub mod proxy;
 mod routes;
+mod secrets;
 mod template_disk;
 mod template_tags;
 mod templates;
@@ -145,6 +146,16 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .route(
             "/v1/volume-snapshots/{snapshot_id}",
             delete(volumes::delete_volume_snapshot),
+        )
+        .route(
+            "/secrets",
+            get(secrets::list_secrets).post(secrets::create_secret),
+        )
+        .route(
+            "/secrets/{secret}",
+            get(secrets::get_secret)
+                .post(secrets::update_secret)
+                .delete(secrets::delete_secret),
         )
         .route("/templates", get(templates::list_templates))
         .route("/v3/templates", post(templates::register_build))

@@ -5,6 +5,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::networks::{JoinSpec, MemberInfo, NetworkDetail, NewMember, NewNetwork};
+use crate::secrets::{NewSecret, SecretUpdate, SecretView};
 use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ForkResultItem, ForkSandbox,
     LifecycleInfo, ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox,
@@ -14,7 +15,9 @@ use crate::types::{
 use crate::volumes::{
     NewVolume, QuotaInfo, QuotaSpec, UsageInfo, VolumeAndToken, VolumeEntry, VolumeSnapshotInfo,
 };
-use crate::{networks, persistence, routes, template_disk, template_tags, templates, volumes};
+use crate::{
+    networks, persistence, routes, secrets, template_disk, template_tags, templates, volumes,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -61,6 +64,11 @@ use crate::{networks, persistence, routes, template_disk, template_tags, templat
         volumes::snapshot_volume,
         volumes::list_volume_snapshots,
         volumes::delete_volume_snapshot,
+        secrets::create_secret,
+        secrets::list_secrets,
+        secrets::get_secret,
+        secrets::update_secret,
+        secrets::delete_secret,
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
@@ -68,7 +76,7 @@ use crate::{networks, persistence, routes, template_disk, template_tags, templat
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
         JoinSpec, VolumeMountSpec, NewVolume, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,
-        VolumeEntry, VolumeSnapshotInfo
+        VolumeEntry, VolumeSnapshotInfo, NewSecret, SecretUpdate, SecretView
     )),
     modifiers(&ApiKeyAuth)
 )]

@@ -14,6 +14,7 @@ mod sandboxes;
 mod seal;
 mod snapshots;
 mod templates;
+mod vault;
 mod volumes;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -351,6 +352,42 @@ impl Store for SqliteStore {
     async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with(move |c| volumes::delete(c, &id)).await
+    }
+
+    async fn put_secret(&self, s: &warren_control::SealedSecret) -> Result<(), StoreError> {
+        let s = s.clone();
+        self.with(move |c| vault::put(c, &s)).await
+    }
+
+    async fn get_secret(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| vault::get(c, "id = ?1", &[&id])).await
+    }
+
+    async fn secret_by_name(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
+        let (t, n) = (team.to_string(), name.to_string());
+        self.with(move |c| vault::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
+            .await
+    }
+
+    async fn secrets(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::SecretInfo>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| vault::all(c, team.as_deref())).await
+    }
+
+    async fn delete_secret(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| vault::delete(c, &id)).await
     }
 
     async fn put_volume_snapshot(

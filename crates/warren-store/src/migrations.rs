@@ -152,4 +152,16 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
             doc TEXT NOT NULL
         );",
     ),
+    (
+        10,
+        // Secrets: the value sealed in a column of its own, the rest a JSON document.
+        "CREATE TABLE secrets (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            doc TEXT NOT NULL,
+            UNIQUE (team, name)
+        );",
+    ),
 ];

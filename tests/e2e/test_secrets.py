@@ -1,0 +1,72 @@
+"""Secrets through the unmodified E2B SDK (`Secret`): create, get by id or name, paged list,
+update (versions, metadata kept or cleared), delete; the value never comes back in any
+response and is not in the store's files in the clear."""
+
+from __future__ import annotations
+
+import glob
+import os
+import uuid
+
+import pytest
+import requests
+from e2b import Secret
+from e2b.exceptions import SecretNotFoundException
+
+
+def api(method: str, path: str, **kw):
+    return requests.request(method, os.environ["E2B_API_URL"] + path, timeout=30,
+                            headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, **kw)
+
+
+def test_secret_lifecycle_with_the_sdk(server):
+    name = f"Key_{uuid.uuid4().hex[:8]}"
+    value = f"sk-{uuid.uuid4().hex}"
+    s = Secret.create(name, value, metadata={"owner": "team-a"})
+    try:
+        assert s.secret_id.startswith("sec_") and s.name == name.lower() and s.version == 1
+        assert s.metadata == {"owner": "team-a"}
+        by_name = Secret.get_info(name.upper())
+        assert by_name.secret_id == s.secret_id
+        assert Secret.exists(s.secret_id) and not Secret.exists("no-such-secret")
+        # Update: a new version; metadata kept when omitted, replaced when given.
+        u = Secret.update(s.secret_id, value + "-2")
+        assert u.version == 2 and u.metadata == {"owner": "team-a"}
+        u = Secret.update(name, value + "-3", metadata={})
+        assert u.version == 3 and u.metadata == {}
+        # The value is in no answer, and not in the store's files in the clear.
+        for r in [api("GET", f"/secrets/{s.secret_id}"), api("GET", "/secrets"), api("GET", f"/secrets/{name}")]:
+            assert r.status_code == 200 and value not in r.text, r.text
+        data_dir = os.path.dirname(server.log.name)
+        for f in glob.glob(os.path.join(data_dir, "warren.db*")) + [server.log.name]:
+            with open(f, "rb") as fh:
+                assert value.encode() not in fh.read(), f
+        # Names are unique in a team, and checked.
+        again = api("POST", "/secrets", json={"name": name.lower(), "value": "x"})
+        assert again.status_code == 409, again.text
+        for bad in ["sec_x", "no spaces", ""]:
+            r = api("POST", "/secrets", json={"name": bad, "value": "x"})
+            assert r.status_code == 400, (bad, r.text)
+        assert api("POST", "/secrets", json={"name": "empty-value", "value": ""}).status_code == 400
+    finally:
+        assert Secret.destroy(s.secret_id)
+    assert not Secret.destroy(s.secret_id)
+    with pytest.raises(SecretNotFoundException):
+        Secret.get_info(s.secret_id)
+
+
+def test_listing_pages_with_the_next_token():
+    made = [Secret.create(f"page-{uuid.uuid4().hex[:8]}", "v") for _ in range(5)]
+    try:
+        seen, pager = [], Secret.list(limit=2)
+        while pager.has_next:
+            page = pager.next_items()
+            assert len(page) <= 2
+            seen.extend(s.secret_id for s in page)
+        assert len(seen) == len(set(seen))
+        assert {s.secret_id for s in made} <= set(seen)
+        assert api("GET", "/secrets", params={"limit": 0}).status_code == 400
+        assert api("GET", "/secrets", params={"nextToken": "sec_nope"}).status_code == 400
+    finally:
+        for s in made:
+            Secret.destroy(s.secret_id)
