@@ -70,3 +70,37 @@ def test_listing_pages_with_the_next_token():
     finally:
         for s in made:
             Secret.destroy(s.secret_id)
+
+
+def test_key_rotation_keeps_every_secret_and_needs_the_server_stopped(server):
+    """`warren store rotate-key`: refused while the server runs; with it stopped, every
+    sealed value is sealed again under a new key and everything still works after a start."""
+    import subprocess
+
+    from conftest import ROOT
+    from e2b import Sandbox
+
+    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    data_dir = os.path.dirname(server.log.name)
+    rotate = [binary, "store", "--data-dir", data_dir, "rotate-key"]
+    s = Secret.create(f"rot-{uuid.uuid4().hex[:8]}", "rotate-me")
+    sbx = Sandbox.create(envs={"ROT": "env-value"}, timeout=300)
+    try:
+        busy = subprocess.run(rotate, capture_output=True, text=True, timeout=60)
+        assert busy.returncode != 0 and "stop it first" in busy.stderr, busy.stderr
+        with open(os.path.join(data_dir, "warren.key"), "rb") as f:
+            old = f.read()
+        server.stop()
+        try:
+            done = subprocess.run(rotate, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and "under a new key" in done.stdout, done.stderr
+        finally:
+            server.start()
+        with open(os.path.join(data_dir, "warren.key"), "rb") as f:
+            assert f.read() != old
+        assert Secret.get_info(s.secret_id).name == s.name
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("echo $ROT").stdout.strip() == "env-value"
+    finally:
+        Secret.destroy(s.secret_id)
+        Sandbox.kill(sbx.sandbox_id)

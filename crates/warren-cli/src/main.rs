@@ -142,6 +142,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Looks after the server's store while the server is stopped.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum StoreCommand {
+    /// Seals every stored secret (tokens, env vars, volume tokens, secret values) again under
+    /// a new key and replaces `warren.key`; refused while `warren serve` uses the data dir.
+    RotateKey,
 }
 
 fn main() -> std::process::ExitCode {
@@ -197,6 +211,21 @@ fn main() -> std::process::ExitCode {
                 data_dir,
                 json,
             } => keys::run(command, &data_dir, json).await.map(|()| 0),
+            Command::Store {
+                command: StoreCommand::RotateKey,
+                data_dir,
+            } => {
+                let _lock = serve::lock_data_dir(&data_dir)?;
+                let db = data_dir.join("warren.db");
+                let n =
+                    tokio::task::spawn_blocking(move || warren_store::SqliteStore::rotate_key(&db))
+                        .await??;
+                println!(
+                    "sealed {n} values under a new key in {}",
+                    data_dir.join("warren.key").display()
+                );
+                Ok(0)
+            }
         }
     });
     match result {

@@ -221,6 +221,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     private_data_dir(&args.data_dir)?;
+    let _serving = lock_data_dir(&args.data_dir)?;
     let store =
         Arc::new(SqliteStore::open(&args.data_dir.join("warren.db")).context("opening the store")?);
     // Bind before starting sandboxes' recovery so a port clash fails fast.
@@ -301,6 +302,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     control.shutdown();
     runtime.stop().await;
     Ok(())
+}
+
+/// Held while `warren serve` uses `data_dir` (`<data_dir>/serve.lock`): `warren store
+/// rotate-key` needs the server stopped, and two servers must not share a store.
+pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = data_dir.join("serve.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        if e == nix::errno::Errno::EWOULDBLOCK {
+            anyhow::anyhow!(
+                "a warren server is using {} ({} is locked); stop it first",
+                data_dir.display(),
+                path.display()
+            )
+        } else {
+            anyhow::anyhow!("locking {}: {e}", path.display())
+        }
+    })
 }
 
 /// `WARREN_API_KEY` seeds a known key; otherwise a first start creates one, prints it once and

@@ -10,6 +10,7 @@
 
 mod migrations;
 mod networks;
+mod rotate;
 mod sandboxes;
 mod seal;
 mod snapshots;
@@ -84,8 +85,9 @@ impl SqliteStore {
             path: path.display().to_string(),
             source,
         })?;
-        let sealer = seal::Sealer::load_or_create(&path.with_extension("key"))?;
-        Self::init(conn, sealer)
+        let key = path.with_extension("key");
+        let sealer = seal::Sealer::load_or_create(&key)?;
+        Self::init(conn, sealer, Some(&key))
     }
 
     /// A private in-memory database (tests).
@@ -94,10 +96,14 @@ impl SqliteStore {
             path: ":memory:".into(),
             source,
         })?;
-        Self::init(conn, seal::Sealer::ephemeral()?)
+        Self::init(conn, seal::Sealer::ephemeral()?, None)
     }
 
-    fn init(mut conn: Connection, sealer: seal::Sealer) -> Result<SqliteStore, OpenError> {
+    fn init(
+        mut conn: Connection,
+        sealer: seal::Sealer,
+        key: Option<&Path>,
+    ) -> Result<SqliteStore, OpenError> {
         // Several warren processes (server, `warren keys` on the same data dir) may touch the
         // file: wait for locks instead of failing with SQLITE_BUSY.
         conn.busy_timeout(Duration::from_secs(10))
@@ -139,6 +145,9 @@ impl SqliteStore {
             tx.commit().map_err(migrate)?;
         }
         let mut db = Db { conn, sealer };
+        if let Some(key) = key {
+            rotate::recover(&mut db, key)?;
+        }
         reseal(&mut db).map_err(OpenError::Reseal)?;
         Ok(SqliteStore {
             db: Arc::new(Mutex::new(db)),
