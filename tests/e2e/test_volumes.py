@@ -169,6 +169,43 @@ def test_read_only_mounts_and_bad_mounts():
         drop(vol)
 
 
+def test_subpath_mounts_show_one_directory_and_no_planted_link(server):
+    """`subpath` mounts one directory of a volume (made if missing). It is found beneath the
+    volume without following links, so a link another sandbox planted in its place makes the
+    create fail instead of mounting whatever the link names."""
+    needs_mounts()
+    vol = new_volume()
+    base = os.environ["E2B_API_URL"]
+    hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+
+    def create(subpath):
+        return requests.post(f"{base}/v2/sandboxes", headers=hdr, timeout=120, json={
+            "templateID": "base", "volumeMounts": [{"name": vol.name, "path": "/p", "subpath": subpath}]})
+
+    try:
+        vol.write_file("/top.txt", "top")
+        r = create("projects/a")
+        assert r.status_code == 201, r.text
+        sbx = Sandbox.connect(r.json()["sandboxID"])
+        try:
+            sh(sbx, "echo in-a > /p/file")
+            assert sh(sbx, "ls -A /p").stdout.split() == ["file"]
+            assert vol.read_file("/projects/a/file") == "in-a\n"
+            # Plant a link where another sandbox's subpath will be looked up.
+            sh(sbx, "ln -s / /p/evil")
+        finally:
+            sbx.kill()
+        r = create("projects/a/evil")
+        assert r.status_code == 400, r.text
+        r = create("projects/a/evil/etc")
+        assert r.status_code == 400, r.text
+        for bad in ["../x", "/abs", "a//b"]:
+            r = create(bad)
+            assert r.status_code == 400 and "subpath" in r.json()["message"], (bad, r.text)
+    finally:
+        drop(vol)
+
+
 def test_quota_gives_enospc_inside_and_a_clear_error_outside():
     needs_mounts()
     vol = new_volume(bytes=32 * 1024 * 1024, inodes=2048)

@@ -102,8 +102,8 @@ pub trait VolumeDisks: Send + Sync + 'static {
     async fn create(&self, id: &str, quota: VolumeQuota) -> Result<(), DiskError>;
     /// Removes a volume and everything in it. Idempotent.
     async fn delete(&self, id: &str) -> Result<(), DiskError>;
-    /// The host directory a sandbox mounts: the volume's root or `subpath` in it (made if
-    /// missing, never through a symbolic link), the volume mounted on the host first.
+    /// The volume's root on the host (mounted there first), with `subpath` made inside it
+    /// if missing (never through a symbolic link).
     async fn source(&self, id: &str, subpath: Option<&str>) -> Result<PathBuf, DiskError>;
     async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError>;
     /// A consistent copy of volume `id` as snapshot `snap_id`; returns the bytes it takes.
@@ -476,10 +476,6 @@ impl Control {
                 Some(format!("path {} is used twice", m.path))
             } else if m.subpath.as_deref().is_some_and(|s| !clean_relative(s)) {
                 Some("subpath must be relative and clean".to_string())
-            } else if m.subpath.is_some() {
-                // Binding a directory inside a volume other sandboxes write to needs a
-                // resolution no symbolic link can redirect; until then, whole volumes only.
-                Some("subpath mounts are not supported yet".to_string())
             } else {
                 match self.volume(Some(team), &m.name).await {
                     Ok(v) => {
@@ -535,6 +531,7 @@ impl Control {
             out.push(VolumeMount {
                 volume_id: m.volume_id.clone(),
                 source,
+                subpath: m.subpath.clone(),
                 path: m.path.clone(),
                 read_only: m.read_only,
             });

@@ -360,8 +360,14 @@ fn enter_sandbox(
     for (i, v) in spec.volumes.iter().enumerate() {
         let target = volume_dir(dir, i);
         fs::create_dir_all(&target).map_err(io(format!("create {}", target.display())))?;
-        crate::sys::idmapped_volume(&v.source, &target, &userns, v.read_only)
-            .map_err(io(format!("id-mapped mount of volume {}", v.volume_id)))?;
+        crate::sys::idmapped_volume(
+            &v.source,
+            v.subpath.as_deref(),
+            &target,
+            &userns,
+            v.read_only,
+        )
+        .map_err(io(format!("id-mapped mount of volume {}", v.volume_id)))?;
     }
     Ok(())
 }

@@ -34,41 +34,106 @@ pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> io::Resu
     idmapped_mount(source, target, userns, MOUNT_ATTR_RDONLY)
 }
 
-/// [`idmapped_bind`] of a volume: writable unless `read_only`, never honouring set-id bits or
-/// device nodes (a sandbox could plant them there for another sandbox or the host).
+/// [`idmapped_bind`] of a volume, or of the directory `subpath` inside it: writable unless
+/// `read_only`, never honouring set-id bits or device nodes (a sandbox could plant them there
+/// for another sandbox or the host). Other sandboxes write to the volume, so `subpath` is
+/// resolved beneath it without following any symbolic link (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`) and the mount is made from that descriptor: no
+/// link planted on the way can redirect it elsewhere on the host.
 pub fn idmapped_volume(
     source: &Path,
+    subpath: Option<&str>,
     target: &Path,
     userns: &OwnedFd,
     read_only: bool,
 ) -> io::Result<()> {
     let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 };
-    idmapped_mount(
-        source,
+    let root = open_path(libc::AT_FDCWD, &cpath(source)?, 0)?;
+    let dir = match subpath {
+        Some(sub) => open_path(
+            root.as_raw_fd(),
+            &cpath(Path::new(sub))?,
+            libc::RESOLVE_BENEATH
+                | libc::RESOLVE_NO_SYMLINKS
+                | libc::RESOLVE_NO_MAGICLINKS
+                | libc::RESOLVE_NO_XDEV,
+        )?,
+        None => root,
+    };
+    let tree = clone_tree(dir.as_raw_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint)?;
+    attach_idmapped(
+        tree,
         target,
         userns,
         ro | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
     )
 }
 
-fn idmapped_mount(source: &Path, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
-    let src = cpath(source)?;
-    let dst = cpath(target)?;
-    // SAFETY: `src` is a valid NUL-terminated path for the duration of the call; open_tree
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// An `O_PATH` descriptor of the directory `path` (relative to `dirfd`), resolved as
+/// `resolve` says.
+fn open_path(dirfd: libc::c_int, path: &CString, resolve: u64) -> io::Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: `path` is NUL-terminated and `how` a live `struct open_how` whose size is
+    // passed; openat2 returns a new descriptor (or -1) and writes no memory of ours.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat2 just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A detached copy (`open_tree(OPEN_TREE_CLONE)`) of the mount at `path` from `dirfd`.
+fn clone_tree(
+    dirfd: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call; open_tree
     // returns a new descriptor (or -1) and touches no memory of ours otherwise.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            src.as_ptr(),
-            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+            dirfd,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint | flags,
         )
     };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: open_tree just returned this descriptor to us and nothing else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn idmapped_mount(source: &Path, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
+    let tree = clone_tree(libc::AT_FDCWD, &cpath(source)?, 0)?;
+    attach_idmapped(tree, target, userns, attrs)
+}
+
+/// Gives the detached mount `tree` the id mapping of `userns` and `attrs`, and attaches it on
+/// `target`.
+fn attach_idmapped(tree: OwnedFd, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
+    let dst = cpath(target)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP | attrs,
         attr_clr: 0,

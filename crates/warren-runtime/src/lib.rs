@@ -51,10 +51,14 @@ pub struct CreateSpec {
 pub struct VolumeMount {
     /// The volume's id (what the host serves it by).
     pub volume_id: String,
-    /// The directory on the host to mount: the volume's mounted filesystem, or a
-    /// directory in it (a subpath). Its files carry the ids the sandbox sees (0..65536):
-    /// the back end maps them to the sandbox's own.
+    /// The volume's filesystem on the host. Its files carry the ids the sandbox sees
+    /// (0..65536): the back end maps them to the sandbox's own.
     pub source: std::path::PathBuf,
+    /// A directory inside the volume to mount instead of its root (relative, clean; it
+    /// exists). Other sandboxes write to the volume: the back end must resolve it beneath
+    /// `source` without following symbolic links.
+    #[serde(default)]
+    pub subpath: Option<String>,
     /// Absolute, clean path inside the sandbox.
     pub path: String,
     pub read_only: bool,

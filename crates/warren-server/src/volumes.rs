@@ -299,13 +299,21 @@ impl VolumeDisks for HostDisks {
     }
 
     async fn source(&self, id: &str, subpath: Option<&str>) -> Result<PathBuf, DiskError> {
-        if subpath.is_some() {
-            return Err(DiskError::Invalid(
-                "subpath mounts are not supported yet".into(),
-            ));
-        }
-        let (host, id) = (self.0.clone(), id.to_string());
-        blocking(move || host.ensure_mounted(&id)).await
+        let (host, id, sub) = (self.0.clone(), id.to_string(), subpath.map(str::to_string));
+        blocking(move || {
+            let root = host.ensure_mounted(&id)?;
+            if let Some(sub) = sub {
+                // Made (or found) beneath the volume's root; a link in the way is an error.
+                let made =
+                    host.content(&id)?
+                        .make_dir(&sub, &warren_volume::Owner::default(), true)?;
+                if made.kind != warren_volume::EntryKind::Directory {
+                    return Err(VolumeError::NotADirectory(sub));
+                }
+            }
+            Ok(root)
+        })
+        .await
     }
 
     async fn snapshot(&self, id: &str, snap_id: &str) -> Result<u64, DiskError> {
