@@ -86,6 +86,8 @@ pub struct AgentRuntime {
     pub snapshots: Mutex<Vec<String>>,
     /// Every egress policy the runtime was given (create and live changes), in order.
     pub egress: Mutex<Vec<(String, EgressPolicy)>>,
+    /// The volumes of every create, by sandbox id, in order.
+    pub volumes: Mutex<Vec<(String, Vec<warren_runtime::VolumeMount>)>>,
 }
 
 fn signal(child: &Child, sig: &str) -> Result<(), RuntimeError> {
@@ -106,6 +108,13 @@ impl AgentRuntime {
     pub fn with_egress() -> AgentRuntime {
         let rt = AgentRuntime::persistence();
         rt.caps.lock().unwrap().egress_addresses = true;
+        rt
+    }
+
+    /// A runtime that takes volume mounts (and records them).
+    pub fn with_volumes() -> AgentRuntime {
+        let rt = AgentRuntime::persistence();
+        rt.caps.lock().unwrap().volumes = true;
         rt
     }
 
@@ -139,6 +148,10 @@ impl SandboxRuntime for AgentRuntime {
             .lock()
             .unwrap()
             .push((spec.id.clone(), spec.egress_policy()));
+        self.volumes
+            .lock()
+            .unwrap()
+            .push((spec.id.clone(), spec.volumes.clone()));
         let port = free_port();
         let mut cmd = Command::new(agent_bin());
         cmd.arg("--listen")
