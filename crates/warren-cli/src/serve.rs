@@ -280,6 +280,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("opening the volume store")?,
     );
     control.set_volume_disks(Arc::new(warren_server::volumes::HostDisks(volumes.clone())));
+    control
+        .sweep_volumes()
+        .await
+        .context("sweeping volumes no record names")?;
 
     let app = warren_server::app(
         control.clone(),

@@ -112,6 +112,8 @@ pub trait VolumeDisks: Send + Sync + 'static {
     async fn create_from_snapshot(&self, snap_id: &str, id: &str) -> Result<(), DiskError>;
     /// Removes a snapshot. Idempotent.
     async fn delete_snapshot(&self, snap_id: &str) -> Result<(), DiskError>;
+    /// Every volume and every snapshot on the host, by id.
+    async fn inventory(&self) -> Result<(Vec<String>, Vec<String>), DiskError>;
 }
 
 /// A point-in-time copy of a volume; new volumes can start from it. It outlives its volume.
@@ -182,6 +184,43 @@ impl Control {
     /// that volumes are not enabled.
     pub fn set_volume_disks(&self, disks: std::sync::Arc<dyn VolumeDisks>) {
         let _ = self.inner.volume_disks.set(disks);
+    }
+
+    /// Removes the volumes and snapshots on the host that no record names: what a crash
+    /// between a disk's creation and its record (or a record's removal and its disk's) left.
+    /// Call it before serving (nothing may be created meanwhile). Returns how many went.
+    pub async fn sweep_volumes(&self) -> Result<usize, ControlError> {
+        let disks = self.disks()?;
+        let _g = self.inner.resource_lock.lock().await;
+        let (volumes, snapshots) = disks.inventory().await.map_err(disk_error)?;
+        let known: std::collections::HashSet<String> = self
+            .inner
+            .store
+            .volumes(None)
+            .await?
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        let known_snaps: std::collections::HashSet<String> = self
+            .inner
+            .store
+            .volume_snapshots(None)
+            .await?
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let mut n = 0;
+        for id in volumes.iter().filter(|id| !known.contains(*id)) {
+            tracing::warn!(volume_id = %id, "removing a volume no record names");
+            disks.delete(id).await.map_err(disk_error)?;
+            n += 1;
+        }
+        for id in snapshots.iter().filter(|id| !known_snaps.contains(*id)) {
+            tracing::warn!(snapshot_id = %id, "removing a volume snapshot no record names");
+            disks.delete_snapshot(id).await.map_err(disk_error)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn disks(&self) -> Result<&dyn VolumeDisks, ControlError> {

@@ -331,6 +331,11 @@ impl VolumeDisks for HostDisks {
         blocking(move || host.delete_snapshot(&snap)).await
     }
 
+    async fn inventory(&self) -> Result<(Vec<String>, Vec<String>), DiskError> {
+        let host = self.0.clone();
+        blocking(move || Ok((host.volume_ids()?, host.snapshot_ids()?))).await
+    }
+
     async fn usage(&self, id: &str) -> Result<VolumeUsage, DiskError> {
         let (host, id) = (self.0.clone(), id.to_string());
         let u = blocking(move || host.usage(&id)).await?;

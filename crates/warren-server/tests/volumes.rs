@@ -345,3 +345,28 @@ async fn secrets_api_never_returns_a_value() {
     let (st, _) = call(&s, Method::DELETE, &format!("/secrets/{id}"), None).await;
     assert_eq!(st, 404);
 }
+
+#[tokio::test]
+async fn a_sweep_removes_only_volumes_no_record_names() {
+    let s = server().await;
+    let kept = new_volume(&s, "kept").await;
+    let kept_id = kept["volumeID"].as_str().unwrap();
+    let (st, snap) = call(&s, Method::POST, "/v1/volumes/kept/snapshots", None).await;
+    assert_eq!(st, 201, "{snap}");
+    // What a crash between a disk's creation and its record leaves behind.
+    let host = s._cleanup.0.clone();
+    let quota = warren_volume::Quota {
+        bytes: 16 << 20,
+        inodes: 256,
+    };
+    host.create("volorphan", quota).unwrap();
+    host.snapshot(kept_id, "vsnorphan").unwrap();
+    assert_eq!(s.control.sweep_volumes().await.unwrap(), 2);
+    assert!(!host.exists("volorphan"));
+    assert_eq!(
+        host.snapshot_ids().unwrap(),
+        vec![snap["snapshotID"].as_str().unwrap().to_string()]
+    );
+    assert!(host.exists(kept_id));
+    assert_eq!(s.control.sweep_volumes().await.unwrap(), 0);
+}

@@ -99,6 +99,42 @@ impl VolumeHost {
         self.root.join(SNAPSHOTS).join(format!("{snap_id}.ext4"))
     }
 
+    /// The ids of every volume on this host (for a sweep of volumes no record names).
+    pub fn volume_ids(&self) -> Result<Vec<String>, VolumeError> {
+        let entries = fs::read_dir(&self.root)
+            .map_err(|e| VolumeError::io(format!("listing {}", self.root.display()), e))?;
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && validate_id("volume", &name).is_ok() {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The ids of every snapshot on this host.
+    pub fn snapshot_ids(&self) -> Result<Vec<String>, VolumeError> {
+        let dir = self.root.join(SNAPSHOTS);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(VolumeError::io(format!("listing {}", dir.display()), e)),
+        };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let id = name.strip_suffix(".ext4")?;
+                (!id.starts_with('.') && validate_id("snapshot", id).is_ok())
+                    .then(|| id.to_string())
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
     /// Whether volume `id` exists (an invalid id never does).
     pub fn exists(&self, id: &str) -> bool {
         validate_id("volume", id).is_ok() && self.image_path(id).is_file()
