@@ -44,6 +44,7 @@ mod policy;
 mod pool;
 mod proxy;
 mod resolver;
+pub mod rewrite;
 mod rules;
 mod slot;
 mod vmslot;
