@@ -1,4 +1,5 @@
-//! The local certificate authority: made once, kept in the data dir, constrained to one domain.
+//! The local certificate authorities: made once, kept in the data dir; the domain mode's is
+//! constrained to one domain, the egress proxy's to nothing (rule hosts are arbitrary).
 
 use std::fmt;
 use std::fs;
@@ -26,7 +27,8 @@ const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// A certificate authority whose certificate clients trust and whose key stays in its directory.
 pub struct LocalCa {
-    domain: String,
+    /// Names this CA may sign: those under this domain, or (`None`) any.
+    domain: Option<String>,
     issuer: Issuer<'static, KeyPair>,
     cert_der: CertificateDer<'static>,
     cert_pem: String,
@@ -60,7 +62,17 @@ impl LocalCa {
         if !valid_domain(domain) {
             return Err(Error::BadName(domain.to_string()));
         }
-        let domain = domain.to_ascii_lowercase();
+        Self::load_or_create_scoped(dir, Some(domain.to_ascii_lowercase()))
+    }
+
+    /// A CA without a name constraint, kept in `dir` like [`LocalCa::load_or_create`]'s: the
+    /// egress proxy's, which signs leaves for whatever hosts sandboxes' rules name. Only
+    /// sandboxes are told to trust it, never a user's machine.
+    pub fn load_or_create_unconstrained(dir: &Path) -> Result<(LocalCa, bool), Error> {
+        Self::load_or_create_scoped(dir, None)
+    }
+
+    fn load_or_create_scoped(dir: &Path, domain: Option<String>) -> Result<(LocalCa, bool), Error> {
         let cert_path = dir.join(CERT_FILE);
         let key_path = dir.join(KEY_FILE);
         if cert_path.exists() {
@@ -86,7 +98,7 @@ impl LocalCa {
                 source,
             })?;
         let key = KeyPair::generate()?;
-        let params = ca_params(&domain)?;
+        let params = ca_params(domain.as_deref())?;
         let cert = params.self_signed(&key)?;
         write_new(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
         write_new(&cert_path, cert.pem().as_bytes(), 0o644)?;
@@ -104,7 +116,7 @@ impl LocalCa {
     }
 
     fn from_pem(
-        domain: String,
+        domain: Option<String>,
         cert_path: PathBuf,
         cert_pem: String,
         key_pem: &str,
@@ -127,12 +139,13 @@ impl LocalCa {
             ));
         }
         let names = permitted_dns_names(&parsed);
-        if names != [domain.as_str()] {
+        let want: Vec<&str> = domain.iter().map(String::as_str).collect();
+        if names != want {
             return Err(invalid(
                 &cert_path,
                 format!(
-                    "this CA signs names under {names:?}, not under {domain:?}; a CA of another \
-                     domain belongs in another directory"
+                    "this CA signs names under {names:?}, not under {want:?}; a CA of another \
+                     domain (or the unconstrained egress CA) belongs in another directory"
                 ),
             ));
         }
@@ -147,9 +160,9 @@ impl LocalCa {
         })
     }
 
-    /// The domain whose names this CA signs.
-    pub fn domain(&self) -> &str {
-        &self.domain
+    /// The domain whose names this CA signs (`None`: any name).
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
     }
 
     /// Where the CA's certificate is: the file clients are told to trust.
@@ -172,10 +185,13 @@ impl LocalCa {
     pub(crate) fn issue(&self, names: &[String], lifetime: Duration) -> Result<Issued, Error> {
         for name in names {
             let bare = name.strip_prefix("*.").unwrap_or(name);
-            let under = bare.eq_ignore_ascii_case(&self.domain)
-                || bare
-                    .to_ascii_lowercase()
-                    .ends_with(&format!(".{}", self.domain));
+            let under = match &self.domain {
+                None => true,
+                Some(d) => {
+                    bare.eq_ignore_ascii_case(d)
+                        || bare.to_ascii_lowercase().ends_with(&format!(".{d}"))
+                }
+            };
             if !valid_domain(bare) || !under {
                 return Err(Error::BadName(name.clone()));
             }
@@ -207,11 +223,13 @@ impl LocalCa {
     }
 }
 
-fn ca_params(domain: &str) -> Result<CertificateParams, Error> {
+fn ca_params(domain: Option<&str>) -> Result<CertificateParams, Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, format!("Warren local CA for {domain}"));
+    let name = match domain {
+        Some(d) => format!("Warren local CA for {d}"),
+        None => "Warren egress CA".to_string(),
+    };
+    params.distinguished_name.push(DnType::CommonName, name);
     params
         .distinguished_name
         .push(DnType::OrganizationName, "Warren");
@@ -221,9 +239,9 @@ fn ca_params(domain: &str) -> Result<CertificateParams, Error> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    // Trusting this CA trusts names under the domain, and nothing else.
-    params.name_constraints = Some(NameConstraints {
-        permitted_subtrees: vec![GeneralSubtree::DnsName(domain.to_string())],
+    // Trusting the domain mode's CA trusts names under the domain, and nothing else.
+    params.name_constraints = domain.map(|d| NameConstraints {
+        permitted_subtrees: vec![GeneralSubtree::DnsName(d.to_string())],
         excluded_subtrees: vec![],
     });
     let now = SystemTime::now();

@@ -17,12 +17,14 @@
 
 mod ca;
 mod certs;
+mod egress;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use ca::LocalCa;
 pub use certs::{dns_names, ServerCerts};
+pub use egress::{egress_server_config, EgressCerts};
 pub use rustls;
 
 /// What went wrong with a certificate, a key or their files.

@@ -48,7 +48,7 @@ fn a_new_ca_is_private_and_loads_again() {
     let ca_dir = dir.path().join("tls");
     let (ca, created) = LocalCa::load_or_create(&ca_dir, "Warren.Test").unwrap();
     assert!(created);
-    assert_eq!(ca.domain(), "warren.test");
+    assert_eq!(ca.domain(), Some("warren.test"));
     let mode = |f: &str| {
         std::fs::metadata(ca_dir.join(f))
             .unwrap()
@@ -213,4 +213,29 @@ fn domains_are_checked() {
         LocalCa::load_or_create(std::path::Path::new("/nonexistent"), "a b"),
         Err(Error::BadName(_))
     ));
+}
+
+#[test]
+fn the_egress_ca_signs_any_host_and_reuses_its_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, made) = LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
+    assert!(made && ca.domain().is_none());
+    let root = ca.cert_der().clone();
+    let certs = Arc::new(EgressCerts::new(ca));
+    let config = egress_server_config(certs.clone()).unwrap();
+    for host in ["api.example.com", "other.test", "API.Example.COM"] {
+        let alpn = handshake(config.clone(), &root, host).unwrap();
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "{host}");
+    }
+    let a = certs.leaf("api.example.com").unwrap();
+    let b = certs.leaf("API.example.com.").unwrap();
+    assert!(Arc::ptr_eq(&a, &b), "one leaf per host, reused");
+    assert!(certs.leaf("not a host").is_err());
+    // A client that does not trust the egress CA gets nowhere.
+    let (other, _) = LocalCa::load_or_create_unconstrained(&dir.path().join("other")).unwrap();
+    assert!(handshake(config, other.cert_der(), "api.example.com").is_err());
+    // It loads again as an unconstrained CA, and not as a domain's.
+    let (again, made) = LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
+    assert!(!made && again.cert_der() == &root);
+    assert!(LocalCa::load_or_create(&dir.path().join("egress"), "warren.test").is_err());
 }
