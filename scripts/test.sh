@@ -116,5 +116,7 @@ WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke 
   --runtime vm --scenario pause --scenario fork --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/network.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
+WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/volumes.py --smoke --data-dir /var/lib/warren \
+  --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 
 log "all tests passed"
