@@ -350,3 +350,28 @@ def test_cli_files_and_snapshots(server, tmp_path):
             warren(server, "volume", "delete", copy)
         ok("delete", vid)
     assert name not in ok("list")
+
+
+def test_a_filesystem_pause_mounts_the_volume_again_on_resume():
+    """A filesystem-only pause ends the sandbox's processes and a resume starts it afresh on
+    its saved files: the volume must be mounted again (not copied into the saved layer), with
+    what was written to it meanwhile through the content API."""
+    needs_mounts()
+    vol = new_volume()
+    base = os.environ["E2B_API_URL"]
+    hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    sbx = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
+    try:
+        sh(sbx, "echo before > /v/a && echo own > /tmp/own")
+        r = requests.post(f"{base}/sandboxes/{sbx.sandbox_id}/pause", headers=hdr, timeout=120,
+                          json={"memory": False})
+        assert r.status_code == 204, r.text
+        vol.write_file("/b", "while paused\n")
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert sh(again, "cat /v/a /v/b /tmp/own").stdout == "before\nwhile paused\nown\n"
+        assert "/v " in sh(again, "awk '{print $2\" \"}' /proc/self/mounts").stdout
+        sh(again, "echo after > /v/c")
+        assert vol.read_file("/c") == "after\n"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+        drop(vol)
