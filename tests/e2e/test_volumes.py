@@ -375,3 +375,33 @@ def test_a_filesystem_pause_mounts_the_volume_again_on_resume():
     finally:
         Sandbox.kill(sbx.sandbox_id)
         drop(vol)
+
+
+def test_forks_mount_their_parents_volumes():
+    """A fork's children mount the same volumes as the parent (the volume is shared and live,
+    not copied): each child's write is seen by the parent and the others."""
+    needs_mounts()
+    vol = new_volume()
+    base = os.environ["E2B_API_URL"]
+    hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    parent = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
+    children = []
+    try:
+        sh(parent, "echo parent > /v/p")
+        r = requests.post(f"{base}/sandboxes/{parent.sandbox_id}/fork", headers=hdr, timeout=300,
+                          json={"count": 2, "timeout": 120})
+        assert r.status_code in (200, 201), r.text
+        children = [item["sandbox"]["sandboxID"] for item in r.json()]
+        assert len(children) == 2, r.text
+        for i, cid in enumerate(children):
+            child = Sandbox.connect(cid)
+            assert sh(child, "cat /v/p").stdout == "parent\n"
+            sh(child, f"echo child{i} > /v/c{i}")
+        assert sh(parent, "cat /v/c0 /v/c1").stdout == "child0\nchild1\n"
+        detail = requests.get(f"{base}/sandboxes/{children[0]}", headers=hdr, timeout=10).json()
+        assert detail["volumeMounts"] == [{"name": vol.name, "path": "/v"}], detail
+    finally:
+        for cid in children:
+            Sandbox.kill(cid)
+        parent.kill()
+        drop(vol)
