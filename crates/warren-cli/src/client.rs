@@ -9,6 +9,29 @@ use crate::{ClientArgs, KEY_FILE};
 /// The port the agent listens on inside every sandbox (envd's).
 const AGENT_PORT: &str = "49983";
 
+/// `s` as one URL path segment: everything but unreserved characters percent-encoded (ids and
+/// names are checked by the server, but never trusted here).
+pub fn path_segment(s: &str) -> String {
+    encode(s, b"-_.~")
+}
+
+/// `s` as a query value that keeps its slashes readable (volume paths).
+pub fn query_value(s: &str) -> String {
+    encode(s, b"-_.~/")
+}
+
+fn encode(s: &str, keep: &[u8]) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || keep.contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,

@@ -5,7 +5,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::client::{path_segment as seg, Client};
 use crate::ClientArgs;
 
 #[derive(Subcommand, Debug)]
@@ -32,23 +32,6 @@ pub enum NetworkCommand {
     },
     /// Takes a sandbox out of a network; its connections to the members end.
     Leave { network: String, sandbox: String },
-}
-
-/// A path segment: ids and names are DNS labels or `net_...`, but never trust input.
-fn seg(s: &str) -> String {
-    percent_encode(s)
-}
-
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn print_members(n: &Value) {

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::client::{path_segment as enc, Client};
 use crate::template_build::BuildArgs;
 use crate::ClientArgs;
 
@@ -122,16 +122,6 @@ fn print_or(args: &ClientArgs, v: &Value, table: impl FnOnce()) {
     } else {
         table();
     }
-}
-
-/// A path segment, percent-encoded (names may carry `/` and `:`).
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn mib(bytes: u64) -> String {

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::client::{path_segment as seg, query_value as enc, Client};
 use crate::ClientArgs;
 
 #[derive(Subcommand, Debug)]
@@ -68,23 +68,6 @@ pub enum VolumeCommand {
     Snapshots { volume: String },
     /// Deletes a volume snapshot.
     DeleteSnapshot { snapshot: String },
-}
-
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// A path segment (no `/` left unescaped).
-fn seg(s: &str) -> String {
-    enc(s).replace('/', "%2F")
 }
 
 /// `512M`, `10G`, `1T`, `4096` (bytes).

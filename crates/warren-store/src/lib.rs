@@ -75,6 +75,32 @@ pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// The `(key, JSON document)` rows `sql` selects with `params`, decoded (`what` names a
+/// record in the error of one that does not decode).
+pub(crate) fn docs<T, F>(
+    db: &mut Db,
+    sql: &str,
+    params: impl rusqlite::Params,
+    what: &str,
+    decode: F,
+) -> Result<Vec<T>, StoreError>
+where
+    F: Fn(&str) -> serde_json::Result<T>,
+{
+    let mut stmt = db.conn.prepare(sql).map_err(backend)?;
+    let rows = stmt
+        .query_map(params, |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, doc) = row.map_err(backend)?;
+        out.push(decode(&doc).map_err(templates::corrupt(what, &id))?);
+    }
+    Ok(out)
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     /// The database and its WAL files are readable by their owner only; secrets in it are

@@ -3,8 +3,7 @@
 use rusqlite::params;
 use warren_control::{Member, PrivateNetwork, StoreError};
 
-use crate::templates::corrupt;
-use crate::{backend, Db};
+use crate::{backend, docs, Db};
 
 pub(crate) fn put_network(db: &mut Db, n: &PrivateNetwork) -> Result<(), StoreError> {
     let doc = serde_json::to_string(n).map_err(backend)?;
@@ -29,25 +28,8 @@ pub(crate) fn delete_network(db: &mut Db, id: &str) -> Result<bool, StoreError> 
     Ok(n > 0)
 }
 
-/// The `(key, JSON document)` rows `sql` selects, decoded.
-fn docs<T, F>(db: &mut Db, sql: &str, what: &str, decode: F) -> Result<Vec<T>, StoreError>
-where
-    F: Fn(&str) -> serde_json::Result<T>,
-{
-    let mut stmt = db.conn.prepare(sql).map_err(backend)?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-        .map_err(backend)?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (id, doc) = row.map_err(backend)?;
-        out.push(decode(&doc).map_err(corrupt(what, &id))?);
-    }
-    Ok(out)
-}
-
 pub(crate) fn networks(db: &mut Db) -> Result<Vec<PrivateNetwork>, StoreError> {
-    docs(db, "SELECT id, doc FROM networks", "network", |d| {
+    docs(db, "SELECT id, doc FROM networks", [], "network", |d| {
         serde_json::from_str(d)
     })
 }
@@ -83,6 +65,7 @@ pub(crate) fn members(db: &mut Db) -> Result<Vec<Member>, StoreError> {
     docs(
         db,
         "SELECT network_id || '/' || sandbox_id, doc FROM network_members",
+        [],
         "network member",
         |d| serde_json::from_str(d),
     )

@@ -4,7 +4,7 @@ use rusqlite::{params, OptionalExtension, ToSql};
 use warren_control::{SealedSecret, SecretInfo, StoreError};
 
 use crate::templates::corrupt;
-use crate::{backend, Db};
+use crate::{backend, docs, Db};
 
 const VALUE_COLUMN: &str = "secret_value";
 
@@ -46,18 +46,13 @@ pub(crate) fn get(
 }
 
 pub(crate) fn all(db: &mut Db, team: Option<&str>) -> Result<Vec<SecretInfo>, StoreError> {
-    let mut stmt = db
-        .conn
-        .prepare("SELECT id, doc FROM secrets WHERE ?1 IS NULL OR team = ?1")
-        .map_err(backend)?;
-    let rows: Vec<(String, String)> = stmt
-        .query_map([team], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(backend)?
-        .collect::<Result<_, _>>()
-        .map_err(backend)?;
-    rows.iter()
-        .map(|(id, doc)| serde_json::from_str(doc).map_err(corrupt("secret", id)))
-        .collect()
+    docs(
+        db,
+        "SELECT id, doc FROM secrets WHERE ?1 IS NULL OR team = ?1",
+        [team],
+        "secret",
+        |d| serde_json::from_str(d),
+    )
 }
 
 pub(crate) fn delete(db: &mut Db, id: &str) -> Result<bool, StoreError> {

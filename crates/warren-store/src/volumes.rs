@@ -4,7 +4,7 @@ use rusqlite::{params, OptionalExtension, ToSql};
 use warren_control::{StoreError, Volume, VolumeSnapshot};
 
 use crate::templates::corrupt;
-use crate::{backend, Db};
+use crate::{backend, docs, Db};
 
 const TOKEN_COLUMN: &str = "volume_token";
 
@@ -100,18 +100,13 @@ pub(crate) fn snapshots(
     db: &mut Db,
     team: Option<&str>,
 ) -> Result<Vec<VolumeSnapshot>, StoreError> {
-    let mut stmt = db
-        .conn
-        .prepare("SELECT id, doc FROM volume_snapshots WHERE ?1 IS NULL OR team = ?1")
-        .map_err(backend)?;
-    let rows: Vec<(String, String)> = stmt
-        .query_map([team], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(backend)?
-        .collect::<Result<_, _>>()
-        .map_err(backend)?;
-    rows.iter()
-        .map(|(id, doc)| serde_json::from_str(doc).map_err(corrupt("volume snapshot", id)))
-        .collect()
+    docs(
+        db,
+        "SELECT id, doc FROM volume_snapshots WHERE ?1 IS NULL OR team = ?1",
+        [team],
+        "volume snapshot",
+        |d| serde_json::from_str(d),
+    )
 }
 
 pub(crate) fn delete_snapshot(db: &mut Db, id: &str) -> Result<bool, StoreError> {
