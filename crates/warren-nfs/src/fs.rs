@@ -331,6 +331,23 @@ pub(crate) fn reopen(fd: BorrowedFd<'_>, flags: OFlags) -> Res<OwnedFd> {
     .map_err(errno)
 }
 
+/// Whether the current thread's ids may access `fd`'s object in `mode` (R_OK, W_OK, X_OK):
+/// `faccessat2(fd, "", mode, AT_EMPTY_PATH | AT_EACCESS)`, which checks the fsuid and fsgid
+/// (rustix's accessat refuses AT_EMPTY_PATH, so the raw syscall).
+pub(crate) fn may_access(fd: BorrowedFd<'_>, mode: libc::c_int) -> bool {
+    // SAFETY: a valid descriptor, a NUL-terminated empty path, and integer mode and flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode,
+            libc::AT_EMPTY_PATH | libc::AT_EACCESS,
+        )
+    };
+    rc == 0
+}
+
 pub(crate) fn is_type(st: &Stat, t: FileType) -> bool {
     FileType::from_raw_mode(st.st_mode) == t
 }

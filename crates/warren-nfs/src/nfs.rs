@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use nfs3_types::nfs3::*;
 use nfs3_types::rpc::accept_stat_data;
 use nfs3_types::xdr_codec::Opaque;
-use rustix::fs::{Access, AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, CWD};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, CWD};
 
 use crate::creds::{self, AsCaller};
 use crate::fs::{self, errno, is_type, Ctx, Obj, Res};
@@ -214,15 +214,13 @@ fn access(ctx: &Ctx, cred: &Cred, a: ACCESS3args) -> ACCESS3res {
     let is_dir = is_type(&o.st, FileType::Directory);
     let mut granted = 0;
     if let Ok(_c) = as_caller(ctx, cred) {
-        let may = |m: Access| {
-            rustix::fs::accessat(&o.fd, "", m, AtFlags::EMPTY_PATH | AtFlags::EACCESS).is_ok()
-        };
+        let may = |m| fs::may_access(o.fd.as_fd(), m);
         let want = a.access;
-        if want & ACCESS3_READ != 0 && may(Access::READ_OK) {
+        if want & ACCESS3_READ != 0 && may(libc::R_OK) {
             granted |= ACCESS3_READ;
         }
         let x = ACCESS3_LOOKUP | ACCESS3_EXECUTE;
-        if want & x != 0 && may(Access::EXEC_OK) {
+        if want & x != 0 && may(libc::X_OK) {
             granted |= if is_dir {
                 ACCESS3_LOOKUP
             } else {
@@ -230,7 +228,7 @@ fn access(ctx: &Ctx, cred: &Cred, a: ACCESS3args) -> ACCESS3res {
             } & want;
         }
         let w = ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE;
-        if want & w != 0 && !ctx.exports[o.exp].read_only && may(Access::WRITE_OK) {
+        if want & w != 0 && !ctx.exports[o.exp].read_only && may(libc::W_OK) {
             granted |= want & w;
         }
     }

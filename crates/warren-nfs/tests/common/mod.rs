@@ -64,7 +64,18 @@ fn run(c: &mut Command) {
 
 impl Drop for Vol {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        // A server just stopped may still be closing its descriptors: retry a little.
+        for _ in 0..40 {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let still = std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .contains(self.mnt.to_str().unwrap());
