@@ -30,7 +30,9 @@
 //! ".." at the export's root is the root. Names with '/' or NUL are refused, and "." and ".."
 //! in creating, removing and renaming calls. Everything else works on descriptors
 //! (`mkdirat`, `renameat`, `linkat` and the like on directories already inside). Read-only
-//! exports answer `NFS3ERR_ROFS` to every modifying call.
+//! exports answer `NFS3ERR_ROFS` to every modifying call. LINK and RENAME across exports are
+//! `NFS3ERR_XDEV`. MOUNT has no access control of its own: every export of a server is open
+//! to whoever reaches its port, so a server (one per VM) carries only that VM's volumes.
 //!
 //! # Identity
 //!
@@ -46,7 +48,8 @@
 //!
 //! Records are at most 1 MiB plus 16 KiB; READ and WRITE at most 1 MiB (rtmax, wtmax);
 //! malformed calls get GARBAGE_ARGS (or an auth error), an oversized record closes the
-//! connection. WRITEs with FILE_SYNC or DATA_SYNC are synced before the reply; COMMIT fsyncs;
+//! connection. Every length a call declares (credentials, handles, names, data) is checked
+//! against the record and its limit before `nfs3_types` decodes (and allocates for) it. WRITEs with FILE_SYNC or DATA_SYNC are synced before the reply; COMMIT fsyncs;
 //! the write verifier is random per server process, so clients resend uncommitted UNSTABLE
 //! writes after a restart. FSSTAT reports the export's filesystem's `statvfs`.
 //!
@@ -61,6 +64,7 @@ use std::sync::Arc;
 mod creds;
 mod dirops;
 mod fs;
+mod guard;
 mod handle;
 mod mount;
 mod nfs;

@@ -21,6 +21,13 @@ pub(crate) fn mount(ctx: &Ctx, xid: u32, proc_: u32, args: &[u8]) -> Vec<u8> {
     let Ok(p) = MOUNT_PROGRAM::try_from(proc_) else {
         return rpc::accept_error(xid, accept_stat_data::PROC_UNAVAIL);
     };
+    let has_path = matches!(
+        p,
+        MOUNT_PROGRAM::MOUNTPROC3_MNT | MOUNT_PROGRAM::MOUNTPROC3_UMNT
+    );
+    if has_path && !crate::guard::mount_path(args) {
+        return garbage();
+    }
     match p {
         MOUNT_PROGRAM::MOUNTPROC3_NULL => match rpc::decode::<Void>(args) {
             Some(v) => rpc::success(xid, &v),

@@ -11,7 +11,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, CWD};
 use crate::creds::{self, AsCaller};
 use crate::fs::{self, errno, is_type, Ctx, Obj, Res};
 use crate::rpc::{self, Cred};
-use crate::{dirops, readdir};
+use crate::{dirops, guard, readdir};
 
 /// The largest READ or WRITE (rtmax and wtmax in FSINFO).
 pub(crate) const MAX_IO: u32 = 1 << 20;
@@ -37,6 +37,9 @@ pub(crate) fn dispatch(ctx: &Ctx, cred: &Cred, xid: u32, proc_: u32, args: &[u8]
     let Ok(p) = NFS_PROGRAM::try_from(proc_) else {
         return rpc::accept_error(xid, accept_stat_data::PROC_UNAVAIL);
     };
+    if !guard::nfs_args(p, args) {
+        return rpc::accept_error(xid, accept_stat_data::GARBAGE_ARGS);
+    }
     use NFS_PROGRAM::*;
     match p {
         NFSPROC3_NULL => call!(nfs3_types::xdr_codec::Void, |_, _, v| v),

@@ -139,6 +139,38 @@ async fn garbage_never_takes_the_server_down() {
         accepted(reply(&mut s).await),
         accept_stat_data::GARBAGE_ARGS
     ));
+    // So are a name (LOOKUP) and WRITE data declaring 4 GiB after a fine handle.
+    let fh = [&32u32.to_be_bytes()[..], &[1; 32]].concat();
+    let lookup = [&fh[..], &0xffff_fff0_u32.to_be_bytes()[..], b"name"].concat();
+    s.write_all(&call(nfs, 3, 3, opaque_auth::default(), &lookup))
+        .await
+        .unwrap();
+    assert!(matches!(
+        accepted(reply(&mut s).await),
+        accept_stat_data::GARBAGE_ARGS
+    ));
+    let write = [
+        &fh[..],
+        &[0; 16],
+        &0xffff_fff0_u32.to_be_bytes()[..],
+        b"data",
+    ]
+    .concat();
+    s.write_all(&call(nfs, 3, 7, opaque_auth::default(), &write))
+        .await
+        .unwrap();
+    assert!(matches!(
+        accepted(reply(&mut s).await),
+        accept_stat_data::GARBAGE_ARGS
+    ));
+    let mnt = [&0xffff_fff0_u32.to_be_bytes()[..], b"/v0\0"].concat();
+    s.write_all(&call(100_005, 3, 1, opaque_auth::default(), &mnt))
+        .await
+        .unwrap();
+    assert!(matches!(
+        accepted(reply(&mut s).await),
+        accept_stat_data::GARBAGE_ARGS
+    ));
     // Unknown procedure, program and version.
     s.write_all(&call(nfs, 3, 99, opaque_auth::default(), &[]))
         .await
