@@ -154,10 +154,11 @@ impl Ctx {
         if st.st_dev != e.dev {
             return Err(stale);
         }
-        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
-        if !is_dir && st.st_nlink == 0 {
+        // Removed (but still held open somewhere): gone, as far as NFS is concerned.
+        if st.st_nlink == 0 {
             return Err(stale);
         }
+        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
         if is_dir && !self.beneath(exp, &fd, &st) {
             return Err(stale);
         }

@@ -329,6 +329,21 @@ async fn a_subdirectory_export_stays_inside() {
         Some(nfsstat3::NFS3ERR_XDEV)
     );
     assert!(!vol.mnt.join("other/x").exists());
+    // LINK of a planted symlink to a file outside the subdirectory (same filesystem) makes,
+    // at most, another symlink: never a hard link to the outside file.
+    std::os::unix::fs::symlink("../other/private", vol.mnt.join("sub/tofile")).unwrap();
+    let l = c.lookup(&root, "tofile").await.unwrap();
+    if c.link(&l, &root, "grab").await.is_ok() {
+        let m = std::fs::symlink_metadata(vol.mnt.join("sub/grab")).unwrap();
+        assert!(m.file_type().is_symlink());
+    }
+    assert_eq!(
+        std::fs::metadata(vol.mnt.join("other/private"))
+            .unwrap()
+            .nlink(),
+        1
+    );
+    assert!(c.read(&l, 0, 10).await.is_err());
     // Unknown export paths do not mount.
     assert!(try_mount(srv.addr, "/", None).await.is_err());
     assert!(try_mount(srv.addr, "/sub/inner", None).await.is_err());
