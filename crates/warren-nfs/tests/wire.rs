@@ -230,3 +230,31 @@ async fn garbage_never_takes_the_server_down() {
     assert!(vol.mnt.join("still-here").exists());
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_entry_serves() {
+    let vol = ext4(16);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let exports = vec![export("/v0", &vol.mnt, false)];
+    // `run` serves forever on a runtime of its own; the thread ends with the test process.
+    std::thread::spawn(move || warren_nfs::run(addr, exports, KEY));
+    let mut c = None;
+    for _ in 0..100 {
+        if let Ok(m) = try_mount(addr, "/v0", Some((0, 0, vec![]))).await {
+            c = Some(m);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = c.expect("mounting from the helper entry");
+    let root = c.root.clone();
+    c.mkdir(&root, "from-run", 0o755).await.unwrap();
+    assert!(vol.mnt.join("from-run").is_dir());
+    // Not a Vol drop in the middle of serving: a lazy unmount if the helper still holds it.
+    drop(c);
+}
