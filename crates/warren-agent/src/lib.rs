@@ -12,6 +12,7 @@ pub mod paths;
 pub mod process;
 pub mod state;
 pub mod sys;
+pub mod trust;
 pub mod users;
 
 use axum::extract::DefaultBodyLimit;

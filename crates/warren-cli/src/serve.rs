@@ -124,6 +124,10 @@ pub struct NetArgs {
     /// instead of the host's; repeatable, at most three are used.
     #[arg(long = "dns", value_name = "IPV4")]
     pub dns: Vec<std::net::Ipv4Addr>,
+    /// A PEM file of root certificates the egress proxy also trusts when it brokers secrets
+    /// to a host (`network.rules` over HTTPS), besides the host's store; repeatable.
+    #[arg(long = "egress-ca", value_name = "FILE")]
+    pub egress_ca: Vec<PathBuf>,
 }
 
 impl NetArgs {
@@ -156,6 +160,7 @@ async fn runtime(
     data_dir: &Path,
     signed_url_max_age: Option<std::num::NonZeroU64>,
     net: &NetArgs,
+    broker: Arc<warren_net::Broker>,
 ) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
     let kind = match kind {
         RuntimeKind::Auto => {
@@ -178,6 +183,7 @@ async fn runtime(
     let mut cfg = warren_host::HostConfig::new(data_dir.to_path_buf());
     cfg.signed_url_max_age = signed_url_max_age;
     net.apply(&mut cfg.net);
+    cfg.net.broker = Some(broker);
     match warren_host::is_static_elf(&cfg.agent_bin) {
         Ok(true) => {
             tracing::info!(agent = %cfg.agent_bin.display(), "sandbox agent (statically linked)")
@@ -232,11 +238,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(d) => tls_listener(&args.tls, d, &args.data_dir).await?,
         None => None,
     };
+    let secrets = Arc::new(crate::brokering::ControlSecrets::default());
+    let broker = crate::brokering::broker(&args.data_dir, &args.net.egress_ca, secrets.clone())?;
     let runtime = runtime(
         args.runtime,
         &args.data_dir,
         args.signed_url_max_age,
         &args.net,
+        broker,
     )
     .await?;
     let config = Config {
@@ -251,6 +260,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let control = Control::start(store, runtime.clone(), config)
         .await
         .context("recovering sandboxes")?;
+    secrets.bind(control.clone());
     // Template builds run in build sandboxes of this same runtime.
     control.set_builder(Arc::new(warren_build::Builder::new(
         runtime.clone(),

@@ -70,4 +70,5 @@ pub use volumes::{
 };
 pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
+pub use warren_runtime::transforms::{HeaderRules, HostRule};
 pub use warren_runtime::{Capabilities, PauseMode};

@@ -39,6 +39,12 @@ impl Control {
                  runtime yet; use IP addresses and CIDRs"
             )));
         }
+        if policy.has_rules() && !caps.egress_rules {
+            return Err(ControlError::InvalidArgument(format!(
+                "network.rules (headers set at egress) are not applied by the {name} runtime \
+                 on this server"
+            )));
+        }
         Ok(())
     }
 

@@ -188,6 +188,33 @@ impl Control {
         found.ok_or_else(|| not_found(r))
     }
 
+    /// The value of the secret `name` of the team that owns `sandbox_id`, for the egress
+    /// proxy brokering one of that sandbox's requests (`None`: no such sandbox or secret).
+    /// Read from the store each time, so an update applies to the next request.
+    pub async fn brokered_secret(&self, sandbox_id: &str, name: &str) -> Option<String> {
+        let store = &self.inner.store;
+        let team = match store.get_sandbox(sandbox_id).await {
+            Ok(Some(sb)) => sb.team,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(sandbox_id, error = %e, "cannot look up a brokered secret's team");
+                return None;
+            }
+        };
+        let name = canonical_name(name).ok()?;
+        match store.secret_by_name(&team, &name).await {
+            Ok(found) => {
+                tracing::debug!(sandbox_id, secret = %name, found = found.is_some(),
+                    "secret brokered");
+                found.map(|s| s.value)
+            }
+            Err(e) => {
+                tracing::warn!(sandbox_id, secret = %name, error = %e, "cannot read a secret");
+                None
+            }
+        }
+    }
+
     /// What a secret is, without its value.
     pub async fn secret(&self, team: Option<&str>, r: &str) -> Result<SecretInfo, ControlError> {
         Ok(self.sealed_secret(team, r).await?.info)

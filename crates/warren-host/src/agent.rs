@@ -27,6 +27,10 @@ struct Init<'a> {
     /// The server's cap on signed file URLs' lifetime; always sent (0: none), so an agent
     /// restored from another sandbox's memory takes this server's policy, not the one it had.
     signed_url_max_age_secs: u64,
+    /// Certificates (PEM) the sandbox's TLS clients must trust: the egress CA that brokers
+    /// secrets (E2B's `caBundle`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_bundle: Option<&'a str>,
 }
 
 /// What a sandbox's agent is initialised with (see [`wait_and_init`]).
@@ -43,6 +47,8 @@ pub struct InitArgs<'a> {
     pub timeout: Duration,
     /// The template's default user and working directory.
     pub launch: &'a warren_template::Launch,
+    /// See [`crate::HostConfig::ca_bundle`].
+    pub ca_bundle: Option<&'a str>,
 }
 
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init` with `args`.
@@ -58,6 +64,7 @@ pub async fn wait_and_init(
         signed_url_max_age,
         timeout,
         launch,
+        ca_bundle,
     } = *args;
     let deadline = Instant::now() + timeout;
     let health = format!("http://{agent}/health");
@@ -85,6 +92,7 @@ pub async fn wait_and_init(
         timestamp: chrono::Utc::now().to_rfc3339(),
         random_seed: random_seed()?,
         signed_url_max_age_secs: signed_url_max_age.map_or(0, NonZeroU64::get),
+        ca_bundle,
     };
     let mut req = client.post(format!("http://{agent}/init")).json(&body);
     if let Some(token) = current_token {
@@ -363,6 +371,7 @@ mod tests {
             signed_url_max_age: None,
             timeout: Duration::ZERO,
             launch: &launch,
+            ca_bundle: None,
         };
         let e = wait_and_init(&client, addr, &args).await.unwrap_err();
         assert_eq!(e.category(), Category::Unavailable, "{e:?}");

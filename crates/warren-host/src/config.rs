@@ -32,6 +32,12 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
+    /// What sandboxes' TLS clients are told to trust besides their image's store: the egress
+    /// CA when secrets are brokered (template builds get nothing, so images stay clean).
+    pub fn ca_bundle(&self) -> Option<&str> {
+        self.net.broker.as_ref().map(|b| b.ca_pem())
+    }
+
     /// Defaults for a host whose persistent data lives in `data_dir`; helper binaries are
     /// looked up next to the running executable.
     pub fn new(data_dir: PathBuf) -> Self {

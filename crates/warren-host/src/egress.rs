@@ -5,8 +5,8 @@ use warren_runtime::egress::{EgressPolicy, Rule};
 use warren_runtime::RuntimeError;
 
 /// `policy` as the slot enforces it: address rules in its nftables filter, and, when it has
-/// rules by name, the whole policy for the pool's resolver (which answers only allowed names
-/// and pins what it answered).
+/// rules by name or header rules, the whole policy for the pool's resolver (which answers
+/// only allowed names and pins what it answered) and its egress proxy.
 pub fn slot_policy(policy: &EgressPolicy) -> SlotPolicy {
     let nets = |rules: &[Rule]| -> Vec<Ipv4Cidr> {
         rules
@@ -20,7 +20,7 @@ pub fn slot_policy(policy: &EgressPolicy) -> SlotPolicy {
     SlotPolicy {
         allow: nets(&policy.allow_out),
         deny: nets(&policy.deny_out),
-        names: policy.has_names().then(|| policy.clone()),
+        names: (policy.has_names() || policy.has_rules()).then(|| policy.clone()),
     }
 }
 

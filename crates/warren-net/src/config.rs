@@ -70,6 +70,10 @@ pub struct NetConfig {
     /// interfaces of the host's default routes at pool start. Ignored when
     /// `net.ipv4.ip_forward` is already 1.
     pub forward_uplinks: Vec<String>,
+    /// Brokers secrets at egress (`network.rules`): without one, rules are applied by no one
+    /// and a policy that has them is refused.
+    #[serde(skip)]
+    pub broker: Option<std::sync::Arc<crate::Broker>>,
 }
 
 impl Default for NetConfig {
@@ -88,6 +92,7 @@ impl Default for NetConfig {
             new_connections_per_second: None,
             table_check_interval_ms: 2000,
             forward_uplinks: Vec::new(),
+            broker: None,
         }
     }
 }

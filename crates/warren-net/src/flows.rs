@@ -53,6 +53,11 @@ impl FlowLog {
         }
     }
 
+    /// Whom `slot` serves.
+    pub(crate) fn owner(&self, slot: &str) -> Option<String> {
+        self.lock().owners.get(slot).cloned()
+    }
+
     /// Records `flow` for whoever `slot` serves (nothing if nobody).
     pub(crate) fn record(&self, slot: &str, flow: Flow) {
         let mut s = self.lock();

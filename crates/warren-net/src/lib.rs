@@ -29,6 +29,7 @@
 
 mod addr;
 mod adopt;
+mod broker;
 mod cleanup;
 mod cmd;
 mod config;
@@ -55,6 +56,7 @@ pub use addr::{
     SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
 pub use adopt::AdoptSlot;
+pub use broker::{Broker, BrokerError, SecretFuture, SecretSource};
 pub use cleanup::{cleanup_stale, CleanupReport};
 pub use config::{default_blocked, DnsSource, NetConfig};
 pub use dns::{parse_nameservers, DnsConfig};

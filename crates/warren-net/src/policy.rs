@@ -63,6 +63,12 @@ impl SlotPolicy {
         }
     }
 
+    /// The policy when it has rules by name (the resolver answers for it and every TCP
+    /// connection goes through the proxy); `None` when it has none, even with header rules.
+    pub fn name_rules(&self) -> Option<&EgressPolicy> {
+        self.names.as_ref().filter(|p| p.has_names())
+    }
+
     /// Whether the policy restricts nothing.
     pub fn is_open(&self) -> bool {
         self.deny.is_empty() && self.names.is_none()
@@ -135,9 +141,9 @@ enum Hook {
 /// directly, denied ones refused at once by the filter) never reach it, nor do the proxy's
 /// own upstream connections (its mark). One rule per line, without indentation.
 fn proxy_rules(policy: &SlotPolicy, hook: Hook) -> String {
-    if policy.names.is_none() {
+    let Some(names) = &policy.names else {
         return String::new();
-    }
+    };
     let on = match hook {
         Hook::Output => format!("oifname \"{SANDBOX_IFACE}\" "),
         Hook::Prerouting => format!("iifname \"{TAP_IFACE}\" "),
@@ -145,6 +151,12 @@ fn proxy_rules(policy: &SlotPolicy, hook: Hook) -> String {
     let to = format!("redirect to :{}", crate::proxy::PROXY_PORT);
     let mut s = format!("meta mark {:#x} return\n", crate::proxy::MARK);
     s.push_str("ip daddr @allow_net return\n");
+    if !names.has_names() {
+        // Header rules only: the web ports, where requests can be rewritten, and nothing
+        // else (other protocols keep their direct path and its speed).
+        let _ = writeln!(s, "{on}ip daddr != @deny_net tcp dport {{ 80, 443 }} {to}");
+        return s;
+    }
     let _ = writeln!(s, "{on}ip daddr @pinned meta l4proto tcp {to}");
     let _ = writeln!(s, "{on}tcp dport {{ 80, 443 }} {to}");
     let _ = writeln!(s, "{on}ip daddr != @deny_net meta l4proto tcp {to}");
@@ -169,7 +181,7 @@ fn policy_rules(policy: &SlotPolicy, resolver: Option<ResolverAt>) -> String {
             r.host_veth, r.port
         );
     }
-    if policy.names.is_some() {
+    if policy.name_rules().is_some() {
         s.push_str("\t\tip daddr @pinned return\n");
     }
     s.push_str("\t\tip daddr @deny_net jump refuse\n");
@@ -200,22 +212,24 @@ pub(crate) fn dns_redirect(
         let _ = writeln!(s, "flush chain ip {table} {chain}");
     }
     // Private-network names (`.internal`) are answered by the resolver too.
-    let redirect = policy.names.is_some() || internal_names;
-    if let (true, Some(r)) = (redirect, resolver) {
+    let redirect = policy.name_rules().is_some() || internal_names;
+    if let Some(r) = resolver {
         let mark = crate::proxy::MARK;
         let to = format!(
             "meta l4proto {{ tcp, udp }} th dport 53 dnat to {}:{}",
             r.host_veth, r.port
         );
-        // A VM's queries arrive from its tap; a namespace sandbox's own leave through eth0.
-        let _ = writeln!(
-            s,
-            "add rule ip {table} dns_pre iifname != \"{SANDBOX_IFACE}\" {to}"
-        );
-        let _ = writeln!(
-            s,
-            "add rule ip {table} dns_out oifname \"{SANDBOX_IFACE}\" {to}"
-        );
+        if redirect {
+            // A VM's queries arrive from its tap; a namespace sandbox's own leave through eth0.
+            let _ = writeln!(
+                s,
+                "add rule ip {table} dns_pre iifname != \"{SANDBOX_IFACE}\" {to}"
+            );
+            let _ = writeln!(
+                s,
+                "add rule ip {table} dns_out oifname \"{SANDBOX_IFACE}\" {to}"
+            );
+        }
         if policy.names.is_some() {
             let _ = writeln!(
                 s,

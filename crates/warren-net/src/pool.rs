@@ -214,6 +214,7 @@ impl NetPool {
             pins.clone(),
             flows.clone(),
             config.max_connections_per_slot,
+            config.broker.clone(),
         );
         let layers =
             start::install_host_layers(&config, &dns, resolver.port(), &adopt, &verdicts).await?;
@@ -528,7 +529,7 @@ impl Inner {
             self.resolver.register(
                 slot.addrs.host_side,
                 &slot.name,
-                policy.names.as_ref(),
+                policy.name_rules(),
                 policy.denies_everything(),
             );
             if policy.names.is_none() {

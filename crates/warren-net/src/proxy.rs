@@ -32,6 +32,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use warren_runtime::egress::EgressPolicy;
 
+use crate::broker::{Broker, Brokered};
 use crate::error::{Error, Result};
 use crate::flows::{now_ms, FlowLog};
 use crate::netns::netns_path;
@@ -109,6 +110,7 @@ type MakeSocket = oneshot::Sender<io::Result<OwnedFd>>;
 
 struct Shared {
     upstreams: Vec<Ipv4Addr>,
+    broker: Option<Arc<Broker>>,
     pins: Arc<Pins>,
     flows: Arc<FlowLog>,
     max_connections: usize,
@@ -126,6 +128,7 @@ impl Proxy {
         pins: Arc<Pins>,
         flows: Arc<FlowLog>,
         max_connections: u32,
+        broker: Option<Arc<Broker>>,
     ) -> Self {
         let max_connections = match max_connections {
             0 => DEFAULT_MAX_CONNECTIONS,
@@ -134,6 +137,7 @@ impl Proxy {
         Self {
             shared: Arc::new(Shared {
                 upstreams,
+                broker,
                 pins,
                 flows,
                 max_connections,
@@ -290,6 +294,16 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
         reset(client);
         return;
     }
+    // A rule's host is always dialled by name, so its headers go only to its own servers;
+    // with no name rules (a policy that has only header rules), other names keep the
+    // address the sandbox chose.
+    let rule = match &first {
+        Some(Head::Named(name, _)) => names.rules.for_name(name).map(|h| Brokered {
+            headers: h.clone(),
+            sandbox: shared.flows.owner(slot),
+        }),
+        _ => None,
+    };
     let upstream = match &first {
         Some(Head::Named(name, via)) => {
             if !names.answers_name(name) {
@@ -304,7 +318,11 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
                 reset(client);
                 return;
             }
-            dial_name(slot, shared, name, dest.port()).await
+            if rule.is_some() || names.has_names() {
+                dial_name(slot, shared, name, dest.port()).await
+            } else {
+                dial(slot, shared, dest).await
+            }
         }
         _ => dial(slot, shared, dest).await,
     };
@@ -321,6 +339,46 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
             return;
         }
     };
+    if let (Some(rule), Some(name), Some(via)) = (&rule, name, via) {
+        let Some(broker) = shared.broker.clone() else {
+            // Policies with rules are refused where there is no broker; never relay
+            // a request that was meant to carry a secret without it, or with it.
+            shared.flow(
+                slot,
+                dest,
+                Some(name),
+                Some(via),
+                FlowVerdict::Denied,
+                "no broker",
+            );
+            reset(client);
+            return;
+        };
+        shared.flow(
+            slot,
+            dest,
+            Some(name),
+            Some(via),
+            FlowVerdict::Allowed,
+            "headers set by a rule",
+        );
+        match via {
+            Via::Host => broker.http(client, upstream, head, rule).await,
+            Via::Sni => {
+                if let Err(e) = broker.https(client, upstream, head, name, rule).await {
+                    shared.flow(
+                        slot,
+                        dest,
+                        Some(name),
+                        Some(via),
+                        FlowVerdict::Denied,
+                        &e.to_string(),
+                    );
+                }
+            }
+        }
+        return;
+    }
     shared.flow(slot, dest, name, via, FlowVerdict::Allowed, "");
     if !head.is_empty() && upstream.write_all(&head).await.is_err() {
         reset(client);

@@ -9,8 +9,6 @@
 //! ambiguous framing (both `Transfer-Encoding` and `Content-Length`, several lengths, a coding
 //! other than a final `chunked`) is refused, as RFC 9112 asks of a proxy. A request asking to
 //! switch protocols (`Upgrade`, `CONNECT`) ends the rewriting: what follows it is copied as it is.
-//!
-//! Not wired into the proxy yet.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -24,6 +22,9 @@ const MAX_HEADERS: usize = 128;
 pub enum RewriteError {
     #[error("malformed request: {0}")]
     Malformed(String),
+    /// A header's value could not be made (a secret it names is gone).
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -218,7 +219,7 @@ where
 /// `up`, each with the headers of `set` (resolved when each request comes: a rotated secret
 /// applies on the next request). Returns when the client closes, or after a protocol switch
 /// once the rest of the client's bytes are copied.
-pub async fn forward_requests<R, W, F>(
+pub async fn forward_requests<R, W, F, Fut>(
     client: &mut R,
     up: &mut W,
     first: Vec<u8>,
@@ -227,7 +228,8 @@ pub async fn forward_requests<R, W, F>(
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
-    F: FnMut() -> Result<Vec<(String, String)>, RewriteError>,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(String, String)>, RewriteError>>,
 {
     let mut buf = first;
     while let Some(end) = fill_head(client, &mut buf).await? {
@@ -236,7 +238,8 @@ where
             .iter()
             .position(|b| *b != b'\r' && *b != b'\n')
             .unwrap_or(0);
-        let (head, body, upgrade) = rewrite_head(&buf[start..end], &set()?)?;
+        let headers = set().await?;
+        let (head, body, upgrade) = rewrite_head(&buf[start..end], &headers)?;
         buf.drain(..end);
         up.write_all(&head).await?;
         match body {
@@ -277,7 +280,7 @@ mod tests {
             upstream_side.read_to_end(&mut got).await.unwrap();
             got
         });
-        let r = forward_requests(&mut client, &mut up, Vec::new(), || Ok(set())).await;
+        let r = forward_requests(&mut client, &mut up, Vec::new(), || async { Ok(set()) }).await;
         drop(up);
         writer.await.unwrap();
         let got = reader.await.unwrap();

@@ -199,7 +199,7 @@ pub(crate) async fn install_filter(
     let ns = netns_path(name);
     // The resolver's pins outlive the reinstall (with the time they have left): the
     // sandbox's connections to the names it resolved keep working across a server restart.
-    let pins = match &policy.names {
+    let pins = match policy.name_rules() {
         Some(_) => Invocation::new(NFT)
             .args(["-j", "list", "set", "inet", &filter.table, "pinned"])
             .in_netns(&ns)

@@ -8,86 +8,20 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::dns::{parse, query, resolve};
 use common::{assert_connects, connect, listen, udp_echo, udp_roundtrip, OPEN};
-use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::A;
-use hickory_proto::rr::{RData, Record};
-use warren_net::{netns, DnsSource, NetPool, SlotPolicy};
+use hickory_proto::op::ResponseCode;
+use warren_net::{DnsSource, NetPool, SlotPolicy};
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::flows::{FlowKind, FlowVerdict};
 
 fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
-
-/// A DNS server (UDP) in `ns` that knows `names` and records every name it is asked.
-struct Upstream {
-    asked: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn upstream(
-    ns: &std::path::Path,
-    addr: SocketAddr,
-    names: Vec<(&'static str, Ipv4Addr)>,
-) -> Upstream {
-    let socket = netns::run_in(ns, move || UdpSocket::bind(addr))
-        .expect("enter netns")
-        .expect("bind the test DNS server");
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let asked = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (log, flag) = (asked.clone(), stop.clone());
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1500];
-        while !flag.load(Ordering::Relaxed) {
-            let Ok((n, peer)) = socket.recv_from(&mut buf) else {
-                continue;
-            };
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let Some(query) = q.queries().first().cloned() else {
-                continue;
-            };
-            let asked_for = query.name().to_ascii().trim_end_matches('.').to_string();
-            log.lock().unwrap().push(asked_for.clone());
-            let mut r = Message::new();
-            r.set_id(q.id())
-                .set_message_type(MessageType::Response)
-                .set_op_code(OpCode::Query)
-                .set_recursion_available(true);
-            r.add_query(query.clone());
-            match names.iter().find(|(n, _)| *n == asked_for) {
-                Some((_, ip)) => {
-                    r.add_answer(Record::from_rdata(
-                        query.name().clone(),
-                        30,
-                        RData::A(A(*ip)),
-                    ));
-                }
-                None => {
-                    r.set_response_code(ResponseCode::NXDomain);
-                }
-            }
-            let _ = socket.send_to(&r.to_vec().unwrap(), peer);
-        }
-    });
-    Upstream { asked, stop }
 }
 
 /// The same over TCP.
@@ -119,7 +53,7 @@ fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
     let dns_ip = ctx.private_addr();
     let outside_ns = ctx.outside_netns();
     let dns = sa(dns_ip, 53);
-    let up = upstream(
+    let up = common::dns::serve(
         &outside_ns,
         dns,
         vec![("allowed.test", b), ("other.test", a)],
@@ -211,7 +145,7 @@ fn pins_and_the_redirect_survive_a_restart_of_the_pool() {
     let dns_ip = ctx.private_addr();
     let outside_ns = ctx.outside_netns();
     let dns = sa(dns_ip, 53);
-    let _up = upstream(&outside_ns, dns, vec![("allowed.test", b)]);
+    let _up = common::dns::serve(&outside_ns, dns, vec![("allowed.test", b)]);
     let server_b = listen(Some(&outside_ns), sa(b, 8080));
     let mut config = ctx.config(0);
     config.dns = DnsSource::Servers(vec![dns_ip]);
@@ -352,7 +286,7 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
     let outside_ns = ctx.outside_netns();
     let dns = sa(dns_ip, 53);
     // `evil.test` lives at a; `allowed.test` at b.
-    let _up = upstream(
+    let _up = common::dns::serve(
         &outside_ns,
         dns,
         vec![("allowed.test", b), ("evil.test", a)],

@@ -22,6 +22,8 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
+use crate::transforms::HeaderRules;
+
 /// Most entries one list may hold (each becomes set elements or matcher entries per slot).
 pub const MAX_RULES: usize = 1000;
 
@@ -193,6 +195,9 @@ pub struct EgressPolicy {
     pub allow_out: Vec<Rule>,
     #[serde(default)]
     pub deny_out: Vec<Rule>,
+    /// Headers set on requests to named hosts (`network.rules`); they grant no access.
+    #[serde(default, skip_serializing_if = "HeaderRules::is_empty")]
+    pub rules: HeaderRules,
 }
 
 /// The whole IPv4 space: what `allow_internet_access=false` denies.
@@ -233,6 +238,7 @@ impl EgressPolicy {
         let policy = Self {
             allow_out: parse("allowOut", allow_out)?,
             deny_out: parse("denyOut", deny_out)?,
+            rules: HeaderRules::default(),
         };
         let enforced = policy
             .clone()
@@ -253,6 +259,16 @@ impl EgressPolicy {
             deny_out: vec![Rule::Net(all_traffic())],
             ..self
         }
+    }
+
+    /// This policy with `rules` (already checked by [`HeaderRules::parse`]).
+    pub fn with_rules(self, rules: HeaderRules) -> Self {
+        Self { rules, ..self }
+    }
+
+    /// Whether requests to some hosts get headers (those need the egress proxy).
+    pub fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
     }
 
     /// Whether any rule names a domain (those need the resolver and the egress proxy).

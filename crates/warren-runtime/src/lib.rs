@@ -11,6 +11,7 @@
 pub mod egress;
 pub mod flows;
 pub mod peers;
+pub mod transforms;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -116,6 +117,9 @@ pub struct Capabilities {
     pub egress_addresses: bool,
     /// Egress rules by name (domains, `*.domain`) are enforced too.
     pub egress_names: bool,
+    /// Header rules (`network.rules`) are applied by a broker at egress, secrets filled in.
+    #[serde(default)]
+    pub egress_rules: bool,
     /// Private networks between sandboxes ([`SandboxRuntime::set_peers`]).
     #[serde(default)]
     pub private_networks: bool,

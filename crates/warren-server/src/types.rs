@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use warren_control::EgressPolicy;
 use warren_control::{Capabilities, OnTimeout, PauseMode, Sandbox, Snapshot};
+use warren_control::{HeaderRules, HostRule};
 
 /// Every error response.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -103,7 +104,11 @@ pub struct NetworkConfig {
     /// The `Host` header services on user ports get, as `host[:port]`; `${PORT}` is replaced
     /// by the port.
     pub mask_request_host: Option<String>,
-    /// Every other key (`rules`, `dnsServers`, ...).
+    /// Headers the egress proxy sets on requests to named hosts: `{host: [{"transform":
+    /// {"headers": {name: value}}}]}`; values may hold `${e2b.secrets.NAME}`.
+    #[schema(value_type = Option<Object>)]
+    pub rules: Option<BTreeMap<String, Vec<HostRule>>>,
+    /// Every other key (`dnsServers`, ...).
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub unsupported: BTreeMap<String, serde_json::Value>,
@@ -119,7 +124,10 @@ pub struct NetworkUpdateBody {
     /// `false` denies all traffic but `allowOut`; absent means allowed.
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
-    /// Every other key (`rules`, `dnsServers`, `egressProxy`, ...).
+    /// As create's `network.rules`; omitted clears them.
+    #[schema(value_type = Option<Object>)]
+    pub rules: Option<BTreeMap<String, Vec<HostRule>>>,
+    /// Every other key (`dnsServers`, `egressProxy`, ...).
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub unsupported: BTreeMap<String, serde_json::Value>,
@@ -136,7 +144,7 @@ fn refuse_unsupported(extra: &BTreeMap<String, serde_json::Value>) -> Result<(),
     match extra.iter().find(|(_, v)| !empty(v)) {
         Some((key, _)) => Err(format!(
             "network.{key} is not supported by this server yet; remove it (network.allowOut, \
-             network.denyOut and allow_internet_access are enforced)"
+             network.denyOut, network.rules and allow_internet_access are enforced)"
         )),
         None => Ok(()),
     }
@@ -146,13 +154,16 @@ fn egress_of(
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
     allow_internet_access: Option<bool>,
+    rules: Option<BTreeMap<String, Vec<HostRule>>>,
 ) -> Result<EgressPolicy, String> {
-    EgressPolicy::from_lists(
+    let rules = HeaderRules::parse(rules.unwrap_or_default()).map_err(|e| e.to_string())?;
+    Ok(EgressPolicy::from_lists(
         &allow_out.unwrap_or_default(),
         &deny_out.unwrap_or_default(),
         allow_internet_access,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?
+    .with_rules(rules))
 }
 
 /// A `maskRequestHost` must be an ASCII `host[:port]` once `${PORT}` is replaced (as E2B).
@@ -185,7 +196,12 @@ impl NetworkConfig {
         }
         Ok(warren_control::Network {
             allow_public_traffic: self.allow_public_traffic.unwrap_or(true),
-            egress: egress_of(self.allow_out, self.deny_out, allow_internet_access)?,
+            egress: egress_of(
+                self.allow_out,
+                self.deny_out,
+                allow_internet_access,
+                self.rules,
+            )?,
             mask_request_host: self.mask_request_host,
         })
     }
@@ -195,7 +211,12 @@ impl NetworkUpdateBody {
     pub fn into_update(self) -> Result<warren_control::NetworkUpdate, String> {
         refuse_unsupported(&self.unsupported)?;
         Ok(warren_control::NetworkUpdate {
-            egress: egress_of(self.allow_out, self.deny_out, self.allow_internet_access)?,
+            egress: egress_of(
+                self.allow_out,
+                self.deny_out,
+                self.allow_internet_access,
+                self.rules,
+            )?,
             allow_internet_access: self.allow_internet_access,
         })
     }
@@ -212,6 +233,10 @@ pub struct NetworkInfo {
     pub deny_out: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    /// `network.rules` as given (placeholders, never secret values).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = Object)]
+    pub rules: BTreeMap<String, Vec<HostRule>>,
 }
 
 /// One entry of a sandbox's flow log: a decision of its egress policy.
@@ -588,6 +613,7 @@ impl SandboxDetail {
                     .map(|r| r.to_string())
                     .collect(),
                 mask_request_host: s.network.mask_request_host.clone(),
+                rules: s.network.egress.rules.0.clone(),
             },
             pause_mode: s.pause_mode.map(|m| {
                 match m {

@@ -160,8 +160,16 @@ async fn bad_policies_get_a_clear_400_and_change_nothing() {
         ),
         (json!({"dnsServers": ["192.0.2.53"]}), "not supported"),
         (
-            json!({"rules": {"api.example.test": [{"transform": {"headers": {"a": "b"}}}]}}),
-            "not supported",
+            json!({"rules": {"api.example.test": [{"transform": {"headers": {"Host": "b"}}}]}}),
+            "network.rules[\"api.example.test\"] header \"Host\"",
+        ),
+        (
+            json!({"rules": {"10.0.0.1": [{"transform": {"headers": {"a": "b"}}}]}}),
+            "not a domain name",
+        ),
+        (
+            json!({"rules": {"a.test": [{"transform": {"headers": {"a": "${e2b.identity.tokens.x}"}}}]}}),
+            "workload identity",
         ),
         (json!({"denyOut": "0.0.0.0/0"}), ""),
     ] {
@@ -187,6 +195,37 @@ async fn bad_policies_get_a_clear_400_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn header_rules_reach_the_runtime_and_read_back_with_their_placeholders() {
+    let s = server().await;
+    let rules = json!({"API.Example.test": [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.openai_key}"}}}]});
+    let created = s
+        .create(json!({"templateID": "base", "network": {"rules": rules}}))
+        .await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let want = json!({"api.example.test": [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.secrets.openai_key}"}}}]});
+    assert_eq!(last_policy(&s, id)["rules"], want);
+    assert_eq!(detail(&s, id).await["network"]["rules"], want);
+    // An update replaces the rules; one without them clears them.
+    let (status, _) = put(
+        &s,
+        id,
+        json!({"rules": {"*.models.test": [{"transform": {"headers": {"X-Key": "k"}}}]}}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        last_policy(&s, id)["rules"],
+        json!({"*.models.test": [{"transform": {"headers": {"X-Key": "k"}}}]})
+    );
+    let (status, _) = put(&s, id, json!({})).await;
+    assert_eq!(status, 204);
+    assert!(last_policy(&s, id).get("rules").is_none());
+    assert!(detail(&s, id).await["network"].get("rules").is_none());
 }
 
 #[tokio::test]
@@ -235,9 +274,16 @@ async fn put_for_unknown_killed_or_paused_sandboxes() {
 #[tokio::test]
 async fn a_runtime_without_egress_policies_refuses_them() {
     let s = TestServer::start().await;
-    for network in [
-        json!({"allowOut": ["203.0.113.0/24"]}),
-        json!({"denyOut": ["0.0.0.0/0"]}),
+    for (network, says) in [
+        (
+            json!({"allowOut": ["203.0.113.0/24"]}),
+            "does not enforce egress",
+        ),
+        (json!({"denyOut": ["0.0.0.0/0"]}), "does not enforce egress"),
+        (
+            json!({"rules": {"a.test": [{"transform": {"headers": {"a": "b"}}}]}}),
+            "network.rules (headers set at egress) are not applied",
+        ),
     ] {
         let r = s
             .client()
@@ -249,13 +295,7 @@ async fn a_runtime_without_egress_policies_refuses_them() {
             .unwrap();
         assert_eq!(r.status(), 400, "{network}");
         let v: Value = r.json().await.unwrap();
-        assert!(
-            v["message"]
-                .as_str()
-                .unwrap()
-                .contains("does not enforce egress"),
-            "{v}"
-        );
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
     }
     // allow_internet_access alone keeps working there (it is not a list policy).
     s.create(json!({"templateID": "base", "allow_internet_access": false}))

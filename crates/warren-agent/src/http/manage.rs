@@ -38,6 +38,8 @@ pub struct InitRequest {
     /// without `signature_expiration` is then refused. `0` removes the limit; absent (or
     /// `null`) leaves the current setting. Kept as raw JSON so a bad value gets its own 400.
     pub signed_url_max_age_secs: Option<serde_json::Value>,
+    /// Certificates (PEM) the sandbox's TLS clients are to trust (see [`crate::trust`]).
+    pub ca_bundle: Option<String>,
 }
 
 /// `POST /init`: per-sandbox settings from the control plane. 204 with `X-Envd-Version`.
@@ -65,6 +67,23 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         None => None,
         Some(Ok(v)) => Some(v),
         Some(Err(msg)) => return http_error(StatusCode::BAD_REQUEST, msg),
+    };
+    if let Some(pem) = req.ca_bundle.as_deref() {
+        if !crate::trust::valid(pem) {
+            return http_error(StatusCode::BAD_REQUEST, "caBundle must be PEM certificates");
+        }
+    }
+    // The image's trust store is the sandbox's own: a failure to write it leaves the
+    // sandbox usable (only brokered hosts would then fail their TLS checks), so it is logged.
+    let trust_vars = match req.ca_bundle.as_deref() {
+        Some(pem) => match crate::trust::install(std::path::Path::new("/"), pem) {
+            Ok(vars) => vars,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not install the CA bundle");
+                BTreeMap::new()
+            }
+        },
+        None => BTreeMap::new(),
     };
     if let Some(seed) = req.random_seed.as_deref() {
         match decode_hex(seed) {
@@ -94,6 +113,9 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         let mut s = state.settings.write().unwrap_or_else(|e| e.into_inner());
         if let Some(vars) = req.env_vars {
             s.env_vars.extend(vars);
+        }
+        for (k, v) in trust_vars {
+            s.env_vars.entry(k).or_insert(v);
         }
         if let Some(token) = req.access_token {
             s.access_token = (!token.is_empty()).then_some(token);

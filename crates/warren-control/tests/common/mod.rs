@@ -471,6 +471,7 @@ pub fn full_caps() -> Capabilities {
         snapshot_filesystem: true,
         egress_addresses: true,
         egress_names: false,
+        egress_rules: false,
         private_networks: false,
         volumes: true,
     }
@@ -486,6 +487,7 @@ pub fn ns_caps() -> Capabilities {
         snapshot_filesystem: true,
         egress_addresses: true,
         egress_names: false,
+        egress_rules: false,
         private_networks: false,
         volumes: true,
     }

@@ -104,7 +104,7 @@ pub(super) fn adopted_slots(
                     inner.resolver.register(
                         addrs.host_side,
                         &slot.name,
-                        slot.policy.names.as_ref(),
+                        slot.policy.name_rules(),
                         slot.policy.denies_everything(),
                     );
                     if let Err(e) = inner.proxy.register(&slot.name, slot.policy.names.as_ref()) {

@@ -287,6 +287,7 @@ impl NsRuntime {
             signed_url_max_age: self.cfg.signed_url_max_age,
             timeout: self.cfg.ready_timeout,
             launch: &template_launch,
+            ca_bundle: self.cfg.ca_bundle(),
         };
         if let Err(e) = agent::wait_and_init(&self.client, agent, &init).await {
             let why = sandbox.exit_status();
@@ -336,6 +337,7 @@ impl SandboxRuntime for NsRuntime {
             snapshot_filesystem: true,
             egress_addresses: true,
             egress_names: true,
+            egress_rules: self.cfg.net.broker.is_some(),
             private_networks: true,
             volumes: true,
         }

@@ -189,6 +189,7 @@ impl VmRuntime {
                 signed_url_max_age: self.cfg.signed_url_max_age,
                 timeout: self.cfg.ready_timeout,
                 launch: &launch,
+                ca_bundle: self.cfg.ca_bundle(),
             };
             agent::wait_and_init(&self.client, agent, &init).await?;
             // A VM restored with memory (every fork of the template snapshot, which was

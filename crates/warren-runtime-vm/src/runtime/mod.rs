@@ -420,6 +420,7 @@ impl VmRuntime {
             signed_url_max_age: self.cfg.signed_url_max_age,
             timeout: self.cfg.ready_timeout,
             launch,
+            ca_bundle: None,
         };
         warren_host::agent::wait_and_init(&self.client, agent, &init).await?;
         warren_host::agent::run_start_command(&self.client, agent, None, cmd).await
@@ -586,6 +587,7 @@ impl SandboxRuntime for VmRuntime {
             snapshot_filesystem: true,
             egress_addresses: true,
             egress_names: true,
+            egress_rules: self.cfg.net.broker.is_some(),
             private_networks: true,
             volumes: false,
         }

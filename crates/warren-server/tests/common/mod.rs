@@ -104,10 +104,11 @@ fn signal(child: &Child, sig: &str) -> Result<(), RuntimeError> {
 }
 
 impl AgentRuntime {
-    /// A runtime that takes egress policies by address (and records them).
+    /// A runtime that takes egress policies by address and header rules (and records them).
     pub fn with_egress() -> AgentRuntime {
         let rt = AgentRuntime::persistence();
         rt.caps.lock().unwrap().egress_addresses = true;
+        rt.caps.lock().unwrap().egress_rules = true;
         rt
     }
 

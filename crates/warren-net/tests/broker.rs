@@ -1,0 +1,374 @@
+//! Secrets brokered at egress, for real: a slot whose policy has header rules (`network.rules`)
+//! sends plain HTTP and HTTPS requests to servers in the test's "internet" namespace; the
+//! servers record the heads they receive. The rule's host gets the secret's value on every
+//! request (the value of the moment: a rotation applies to the next request), over TLS too
+//! (the proxy verifies the host and shows the sandbox a leaf of the egress CA); other hosts,
+//! an address the sandbox made up for the rule's name, and a host whose certificate does not
+//! verify get nothing. Run as root; see tests/common.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{connect, listen, OPEN};
+use warren_net::{Broker, DnsSource, NetPool, SecretFuture, SecretSource, SlotPolicy};
+use warren_runtime::egress::EgressPolicy;
+use warren_runtime::transforms::{HeaderRules, HostRule};
+
+fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ip, port))
+}
+
+/// Secrets by (sandbox, name), changeable while the test runs.
+#[derive(Default)]
+struct Secrets(Mutex<HashMap<(String, String), String>>);
+
+impl Secrets {
+    fn set(&self, sandbox: &str, name: &str, value: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .insert((sandbox.into(), name.into()), value.into());
+    }
+}
+
+impl SecretSource for Secrets {
+    fn secret<'a>(&'a self, sandbox: &'a str, name: &'a str) -> SecretFuture<'a> {
+        let v = self
+            .0
+            .lock()
+            .unwrap()
+            .get(&(sandbox.to_owned(), name.to_owned()))
+            .cloned();
+        Box::pin(async move { v })
+    }
+}
+
+/// An HTTP/1.1 server (plain, or TLS with `tls`) in the outside namespace that records every
+/// request head and answers each with `body`, keeping the connection open.
+struct Web {
+    heads: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Web {
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+fn web(
+    ns: &std::path::Path,
+    addr: SocketAddr,
+    body: &'static str,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Web {
+    let listener = listen(Some(ns), addr);
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (log, flag) = (heads.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            let Some((s, _)) = common::accept(&listener, Duration::from_millis(50)) else {
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(OPEN)).unwrap();
+            let (log, tls) = (log.clone(), tls.clone());
+            std::thread::spawn(move || match tls {
+                Some(config) => {
+                    let Ok(conn) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    serve_http(rustls::StreamOwned::new(conn, s), &log, body);
+                }
+                None => serve_http(s, &log, body),
+            });
+        }
+    });
+    Web { heads, stop }
+}
+
+fn serve_http<S: Read + Write>(stream: S, log: &Mutex<Vec<String>>, body: &str) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            head.push_str(&line);
+            if line == "\r\n" {
+                break;
+            }
+        }
+        log.lock().unwrap().push(head);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if reader.get_mut().write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+        let _ = reader.get_mut().flush();
+    }
+}
+
+/// Sends `requests` one after another on one connection and returns the answers' bodies
+/// (each answer has a `content-length`) or the status line of a non-200 answer.
+fn ask<S: Read + Write>(
+    stream: S,
+    host: &str,
+    requests: usize,
+    between: impl Fn(usize),
+) -> Vec<String> {
+    let mut reader = BufReader::new(stream);
+    let mut out = Vec::new();
+    for i in 0..requests {
+        between(i);
+        let req = format!(
+            "GET /{i} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer ${{e2b.secrets.key}}\r\n\r\n"
+        );
+        if reader.get_mut().write_all(req.as_bytes()).is_err() {
+            out.push("write failed".into());
+            break;
+        }
+        let mut status = String::new();
+        if reader.read_line(&mut status).unwrap_or(0) == 0 {
+            out.push("closed".into());
+            break;
+        }
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body).unwrap();
+        if status.contains(" 200 ") {
+            out.push(String::from_utf8(body).unwrap());
+        } else {
+            out.push(status.trim().to_string());
+        }
+    }
+    out
+}
+
+fn tls_client(
+    ca_pem: &str,
+    name: &str,
+    tcp: TcpStream,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+fn rules(pairs: &[(&str, &str)]) -> HeaderRules {
+    let raw: BTreeMap<String, Vec<HostRule>> = pairs
+        .iter()
+        .map(|(host, value)| {
+            let rule = serde_json::json!({"transform": {"headers": {"Authorization": value}}});
+            (
+                host.to_string(),
+                vec![serde_json::from_value(rule).unwrap()],
+            )
+        })
+        .collect();
+    HeaderRules::parse(raw).unwrap()
+}
+
+fn auth_of(head: &str) -> Option<String> {
+    head.lines()
+        .find_map(|l| l.strip_prefix("Authorization: ").map(str::to_owned))
+}
+
+#[test]
+fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
+    let Some(mut ctx) = common::setup() else {
+        return;
+    };
+    let a = ctx.outside().addr;
+    let b = ctx.outside_second();
+    let dns_ip = ctx.private_addr();
+    let outside_ns = ctx.outside_netns();
+    let _dns = common::dns::serve(
+        &outside_ns,
+        sa(dns_ip, 53),
+        vec![
+            ("api.test", b),
+            ("other.test", a),
+            ("untrusted.test", a),
+            ("gone.test", b),
+        ],
+    );
+    // The hosts' own certificates: api.test from a CA the proxy is told to trust,
+    // untrusted.test from one it is not.
+    let dir = tempfile::tempdir().unwrap();
+    let (public_ca, _) =
+        warren_tls::LocalCa::load_or_create(&dir.path().join("public"), "test").unwrap();
+    let public_root = public_ca.cert_der().clone();
+    let api_tls = warren_tls::server_config(Arc::new(
+        warren_tls::ServerCerts::issued(public_ca, vec!["api.test".into()]).unwrap(),
+    ))
+    .unwrap();
+    let (rogue_ca, _) =
+        warren_tls::LocalCa::load_or_create(&dir.path().join("rogue"), "test").unwrap();
+    let rogue_tls = warren_tls::server_config(Arc::new(
+        warren_tls::ServerCerts::issued(rogue_ca, vec!["untrusted.test".into()]).unwrap(),
+    ))
+    .unwrap();
+    let api_http = web(&outside_ns, sa(b, 80), "api", None);
+    let api_https = web(&outside_ns, sa(b, 443), "api-tls", Some(api_tls));
+    let other_http = web(&outside_ns, sa(a, 80), "other", None);
+    let rogue_https = web(&outside_ns, sa(a, 443), "rogue", Some(rogue_tls));
+
+    let secrets = Arc::new(Secrets::default());
+    secrets.set("sbx-1", "key", "s3cret-1");
+    let (egress_ca, _) =
+        warren_tls::LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
+    let broker = Arc::new(
+        Broker::new(
+            Arc::new(warren_tls::EgressCerts::new(egress_ca)),
+            vec![public_root],
+            secrets.clone(),
+        )
+        .unwrap(),
+    );
+    let ca_pem = broker.ca_pem().to_owned();
+    let mut config = ctx.config(1);
+    config.dns = DnsSource::Servers(vec![dns_ip]);
+    config.broker = Some(broker);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    // Header rules only: egress stays open, the rules change requests and nothing else.
+    let egress = EgressPolicy::default().with_rules(rules(&[
+        ("api.test", "Bearer ${e2b.secrets.key}"),
+        ("untrusted.test", "Bearer ${e2b.secrets.key}"),
+        ("gone.test", "Bearer ${e2b.secrets.nothing}"),
+    ]));
+    let policy = SlotPolicy {
+        names: Some(egress),
+        ..SlotPolicy::open()
+    };
+    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    pool.set_owner(&slot, "sbx-1");
+    let ns = slot.netns_path();
+
+    // Plain HTTP: every request on a kept-alive connection gets the value of the moment.
+    let tcp = connect(Some(&ns), sa(b, 80), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let got = ask(tcp, "api.test", 3, |i| {
+        if i == 2 {
+            secrets.set("sbx-1", "key", "s3cret-2");
+        }
+    });
+    assert_eq!(got, vec!["api", "api", "api"]);
+    let auths: Vec<_> = api_http.heads().iter().map(|h| auth_of(h)).collect();
+    assert_eq!(
+        auths,
+        vec![
+            Some("Bearer s3cret-1".to_string()),
+            Some("Bearer s3cret-1".to_string()),
+            Some("Bearer s3cret-2".to_string())
+        ]
+    );
+
+    // The rule's name at an address the sandbox chose: dialled by name, so only api.test's
+    // own server hears it.
+    let tcp = connect(Some(&ns), sa(a, 80), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    assert_eq!(ask(tcp, "api.test", 1, |_| ()), vec!["api"]);
+    assert_eq!(api_http.heads().len(), 4);
+
+    // Another host gets the request as the sandbox wrote it: the placeholder, no secret.
+    let tcp = connect(Some(&ns), sa(a, 80), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    assert_eq!(ask(tcp, "other.test", 1, |_| ()), vec!["other"]);
+    let heads = other_http.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(
+        auth_of(&heads[0]).as_deref(),
+        Some("Bearer ${e2b.secrets.key}")
+    );
+
+    // HTTPS: the sandbox sees a leaf of the egress CA for api.test; the host gets the value.
+    let tcp = connect(Some(&ns), sa(b, 443), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let got = ask(tls_client(&ca_pem, "api.test", tcp), "api.test", 2, |_| ());
+    assert_eq!(got, vec!["api-tls", "api-tls"]);
+    let auths: Vec<_> = api_https.heads().iter().map(|h| auth_of(h)).collect();
+    assert_eq!(auths, vec![Some("Bearer s3cret-2".to_string()); 2]);
+
+    // A host whose certificate does not verify: the sandbox's handshake fails and the
+    // host never gets a request.
+    let tcp = connect(Some(&ns), sa(a, 443), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let got = ask(
+        tls_client(&ca_pem, "untrusted.test", tcp),
+        "untrusted.test",
+        1,
+        |_| (),
+    );
+    assert!(
+        got == vec!["write failed"] || got == vec!["closed"],
+        "{got:?}"
+    );
+    assert!(rogue_https.heads().is_empty(), "{:?}", rogue_https.heads());
+
+    // A secret that does not exist: 502, and nothing reaches the host.
+    let before = api_http.heads().len();
+    let tcp = connect(Some(&ns), sa(b, 80), OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let got = ask(tcp, "gone.test", 1, |_| ());
+    assert_eq!(got, vec!["HTTP/1.1 502 Bad Gateway"]);
+    assert_eq!(api_http.heads().len(), before);
+
+    // The flow log says which connections had headers set.
+    let flows = pool.flows("sbx-1");
+    assert!(
+        flows.iter().any(|f| f.name.as_deref() == Some("api.test")
+            && f.reason.as_deref() == Some("headers set by a rule")),
+        "{flows:#?}"
+    );
+    assert!(
+        flows
+            .iter()
+            .any(|f| f.name.as_deref() == Some("untrusted.test")
+                && f.reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("upstream TLS"))),
+        "{flows:#?}"
+    );
+    rt.block_on(pool.release(slot)).unwrap();
+}
