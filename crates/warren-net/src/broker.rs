@@ -129,6 +129,7 @@ impl Broker {
         head: Vec<u8>,
         rule: &Brokered,
     ) {
+        no_delay(&client, &upstream);
         exchange(client, upstream, head, || self.headers(rule)).await;
     }
 
@@ -142,6 +143,7 @@ impl Broker {
         name: &str,
         rule: &Brokered,
     ) -> Result<(), BrokerFailure> {
+        no_delay(&client, &upstream);
         let server_name = ServerName::try_from(name.to_owned())
             .map_err(|e| BrokerFailure::Upstream(io::Error::other(e)))?;
         let upstream = tokio_rustls::TlsConnector::from(self.client.clone())
@@ -179,6 +181,13 @@ impl Broker {
             })
             .collect()
     }
+}
+
+/// A rewritten request leaves as several writes (head, then body): without this the second
+/// waits for the peer's delayed acknowledgement of the first.
+fn no_delay(client: &TcpStream, upstream: &TcpStream) {
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
 }
 
 /// Requests from `client` to `upstream` through the rewriter, responses back as they come.
