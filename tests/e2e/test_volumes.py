@@ -25,13 +25,6 @@ def _volume_api(server):
     yield
 
 
-def needs_mounts() -> None:
-    """Mounting volumes into sandboxes is built for the ns runtime; the vm runtime refuses
-    `volumeMounts` with a clear 400 until its network file system lands."""
-    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
-        pytest.skip("the vm runtime does not mount volumes yet (refused with 400)")
-
-
 def new_volume(**quota) -> Volume:
     name = f"v-{uuid.uuid4().hex[:10]}"
     if not quota:
@@ -101,7 +94,6 @@ def test_names_are_checked_and_unique():
 
 
 def test_two_sandboxes_share_a_volume_and_see_the_same_owners():
-    needs_mounts()
     vol = new_volume()
     a = Sandbox.create(volume_mounts={"/mnt/data": vol}, timeout=300)
     b = Sandbox.create(volume_mounts={"/data": vol.name}, timeout=300)
@@ -137,7 +129,6 @@ def test_two_sandboxes_share_a_volume_and_see_the_same_owners():
 
 
 def test_read_only_mounts_and_bad_mounts():
-    needs_mounts()
     vol = new_volume()
     base = os.environ["E2B_API_URL"]
     hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
@@ -173,7 +164,6 @@ def test_subpath_mounts_show_one_directory_and_no_planted_link(server):
     """`subpath` mounts one directory of a volume (made if missing). It is found beneath the
     volume without following links, so a link another sandbox planted in its place makes the
     create fail instead of mounting whatever the link names."""
-    needs_mounts()
     vol = new_volume()
     base = os.environ["E2B_API_URL"]
     hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
@@ -207,7 +197,6 @@ def test_subpath_mounts_show_one_directory_and_no_planted_link(server):
 
 
 def test_quota_gives_enospc_inside_and_a_clear_error_outside():
-    needs_mounts()
     vol = new_volume(bytes=32 * 1024 * 1024, inodes=2048)
     sbx = Sandbox.create(volume_mounts={"/q": vol}, timeout=300)
     try:
@@ -229,7 +218,6 @@ def test_quota_gives_enospc_inside_and_a_clear_error_outside():
 
 
 def test_hostile_links_in_a_volume_lead_nowhere():
-    needs_mounts()
     vol = new_volume()
     sbx = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
     try:
@@ -255,7 +243,6 @@ def checksum(sbx: Sandbox, path: str) -> str:
 
 
 def test_volume_survives_pause_resume_fork_and_a_server_kill(server):
-    needs_mounts()
     vol = new_volume()
     sbx = Sandbox.create(volume_mounts={"/v": vol}, timeout=300)
     try:
@@ -290,17 +277,69 @@ def test_volume_survives_pause_resume_fork_and_a_server_kill(server):
         drop(vol)
 
 
-def test_a_runtime_without_volume_mounts_says_so():
+# A MOUNT v3 EXPORT call (AUTH_NONE) to the VM's NFS server: prints the export paths it has.
+EXPORTS_PY = r"""
+import socket, struct
+s = socket.create_connection(("169.254.0.22", 2049), timeout=10)
+call = struct.pack(">6I", 7, 0, 2, 100005, 3, 5) + struct.pack(">4I", 0, 0, 0, 0)
+s.sendall(struct.pack(">I", 0x80000000 | len(call)) + call)
+data = b""
+while True:
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    data += s.recv(n & 0x7FFFFFFF, socket.MSG_WAITALL)
+    if n & 0x80000000:
+        break
+_, mtype, stat, _, vlen = struct.unpack(">5I", data[:20])
+off = 20 + ((vlen + 3) & ~3)
+assert (mtype, stat, struct.unpack(">I", data[off:off + 4])[0]) == (1, 0, 0)
+off += 4
+def u32():
+    global off
+    off += 4
+    return struct.unpack(">I", data[off - 4:off])[0]
+def string():
+    global off
+    n = u32()
+    v = data[off:off + n].decode()
+    off += (n + 3) & ~3
+    return v
+while u32():
+    print(string())
+    while u32():
+        string()
+"""
+
+
+def test_a_vm_reaches_only_its_own_volumes():
+    """In the vm runtime each VM's volumes come from an NFS server of its own on its gateway
+    address: it exports exactly the volumes mounted in that VM (another sandbox's volume is
+    not there to mount), it works with the internet cut off, and a VM without volumes has no
+    server at all."""
     if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "vm":
-        pytest.skip("the ns runtime mounts volumes (the tests above)")
-    vol = new_volume()
+        pytest.skip("the ns runtime bind-mounts volumes: no server is involved")
+    va, vb = new_volume(), new_volume()
+    a = Sandbox.create(volume_mounts={"/a": va}, allow_internet_access=False, timeout=300)
+    b = Sandbox.create(volume_mounts={"/b": vb}, timeout=300)
+    c = Sandbox.create(timeout=300)
     try:
-        r = requests.post(f"{os.environ['E2B_API_URL']}/v2/sandboxes", timeout=60,
-                          headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
-                          json={"templateID": "base", "volumeMounts": [{"name": vol.name, "path": "/v"}]})
-        assert r.status_code == 400 and "does not mount volumes" in r.json()["message"], r.text
+        exported = {}
+        for sbx, path in [(a, "/a"), (b, "/b")]:
+            sbx.files.write("/tmp/exports.py", EXPORTS_PY)
+            exported[path] = sh(sbx, "python3 /tmp/exports.py").stdout.split()
+            mounts = sh(sbx, f"grep ' {path} nfs ' /proc/self/mounts").stdout
+            source = mounts.split()[0]
+            assert exported[path] == [source.split(":", 1)[1]], (exported, mounts)
+            sh(sbx, f"echo hi > {path}/x")
+        assert exported["/a"] != exported["/b"]
+        assert va.read_file("/x") == "hi\n" and vb.read_file("/x") == "hi\n"
+        c.files.write("/tmp/exports.py", EXPORTS_PY)
+        r = c.commands.run("python3 /tmp/exports.py 2>&1; echo rc=$?", timeout=60)
+        assert "ConnectionRefusedError" in r.stdout and "rc=1" in r.stdout, r.stdout
     finally:
-        drop(vol)
+        for sbx in (a, b, c):
+            sbx.kill()
+        drop(va)
+        drop(vb)
 
 
 def test_cli_files_and_snapshots(server, tmp_path):
@@ -336,13 +375,12 @@ def test_cli_files_and_snapshots(server, tmp_path):
         assert (tmp_path / "copy.bin").read_bytes() == src.read_bytes()
         assert "/d/e/in.bin" in ok("ls", copy, "/", "--depth", "3")
         assert "/d" not in ok("ls", name, "/")
-        if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "vm":
-            sid = warren(server, "sandbox", "create", "--volume", f"{copy}:/c:ro").stdout.strip()
-            try:
-                out = warren(server, "sandbox", "exec", sid, "--", "sha256sum", "/c/d/e/in.bin").stdout
-                assert hashlib.sha256(src.read_bytes()).hexdigest() in out, out
-            finally:
-                warren(server, "sandbox", "kill", sid)
+        sid = warren(server, "sandbox", "create", "--volume", f"{copy}:/c:ro").stdout.strip()
+        try:
+            out = warren(server, "sandbox", "exec", sid, "--", "sha256sum", "/c/d/e/in.bin").stdout
+            assert hashlib.sha256(src.read_bytes()).hexdigest() in out, out
+        finally:
+            warren(server, "sandbox", "kill", sid)
         ok("delete-snapshot", snap)
         assert snap not in ok("snapshots", name)
     finally:
@@ -356,7 +394,6 @@ def test_a_filesystem_pause_mounts_the_volume_again_on_resume():
     """A filesystem-only pause ends the sandbox's processes and a resume starts it afresh on
     its saved files: the volume must be mounted again (not copied into the saved layer), with
     what was written to it meanwhile through the content API."""
-    needs_mounts()
     vol = new_volume()
     base = os.environ["E2B_API_URL"]
     hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}
@@ -380,7 +417,6 @@ def test_a_filesystem_pause_mounts_the_volume_again_on_resume():
 def test_forks_mount_their_parents_volumes():
     """A fork's children mount the same volumes as the parent (the volume is shared and live,
     not copied): each child's write is seen by the parent and the others."""
-    needs_mounts()
     vol = new_volume()
     base = os.environ["E2B_API_URL"]
     hdr = {"X-API-KEY": os.environ["E2B_API_KEY"]}

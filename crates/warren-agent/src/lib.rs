@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod fs;
 pub mod http;
+pub mod mounts;
 pub mod paths;
 pub mod process;
 pub mod state;

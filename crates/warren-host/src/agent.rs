@@ -31,6 +31,20 @@ struct Init<'a> {
     /// secrets (E2B's `caBundle`).
     #[serde(skip_serializing_if = "Option::is_none")]
     ca_bundle: Option<&'a str>,
+    /// Network file systems to mount (E2B's `volumeMounts`): the vm runtime's volumes.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    volume_mounts: &'a [InitVolumeMount],
+}
+
+/// A volume the agent mounts from the VM's NFS server: E2B's `{nfs_target, path}` plus
+/// Warren's `read_only` and the server's `port` (MOUNT and NFS share it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InitVolumeMount {
+    /// `<address>:<export path>`.
+    pub nfs_target: String,
+    pub path: String,
+    pub read_only: bool,
+    pub port: u16,
 }
 
 /// What a sandbox's agent is initialised with (see [`wait_and_init`]).
@@ -49,6 +63,8 @@ pub struct InitArgs<'a> {
     pub launch: &'a warren_template::Launch,
     /// See [`crate::HostConfig::ca_bundle`].
     pub ca_bundle: Option<&'a str>,
+    /// Volumes the agent mounts over NFS (the vm runtime's; empty elsewhere).
+    pub volume_mounts: &'a [InitVolumeMount],
 }
 
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init` with `args`.
@@ -65,6 +81,7 @@ pub async fn wait_and_init(
         timeout,
         launch,
         ca_bundle,
+        volume_mounts,
     } = *args;
     let deadline = Instant::now() + timeout;
     let health = format!("http://{agent}/health");
@@ -93,6 +110,7 @@ pub async fn wait_and_init(
         random_seed: random_seed()?,
         signed_url_max_age_secs: signed_url_max_age.map_or(0, NonZeroU64::get),
         ca_bundle,
+        volume_mounts,
     };
     let mut req = client.post(format!("http://{agent}/init")).json(&body);
     if let Some(token) = current_token {
@@ -103,10 +121,24 @@ pub async fn wait_and_init(
         .await
         .map_err(|e| RuntimeError::unavailable("init agent", e))?;
     if resp.status().as_u16() != 204 {
-        return Err(RuntimeError::unavailable_now(format!(
-            "init agent: HTTP {}",
-            resp.status()
-        )));
+        let status = resp.status();
+        // The agent's error message (a volume that did not mount, say), kept short.
+        let body = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message")?.as_str().map(str::to_string))
+            .unwrap_or_default();
+        // The guest's words: one line, bounded.
+        let message: String = message
+            .chars()
+            .take(500)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        return Err(RuntimeError::unavailable_now(if message.is_empty() {
+            format!("init agent: HTTP {status}")
+        } else {
+            format!("init agent: HTTP {status}: {message}")
+        }));
     }
     Ok(())
 }
@@ -372,6 +404,7 @@ mod tests {
             timeout: Duration::ZERO,
             launch: &launch,
             ca_bundle: None,
+            volume_mounts: &[],
         };
         let e = wait_and_init(&client, addr, &args).await.unwrap_err();
         assert_eq!(e.category(), Category::Unavailable, "{e:?}");

@@ -37,6 +37,10 @@ pub const GATEWAY_MAC: &str = "02:77:72:00:00:16";
 pub const TAP_IFACE: &str = "tap0";
 /// Port of the guest agent (envd) that the host must always be able to reach.
 pub const AGENT_PORT: u16 = 49983;
+/// Port of a VM's NFS server (its volumes), on [`SANDBOX_GATEWAY`] inside a slot laid out
+/// for a VM (where the tap device carries that address): the one service of the slot
+/// itself that the guest is meant to reach, never sent to the egress proxy.
+pub const NFS_PORT: u16 = 2049;
 
 /// Number of addresses each slot takes from the host pool.
 const ADDRS_PER_SLOT: u64 = 4;

@@ -52,8 +52,8 @@ mod vmslot;
 mod watchdog;
 
 pub use addr::{
-    slot_capacity, Ipv4Cidr, ParseCidrError, SlotAddrs, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR,
-    SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
+    slot_capacity, Ipv4Cidr, ParseCidrError, SlotAddrs, AGENT_PORT, GATEWAY_MAC, NFS_PORT,
+    SANDBOX_ADDR, SANDBOX_GATEWAY, SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
 pub use adopt::AdoptSlot;
 pub use broker::{Broker, BrokerError, SecretFuture, SecretSource};

@@ -150,6 +150,15 @@ fn proxy_rules(policy: &SlotPolicy, hook: Hook) -> String {
     };
     let to = format!("redirect to :{}", crate::proxy::PROXY_PORT);
     let mut s = format!("meta mark {:#x} return\n", crate::proxy::MARK);
+    if let Hook::Prerouting = hook {
+        // The VM's own NFS server (its volumes) in the slot: never the proxy's.
+        let _ = writeln!(
+            s,
+            "{on}ip daddr {} tcp dport {} return",
+            crate::SANDBOX_GATEWAY,
+            crate::NFS_PORT
+        );
+    }
     s.push_str("ip daddr @allow_net return\n");
     if !names.has_names() {
         // Header rules only: the web ports, where requests can be rewritten, and nothing
@@ -421,6 +430,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("flush chain inet w proxy_out\nadd rule inet w proxy_out meta mark"));
+        // A VM's NFS server in the slot is never sent to the proxy, whatever the policy.
+        let nfs = text
+            .find("add rule inet w proxy_pre iifname \"tap0\" ip daddr 169.254.0.22 tcp dport 2049 return\n")
+            .expect("the NFS exemption");
+        let redirect = text
+            .find("proxy_pre iifname \"tap0\" ip daddr @pinned")
+            .expect("redirects");
+        assert!(nfs < redirect, "{text}");
+        assert!(!text.contains("proxy_out iifname \"tap0\""), "{text}");
         assert!(text.contains(
             "add rule ip w proxy_src oifname \"eth0\" meta mark 0x57720001 snat to 10.11.0.22\n"
         ), "{text}");

@@ -13,8 +13,10 @@ use crate::error::{run, Error, Result};
 use crate::kernel::Kernel;
 
 /// Modules the guest loads, dependencies first. The virtio transport, disks and network
-/// (`virtio` must follow `virtio_ring`), the template image's erofs and the overlay.
-/// Dependencies a module declares are added before it automatically.
+/// (`virtio` must follow `virtio_ring`), the template image's erofs and the overlay, and the
+/// NFSv3 client that mounts volumes (its declared dependencies make the load order `sunrpc
+/// netfs fscache grace lockd nfs nfs_acl nfsv3`). Dependencies a module declares are added
+/// before it automatically.
 pub const MODULES: &[&str] = &[
     "virtio_ring",
     "virtio",
@@ -25,6 +27,7 @@ pub const MODULES: &[&str] = &[
     "virtio_net",
     "erofs",
     "overlay",
+    "nfsv3",
 ];
 
 /// Builds (or reuses) the initramfs for `kernel` and `vminit` under `cache_dir`; the file name

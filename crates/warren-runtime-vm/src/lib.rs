@@ -4,7 +4,7 @@
 //! * [`kernel`]: the pinned Debian cloud kernel, fetched with `apt-get download` and unpacked
 //!   with `dpkg -x` into the data directory;
 //! * [`initramfs`]: a cpio archive written here, holding `warren-vminit`, the shared libraries
-//!   it needs and the kernel modules for virtio, erofs and overlayfs;
+//!   it needs and the kernel modules for virtio, erofs, overlayfs and the NFSv3 client;
 //! * [`accel`]: whether KVM is truly usable (PVM is not) or TCG must be used;
 //! * [`qmp`]: a small async client of QEMU's machine protocol;
 //! * [`qemu`]: the `-M microvm` command line and the process;

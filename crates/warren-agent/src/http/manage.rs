@@ -40,6 +40,8 @@ pub struct InitRequest {
     pub signed_url_max_age_secs: Option<serde_json::Value>,
     /// Certificates (PEM) the sandbox's TLS clients are to trust (see [`crate::trust`]).
     pub ca_bundle: Option<String>,
+    /// Volumes to mount over NFS (E2B's `volumeMounts`; see [`crate::mounts`]).
+    pub volume_mounts: Option<Vec<crate::mounts::VolumeMount>>,
 }
 
 /// `POST /init`: per-sandbox settings from the control plane. 204 with `X-Envd-Version`.
@@ -71,6 +73,31 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
     if let Some(pem) = req.ca_bundle.as_deref() {
         if !crate::trust::valid(pem) {
             return http_error(StatusCode::BAD_REQUEST, "caBundle must be PEM certificates");
+        }
+    }
+    let mounts = match req
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(crate::mounts::plan)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(m) => m,
+        Err(msg) => return http_error(StatusCode::BAD_REQUEST, format!("volumeMounts: {msg}")),
+    };
+    if !mounts.is_empty() {
+        // Before anything else is applied: a sandbox whose volumes did not mount is not
+        // initialised (the control plane fails its create).
+        let done = tokio::task::spawn_blocking(move || crate::mounts::apply(&mounts)).await;
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(msg)) => return http_error(StatusCode::INTERNAL_SERVER_ERROR, msg),
+            Err(e) => {
+                return http_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("mounting volumes: {e}"),
+                )
+            }
         }
     }
     // The image's trust store is the sandbox's own: a failure to write it leaves the

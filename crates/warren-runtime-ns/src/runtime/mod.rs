@@ -288,6 +288,7 @@ impl NsRuntime {
             timeout: self.cfg.ready_timeout,
             launch: &template_launch,
             ca_bundle: self.cfg.ca_bundle(),
+            volume_mounts: &[],
         };
         if let Err(e) = agent::wait_and_init(&self.client, agent, &init).await {
             let why = sandbox.exit_status();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use warren_host::agent;
 use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox};
 
-use super::{failed, machine, slot_failed, Machine, Record, VmRuntime, Warm};
+use super::{failed, machine, nfs, slot_failed, Machine, Record, VmRuntime, Warm};
 use crate::snapshot::Snapshot;
 
 impl VmRuntime {
@@ -114,7 +114,33 @@ impl VmRuntime {
         if let Err(e) = machine::write_token(&dir, spec.access_token.as_deref()) {
             tracing::warn!(vm = %name, error = %e, "could not record the access token");
         }
-        let (child, qmp, _files) = match pending.complete().await {
+        // The volumes' server before the VM runs: a guest restored with mounts uses them at
+        // once.
+        let served = if spec.volumes.is_empty() {
+            Ok(())
+        } else {
+            let helper = nfs::Helper {
+                bin: &self.settings.nfsd_bin,
+                key: &self.nfs_key,
+                netns: &slot.netns_path(),
+                dir: &dir,
+                cgroup: &cgroup,
+            };
+            nfs::start(&helper, &spec.volumes).await.map(drop)
+        };
+        let restored = match served {
+            Ok(()) => pending.complete().await.map_err(|e| {
+                RuntimeError::unavailable(
+                    format!("restore VM {name} from the {} snapshot", spec.template),
+                    e,
+                )
+            }),
+            Err(e) => {
+                drop(pending);
+                Err(e)
+            }
+        };
+        let (child, qmp, _files) = match restored {
             Ok(r) => r,
             Err(e) => {
                 let m = Machine {
@@ -130,10 +156,7 @@ impl VmRuntime {
                     allow_internet_access: spec.allow_internet_access,
                 };
                 self.teardown(&m).await;
-                return Err(RuntimeError::unavailable(
-                    format!("restore VM {} from the {} snapshot", m.name, spec.template),
-                    e,
-                ));
+                return Err(e);
             }
         };
         tracing::debug!(
@@ -181,6 +204,7 @@ impl VmRuntime {
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
         let launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
+        let mounts = nfs::agent_mounts(&spec.volumes);
         let ready = async {
             let init = agent::InitArgs {
                 env_vars: &env,
@@ -190,6 +214,7 @@ impl VmRuntime {
                 timeout: self.cfg.ready_timeout,
                 launch: &launch,
                 ca_bundle: self.cfg.ca_bundle(),
+                volume_mounts: &mounts,
             };
             agent::wait_and_init(&self.client, agent, &init).await?;
             // A VM restored with memory (every fork of the template snapshot, which was

@@ -10,6 +10,7 @@
 mod egress;
 mod fork;
 mod machine;
+mod nfs;
 mod persist;
 mod reattach;
 mod snapshots;
@@ -42,6 +43,8 @@ pub struct VmSettings {
     pub qemu: PathBuf,
     pub vminit_bin: PathBuf,
     pub agent_bin: PathBuf,
+    /// The NFS helper that serves a VM's volumes (`warren-nfsd`, from `warren-nfs`).
+    pub nfsd_bin: PathBuf,
     /// Guest RAM and vCPUs of the catalog templates' VMs (`base`, the code interpreter); a
     /// built template's VMs get the template's `memoryMB`/`cpuCount` (see [`Size`]).
     pub memory_mb: u32,
@@ -58,12 +61,13 @@ pub struct VmSettings {
 }
 
 impl VmSettings {
-    /// Defaults: `warren-vminit` next to the agent binary, 512 MiB (`WARREN_VM_MEMORY_MB`
+    /// Defaults: `warren-vminit` and `warren-nfsd` next to the agent binary, 512 MiB (`WARREN_VM_MEMORY_MB`
     /// overrides), 1 vCPU, 2 GiB disk, a warm pool of 2 (`WARREN_VM_WARM_POOL` overrides).
     pub fn new(host: &HostConfig) -> Self {
         Self {
             qemu: PathBuf::from("qemu-system-x86_64"),
             vminit_bin: host.agent_bin.with_file_name("warren-vminit"),
+            nfsd_bin: host.agent_bin.with_file_name("warren-nfsd"),
             agent_bin: host.agent_bin.clone(),
             memory_mb: std::env::var("WARREN_VM_MEMORY_MB")
                 .ok()
@@ -148,6 +152,8 @@ pub struct VmRuntime {
     /// Set by `stop_warm`: refills still under way discard what they start.
     stopping: std::sync::atomic::AtomicBool,
     client: reqwest::Client,
+    /// The key sealing the NFS helpers' file handles (see [`nfs::key_file`]).
+    nfs_key: PathBuf,
     this: Weak<VmRuntime>,
     counter: AtomicU64,
     _lock: HostLock,
@@ -201,6 +207,9 @@ impl VmRuntime {
                 .map_err(crate::Error::runtime("the vm runtime's directories"))?;
         }
         let lock = HostLock::acquire(&cfg.run_dir)?;
+        let nfs_key = nfs::key_file(&cfg.data_dir).map_err(RuntimeError::io(
+            "the NFS helpers' key (nfs.key in the data directory)",
+        ))?;
         let client = reqwest::Client::builder()
             .no_proxy()
             .build()
@@ -219,6 +228,7 @@ impl VmRuntime {
             warm_sizes: std::sync::Mutex::new(HashMap::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             client,
+            nfs_key,
             this: this.clone(),
             counter: AtomicU64::new(0),
             _lock: lock,
@@ -421,6 +431,7 @@ impl VmRuntime {
             timeout: self.cfg.ready_timeout,
             launch,
             ca_bundle: None,
+            volume_mounts: &[],
         };
         warren_host::agent::wait_and_init(&self.client, agent, &init).await?;
         warren_host::agent::run_start_command(&self.client, agent, None, cmd).await
@@ -452,16 +463,17 @@ impl VmRuntime {
     /// Frees what a VM held once its QEMU has ended (slot, cgroup, files); its exit reason
     /// stays for `status`.
     async fn teardown(&self, m: &Machine) {
-        let slot = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(slot) = slot {
-            self.release_slot(slot).await;
-        }
+        // The cgroup first: its NFS helper listens in the slot, which the next VM there needs.
         let cg = m.cgroup.clone();
         let _ = tokio::task::spawn_blocking(move || {
             let _ = cg.kill_all();
             cg.remove()
         })
         .await;
+        let slot = m.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(slot) = slot {
+            self.release_slot(slot).await;
+        }
         crate::snapshot::remove_vm_dir(&m.dir);
         self.remove_links(&m.name);
     }
@@ -589,7 +601,7 @@ impl SandboxRuntime for VmRuntime {
             egress_names: true,
             egress_rules: self.cfg.net.broker.is_some(),
             private_networks: true,
-            volumes: false,
+            volumes: true,
         }
     }
 
