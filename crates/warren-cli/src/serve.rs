@@ -294,6 +294,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .sweep_volumes()
         .await
         .context("sweeping volumes no record names")?;
+    // An upload that was replacing a file when the server died may have left its temporary
+    // name; no upload runs yet, so every such name is a leftover.
+    let sweeping = volumes.clone();
+    let started = std::time::SystemTime::now();
+    tokio::task::spawn_blocking(move || {
+        for id in sweeping.volume_ids().unwrap_or_default() {
+            match sweeping
+                .content(&id)
+                .and_then(|c| c.remove_leftover_uploads(started))
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(volume = %id, removed = n, "removed leftover uploads"),
+                Err(e) => tracing::warn!(volume = %id, error = %e, "sweeping leftover uploads"),
+            }
+        }
+    });
 
     let app = warren_server::app(
         control.clone(),

@@ -30,6 +30,12 @@ pub enum VolumeCommand {
     Info { volume: String },
     /// Deletes a volume and its files (refused while a sandbox mounts it).
     Delete { volume: String },
+    /// Grows a volume to a new size (e.g. `20G`); volumes never shrink.
+    Grow {
+        volume: String,
+        #[arg(long)]
+        size: String,
+    },
     /// Lists a directory of a volume.
     Ls {
         volume: String,
@@ -192,6 +198,27 @@ pub async fn run(cmd: VolumeCommand, args: ClientArgs) -> anyhow::Result<u8> {
             client
                 .api(Method::DELETE, &format!("/volumes/{}", seg(&volume)), None)
                 .await?;
+        }
+        VolumeCommand::Grow { volume, size } => {
+            let body = json!({"quota": {"bytes": parse_size(&size)?}});
+            let v: Value = client
+                .api(
+                    Method::PATCH,
+                    &format!("/volumes/{}", seg(&volume)),
+                    Some(body),
+                )
+                .await?
+                .json()
+                .await?;
+            if args.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "volume {} now holds {} bytes",
+                    v["name"].as_str().unwrap_or_default(),
+                    v["quota"]["bytes"]
+                );
+            }
         }
         VolumeCommand::Ls {
             volume,

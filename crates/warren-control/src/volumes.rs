@@ -91,6 +91,9 @@ pub enum DiskError {
     /// The host's disk (not the volume) is full.
     #[error("{0}")]
     NoSpace(String),
+    /// The operation needs the volume unused.
+    #[error("{0}")]
+    Busy(String),
     #[error("{0}")]
     Failed(String),
 }
@@ -114,6 +117,13 @@ pub trait VolumeDisks: Send + Sync + 'static {
     async fn delete_snapshot(&self, snap_id: &str) -> Result<(), DiskError>;
     /// Every volume and every snapshot on the host, by id.
     async fn inventory(&self) -> Result<(Vec<String>, Vec<String>), DiskError>;
+    /// Grows volume `id` to `bytes` (its filesystem with it); repeating a grow is harmless.
+    async fn grow(&self, id: &str, bytes: u64) -> Result<(), DiskError> {
+        let _ = (id, bytes);
+        Err(DiskError::Invalid(
+            "this server's volume storage cannot grow volumes".into(),
+        ))
+    }
 }
 
 /// A point-in-time copy of a volume; new volumes can start from it. It outlives its volume.
@@ -142,6 +152,7 @@ fn disk_error(e: DiskError) -> ControlError {
     match e {
         DiskError::Invalid(m) => ControlError::InvalidArgument(m),
         DiskError::NoSpace(m) => ControlError::QuotaExceeded(m),
+        DiskError::Busy(m) => ControlError::FailedPrecondition(m),
         DiskError::Failed(m) => ControlError::Internal(m),
     }
 }
@@ -270,10 +281,15 @@ impl Control {
                     "a volume made from a snapshot has the snapshot's quota".into(),
                 ))
             }
-            None => VolumeQuota {
-                bytes: quota.bytes.unwrap_or(cfg.volume_bytes),
-                inodes: quota.inodes.unwrap_or(cfg.volume_inodes),
-            },
+            None => {
+                let bytes = quota.bytes.unwrap_or(cfg.volume_bytes);
+                // Without an inode count, the default, or one per 4 KiB for a small volume
+                // (whose inode tables must fit in it).
+                let inodes = quota
+                    .inodes
+                    .unwrap_or_else(|| cfg.volume_inodes.min(bytes / 4096).max(64));
+                VolumeQuota { bytes, inodes }
+            }
         };
         if quota.bytes > cfg.max_volume_bytes {
             return Err(ControlError::InvalidArgument(format!(
@@ -387,6 +403,42 @@ impl Control {
         self.disks()?.delete(&v.id).await.map_err(disk_error)?;
         tracing::info!(volume_id = %v.id, name = %v.name, "volume deleted");
         Ok(())
+    }
+
+    /// Grows volume `r` to `bytes` (more than it has, at most the server's maximum). Where the
+    /// host can resize a mounted filesystem its sandboxes keep running and see the new size;
+    /// else only a volume no sandbox mounts can grow (409 otherwise).
+    pub async fn grow_volume(
+        &self,
+        team: Option<&str>,
+        r: &str,
+        bytes: u64,
+    ) -> Result<Volume, ControlError> {
+        let max = self.inner.config.max_volume_bytes;
+        let mut v = self.volume(team, r).await?;
+        if bytes <= v.quota.bytes {
+            return Err(ControlError::InvalidArgument(format!(
+                "volume {} holds {} bytes; a new size must be larger (volumes do not shrink)",
+                v.name, v.quota.bytes
+            )));
+        }
+        if bytes > max {
+            return Err(ControlError::InvalidArgument(format!(
+                "a volume may hold at most {max} bytes"
+            )));
+        }
+        let disks = self.disks()?;
+        let _g = self.inner.resource_lock.lock().await;
+        disks.grow(&v.id, bytes).await.map_err(disk_error)?;
+        // ext4 adds inodes with the space: record what the volume has now.
+        let inodes = match disks.usage(&v.id).await {
+            Ok(u) => u.inodes_total.max(v.quota.inodes),
+            Err(_) => v.quota.inodes,
+        };
+        v.quota = VolumeQuota { bytes, inodes };
+        self.inner.store.put_volume(&v).await?;
+        tracing::info!(volume_id = %v.id, name = %v.name, bytes, "volume grown");
+        Ok(v)
     }
 
     /// Takes a snapshot of volume `r` (writers in its sandboxes wait while it is copied).

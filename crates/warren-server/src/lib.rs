@@ -137,7 +137,9 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         )
         .route(
             "/volumes/{volume_id}",
-            get(volumes::get_volume).delete(volumes::delete_volume),
+            get(volumes::get_volume)
+                .delete(volumes::delete_volume)
+                .patch(volumes::grow_volume),
         )
         .route(
             "/v1/volumes/{volume}/snapshots",

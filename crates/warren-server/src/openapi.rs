@@ -13,7 +13,8 @@ use crate::types::{
     SetTimeout, SnapshotInfo, VolumeMountSpec,
 };
 use crate::volumes::{
-    NewVolume, QuotaInfo, QuotaSpec, UsageInfo, VolumeAndToken, VolumeEntry, VolumeSnapshotInfo,
+    GrowSpec, NewVolume, QuotaInfo, QuotaSpec, UsageInfo, VolumeAndToken, VolumeChange,
+    VolumeEntry, VolumeSnapshotInfo,
 };
 use crate::{
     networks, persistence, routes, secrets, template_disk, template_tags, templates, volumes,
@@ -61,6 +62,7 @@ use crate::{
         volumes::list_volumes,
         volumes::get_volume,
         volumes::delete_volume,
+        volumes::grow_volume,
         volumes::snapshot_volume,
         volumes::list_volume_snapshots,
         volumes::delete_volume_snapshot,
@@ -75,7 +77,7 @@ use crate::{
         ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
-        JoinSpec, VolumeMountSpec, NewVolume, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,
+        JoinSpec, VolumeMountSpec, NewVolume, VolumeChange, GrowSpec, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,
         VolumeEntry, VolumeSnapshotInfo, NewSecret, SecretUpdate, SecretView
     )),
     modifiers(&ApiKeyAuth)

@@ -36,6 +36,21 @@ pub struct NewVolume {
     pub from_snapshot: Option<String>,
 }
 
+/// Body of `PATCH /volumes/{volumeID}` (Warren's): a larger byte quota.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeChange {
+    pub quota: GrowSpec,
+}
+
+/// The new size of a volume.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrowSpec {
+    /// Bytes the volume may hold from now on: more than today, at most the server's maximum.
+    pub bytes: u64,
+}
+
 /// A volume snapshot (Warren's `/v1/volumes/{volume}/snapshots`).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -191,6 +206,29 @@ pub(crate) async fn get_volume(
     Ok(Json(with_token(&v, usage)))
 }
 
+/// Grows a volume (Warren's). Sandboxes that mount it keep running where the server may
+/// resize a mounted filesystem; elsewhere only an unmounted volume grows (409 otherwise).
+#[utoipa::path(
+    patch, path = "/volumes/{volumeID}", params(("volumeID" = String, Path, description = "Id or name")),
+    request_body = VolumeChange,
+    responses((status = 200, body = VolumeAndToken), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "In use where it cannot grow while mounted", body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn grow_volume(
+    Authed(me): Authed,
+    Path(volume): Path<String>,
+    ApiJson(body): ApiJson<VolumeChange>,
+) -> ApiResult<Json<VolumeAndToken>> {
+    let v = me
+        .control()
+        .grow_volume(me.team_filter(), &volume, body.quota.bytes)
+        .await?;
+    let usage = me.control().volume_usage(&v).await.ok();
+    Ok(Json(with_token(&v, usage)))
+}
+
 /// Deletes a volume and its files; refused while a sandbox mounts it.
 #[utoipa::path(
     delete, path = "/volumes/{volumeID}", params(("volumeID" = String, Path, description = "Id or name")),
@@ -264,6 +302,9 @@ pub(crate) async fn delete_volume_snapshot(
 pub struct HostDisks(pub Arc<VolumeHost>);
 
 fn disk_error(e: VolumeError) -> DiskError {
+    if let VolumeError::Busy(m) = e {
+        return DiskError::Busy(m);
+    }
     match e.kind() {
         ErrorKind::BadRequest | ErrorKind::Conflict | ErrorKind::NotFound => {
             DiskError::Invalid(e.to_string())
@@ -329,6 +370,11 @@ impl VolumeDisks for HostDisks {
     async fn delete_snapshot(&self, snap_id: &str) -> Result<(), DiskError> {
         let (host, snap) = (self.0.clone(), snap_id.to_string());
         blocking(move || host.delete_snapshot(&snap)).await
+    }
+
+    async fn grow(&self, id: &str, bytes: u64) -> Result<(), DiskError> {
+        let (host, id) = (self.0.clone(), id.to_string());
+        blocking(move || host.grow(&id, bytes)).await
     }
 
     async fn inventory(&self) -> Result<(Vec<String>, Vec<String>), DiskError> {

@@ -370,3 +370,48 @@ async fn a_sweep_removes_only_volumes_no_record_names() {
     assert!(host.exists(kept_id));
     assert_eq!(s.control.sweep_volumes().await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_volume_grows_and_never_shrinks() {
+    let s = server().await;
+    new_volume(&s, "growing").await;
+    let (_, before) = call(&s, Method::GET, "/volumes/growing", None).await;
+    let total = before["usage"]["bytesTotal"].as_u64().unwrap();
+
+    let (st, v) = call(
+        &s,
+        Method::PATCH,
+        "/volumes/growing",
+        Some(json!({"quota": {"bytes": 48 << 20}})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["quota"]["bytes"], json!(48 << 20));
+    assert!(
+        v["usage"]["bytesTotal"].as_u64().unwrap() > total + (16 << 20),
+        "{before} -> {v}"
+    );
+    // Inodes come with the space in ext4: the record says what the volume has.
+    assert!(v["quota"]["inodes"].as_u64().unwrap() >= 256, "{v}");
+    let (_, again) = call(&s, Method::GET, "/volumes/growing", None).await;
+    assert_eq!(again["quota"]["bytes"], json!(48 << 20));
+
+    for (body, says) in [
+        (json!({"quota": {"bytes": 16 << 20}}), "must be larger"),
+        (json!({"quota": {"bytes": 1u64 << 62}}), "at most"),
+        (json!({"quota": {"inodes": 10}}), ""),
+        (json!({"size": 1}), ""),
+    ] {
+        let (st, v) = call(&s, Method::PATCH, "/volumes/growing", Some(body.clone())).await;
+        assert_eq!(st, 400, "{body}: {v}");
+        assert!(v["message"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    let (st, _) = call(
+        &s,
+        Method::PATCH,
+        "/volumes/nope",
+        Some(json!({"quota": {"bytes": 64 << 20}})),
+    )
+    .await;
+    assert_eq!(st, 404);
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsMaybeDirExt};
 use cap_std::fs::{Dir, Metadata, OpenOptions, OpenOptionsExt};
-use rustix::fs::{AtFlags, Gid, Mode, OFlags, RenameFlags, Uid};
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Uid};
 
 use crate::error::{content_error, is_no_space};
 use crate::path::VolPath;
@@ -35,8 +35,9 @@ pub const DEFAULT_DIR_MODE: u32 = 0o755;
 /// 65536 ids), so larger ones mean nothing inside and are refused.
 pub const MAX_ID: u32 = 65535;
 
-/// Prefix of the temporary files `write_file` renames into place.
-const TEMP_PREFIX: &str = ".warren-upload-";
+/// Prefix of the name an upload that replaces a file has for a moment, before it is renamed
+/// over the file ([`Content::remove_leftover_uploads`] removes any a crash left).
+pub(crate) const TEMP_PREFIX: &str = ".warren-upload-";
 
 /// What kind of entry a path is. `Unknown` covers devices, FIFOs and sockets (which the content
 /// API cannot create but a sandbox can).
@@ -123,7 +124,7 @@ impl Owner {
 /// filesystem busy (a delete then detaches it lazily) and should not be kept long.
 #[derive(Debug)]
 pub struct Content {
-    root: Dir,
+    pub(crate) root: Dir,
     mount_point: PathBuf,
 }
 
@@ -285,35 +286,50 @@ impl Content {
         }
         let (uid, gid, mode) = owner.resolve(&parent, DEFAULT_FILE_MODE, &shown)?;
 
-        let (tmp_name, file) = create_temp(&parent)
+        // The data goes to a file with no name (O_TMPFILE) until it is complete and durable,
+        // so a crash at any point leaves nothing behind in the volume.
+        let file = unnamed_file(&parent)
             .map_err(|e| content_error(e, &shown, "creating a temporary file for"))?;
-        let tmp = TempFile {
-            dir: &parent,
-            name: Some(tmp_name),
-        };
         copy_into(data, &file, &shown)?;
         file.sync_all()
             .map_err(|e| content_error(e, &shown, "syncing"))?;
         rustix::fs::fchown(&file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
             .and_then(|()| rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)))
             .map_err(|e| content_error(e.into(), &shown, "setting the owner of"))?;
-        drop(file);
 
-        let tmp_name = tmp.name.as_deref().unwrap_or_default();
-        let renamed = if overwrite {
-            rustix::fs::renameat(&parent, tmp_name, &parent, name)
-        } else {
-            rustix::fs::renameat_with(&parent, tmp_name, &parent, name, RenameFlags::NOREPLACE)
-        };
-        match renamed {
-            Ok(()) => tmp.keep(),
-            Err(rustix::io::Errno::EXIST) if !overwrite => return Err(VolumeError::Exists(shown)),
-            // A directory appeared at `path` since the check above.
-            Err(
-                rustix::io::Errno::ISDIR | rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY,
-            ) => return Err(VolumeError::IsADirectory(shown)),
-            Err(e) => return Err(content_error(e.into(), &shown, "renaming into")),
+        match link_unnamed(&file, &parent, name) {
+            Ok(()) => {}
+            // Replacing a file: link under a temporary name, then rename over it (a crash
+            // between the two leaves that name; `remove_leftover_uploads` removes it).
+            Err(rustix::io::Errno::EXIST) if overwrite => {
+                let tmp_name = temp_name();
+                link_unnamed(&file, &parent, &tmp_name)
+                    .map_err(|e| content_error(e.into(), &shown, "naming"))?;
+                let tmp = TempFile {
+                    dir: &parent,
+                    name: Some(tmp_name),
+                };
+                let tmp_name = tmp.name.as_deref().unwrap_or_default();
+                match rustix::fs::renameat(&parent, tmp_name, &parent, name) {
+                    Ok(()) => tmp.keep(),
+                    // A directory appeared at `path` since the check above.
+                    Err(
+                        rustix::io::Errno::ISDIR
+                        | rustix::io::Errno::EXIST
+                        | rustix::io::Errno::NOTEMPTY,
+                    ) => return Err(VolumeError::IsADirectory(shown)),
+                    Err(e) => return Err(content_error(e.into(), &shown, "renaming into")),
+                }
+            }
+            Err(rustix::io::Errno::EXIST) => {
+                return match parent.symlink_metadata(name) {
+                    Ok(m) if m.is_dir() => Err(VolumeError::IsADirectory(shown)),
+                    _ => Err(VolumeError::Exists(shown)),
+                }
+            }
+            Err(e) => return Err(content_error(e.into(), &shown, "naming")),
         }
+        drop(file);
         rustix::fs::fsync(&parent)
             .map_err(|e| content_error(e.into(), &shown, "syncing the directory of"))?;
         entry_stat(&parent, name.as_ref(), &p).map_err(|e| content_error(e, &shown, "stat"))
@@ -521,28 +537,53 @@ fn make_one_dir(parent: &Dir, name: &str, owner: &Owner, shown: &str) -> Result<
     set
 }
 
-/// Creates a new temporary file in `dir` (O_EXCL, mode 0600 until it is complete).
-fn create_temp(dir: &Dir) -> io::Result<(String, cap_std::fs::File)> {
+/// A new file in `dir` with no name (O_TMPFILE, mode 0600 until it is complete).
+fn unnamed_file(dir: &Dir) -> io::Result<cap_std::fs::File> {
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    Ok(cap_std::fs::File::from_std(std::fs::File::from(fd)))
+}
+
+/// Gives the unnamed `file` the name `name` in `dir`; EEXIST if the name is taken.
+fn link_unnamed(
+    file: &cap_std::fs::File,
+    dir: &Dir,
+    name: impl rustix::path::Arg + Copy,
+) -> rustix::io::Result<()> {
+    match rustix::fs::linkat(file, "", dir, name, AtFlags::EMPTY_PATH) {
+        // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the descriptor's /proc link does not.
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::PERM) => {
+            use std::os::fd::AsRawFd;
+            let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            rustix::fs::linkat(
+                rustix::fs::CWD,
+                proc_path.as_str(),
+                dir,
+                name,
+                AtFlags::SYMLINK_FOLLOW,
+            )
+        }
+        r => r,
+    }
+}
+
+/// A name for a file being renamed over another ([`TEMP_PREFIX`], never one a user picks).
+fn temp_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut opts = OpenOptions::new();
-    opts.write(true).create_new(true).mode(0o600);
-    loop {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "{TEMP_PREFIX}{}-{nanos}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        match dir.open_with(&name, &opts) {
-            Ok(f) => return Ok((name, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{TEMP_PREFIX}{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A temporary file that is removed when dropped unless kept.

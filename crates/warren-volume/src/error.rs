@@ -49,6 +49,9 @@ pub enum VolumeError {
     /// stderr.
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
+    /// The operation needs the volume unused, and something uses it.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// Categories of [`VolumeError`], one per HTTP status an API would answer with.
@@ -84,7 +87,7 @@ impl VolumeError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             VolumeError::NotFound(_) => ErrorKind::NotFound,
-            VolumeError::Exists(_) => ErrorKind::Conflict,
+            VolumeError::Exists(_) | VolumeError::Busy(_) => ErrorKind::Conflict,
             VolumeError::NotADirectory(_)
             | VolumeError::IsADirectory(_)
             | VolumeError::NotAFile(_)

@@ -287,11 +287,12 @@ impl VolumeHost {
     }
 
     fn grow_offline(id: &str, image: &Path, mount_point: &Path) -> Result<(), VolumeError> {
-        let in_use = || VolumeError::Command {
-            what: format!("growing volume {id}"),
-            detail: "this server lacks CAP_SYS_RESOURCE for an online resize, and an offline \
-                     one needs the volume unused, but it is in use (open content or a sandbox)"
-                .into(),
+        let in_use = || {
+            VolumeError::Busy(format!(
+                "volume {id} is in use (a sandbox mounts it, or its content is open): growing \
+                 it while in use needs CAP_SYS_RESOURCE, which this server lacks; retry when \
+                 no sandbox mounts it"
+            ))
         };
         tools::unmount_once(mount_point).map_err(|_| in_use())?;
         // The loop device detaches (autoclear) once the filesystem's last mount is gone.
@@ -489,6 +490,15 @@ fn check_quota(quota: Quota) -> Result<(), VolumeError> {
     if !(MIN_INODES..=MAX_INODES).contains(&quota.inodes) {
         return Err(VolumeError::InvalidArgument(format!(
             "a volume's inode count must be between {MIN_INODES} and {MAX_INODES}, not {}",
+            quota.inodes
+        )));
+    }
+    // Every inode takes 256 bytes of table; mkfs.ext4 wants at least 1 KiB per inode.
+    if quota.inodes > quota.bytes / 1024 {
+        return Err(VolumeError::InvalidArgument(format!(
+            "a volume of {} bytes holds at most {} inodes, not {}",
+            quota.bytes,
+            quota.bytes / 1024,
             quota.inodes
         )));
     }

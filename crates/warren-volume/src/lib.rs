@@ -64,6 +64,7 @@ mod content;
 mod error;
 mod host;
 mod path;
+mod sweep;
 mod tools;
 
 pub use content::{

@@ -139,7 +139,8 @@ fn grow_enlarges_online_and_refuses_to_shrink() {
         // Offline: refused while in use, and the volume stays mounted and usable.
         let e = h.host.grow("grow", 72 * MIB).unwrap_err();
         assert!(
-            matches!(e, VolumeError::Command { ref detail, .. } if detail.contains("in use")),
+            matches!(e, VolumeError::Busy(ref m) if m.contains("in use"))
+                && e.kind().http_status() == 409,
             "{e:?}"
         );
         assert_eq!(read_all(&c, "/before.txt"), "before");
@@ -269,4 +270,25 @@ fn online_resize_allowed() -> bool {
     let allowed = caps & (1 << 24) != 0;
     eprintln!("online resize allowed: {allowed}");
     allowed
+}
+
+#[test]
+fn more_inodes_than_the_size_can_hold_is_a_clear_error() {
+    let h = harness();
+    let e = h
+        .host
+        .create(
+            "inodes",
+            Quota {
+                bytes: 32 * MIB,
+                inodes: 1 << 20,
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, VolumeError::InvalidArgument(ref m) if m.contains("at most 32768 inodes")),
+        "{e:?}"
+    );
+    assert_eq!(e.kind(), ErrorKind::BadRequest);
+    assert!(h.host.volume_ids().unwrap().is_empty());
 }
