@@ -313,13 +313,14 @@ while u32():
 def test_a_vm_reaches_only_its_own_volumes():
     """In the vm runtime each VM's volumes come from an NFS server of its own on its gateway
     address: it exports exactly the volumes mounted in that VM (another sandbox's volume is
-    not there to mount), it works with the internet cut off, and a VM without volumes has no
-    server at all."""
+    not there to mount), it works with the internet cut off and with name rules (which send
+    the VM's other TCP through the egress proxy), and a VM without volumes has no server."""
     if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "vm":
         pytest.skip("the ns runtime bind-mounts volumes: no server is involved")
     va, vb = new_volume(), new_volume()
     a = Sandbox.create(volume_mounts={"/a": va}, allow_internet_access=False, timeout=300)
-    b = Sandbox.create(volume_mounts={"/b": vb}, timeout=300)
+    b = Sandbox.create(volume_mounts={"/b": vb}, network={"deny_out": ["denied.example.test"]},
+                       timeout=300)
     c = Sandbox.create(timeout=300)
     try:
         exported = {}
