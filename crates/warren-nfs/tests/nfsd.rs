@@ -11,8 +11,20 @@ use std::process::{Child, Command, Stdio};
 use common::*;
 use nfs3_client::nfs3_types::nfs3::nfsstat3;
 
+/// A running helper, killed when dropped (a failing assertion leaves none behind).
+struct Helper(Option<Child>);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A helper serving `exports` (`[path, root, subpath, ro|rw]`), and its first line.
-fn helper(key: &Path, exports: &[[&str; 4]]) -> (Child, std::net::SocketAddr, String) {
+fn helper(key: &Path, exports: &[[&str; 4]]) -> (Helper, std::net::SocketAddr, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren-nfsd"));
@@ -30,10 +42,12 @@ fn helper(key: &Path, exports: &[[&str; 4]]) -> (Child, std::net::SocketAddr, St
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    (child, addr, line)
+    (Helper(Some(child)), addr, line)
 }
 
-fn stop(mut child: Child) -> String {
+/// Stops the helper; what it wrote to stderr.
+fn stop(mut h: Helper) -> String {
+    let mut child = h.0.take().unwrap();
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stderr).into_owned()
