@@ -1,7 +1,8 @@
 //! Volumes in the vm runtime: each VM's NFS helper (`warren-nfsd`) serves its volumes, lives
-//! in the VM's cgroup, survives a restart of the manager, is up before a paused VM wakes up
-//! with its mount, and ends with the VM. Needs root, nftables, QEMU and the base image;
-//! without root or QEMU the test prints `SKIP:` and why.
+//! in the VM's cgroup, survives a restart of the manager (or is started again by the next
+//! one if it ended), is up before a paused VM wakes up with its mount, and ends with the VM.
+//! Needs root, nftables, QEMU and the base image; without root or QEMU the test prints
+//! `SKIP:` and why.
 
 mod common;
 
@@ -116,6 +117,26 @@ async fn a_vms_volume_is_served_by_its_own_helper_for_as_long_as_the_vm_lives() 
     let rt = start(&cfg, &vm, vec![s.clone()]).await;
     assert!(alive(first[0]));
     assert_eq!(run(s.agent, "cat /data/a").await, (0, "hi\n".into()));
+
+    // A helper that ended while the manager was down is started again when the VM is
+    // taken back, and the guest's mount answers again.
+    drop(rt);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    while helpers(&cfg, &s).contains(&first[0]) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let rt = start(&cfg, &vm, vec![s.clone()]).await;
+    let first = helpers(&cfg, &s);
+    assert_eq!(first.len(), 1, "the helper was started again");
+    assert_eq!(
+        run(s.agent, "echo again > /data/c && cat /data/a").await,
+        (0, "hi\n".into())
+    );
+    assert_eq!(std::fs::read_to_string(root.join("c")).unwrap(), "again\n");
 
     // A memory pause ends the VM and its helper; the resumed guest wakes up holding its
     // mount and finds a new helper serving it, with what was written meanwhile.

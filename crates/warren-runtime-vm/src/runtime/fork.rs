@@ -126,6 +126,9 @@ impl VmRuntime {
                 dir: &dir,
                 cgroup: &cgroup,
             };
+            if let Err(e) = nfs::record(&dir, &spec.volumes) {
+                tracing::warn!(vm = %name, error = %e, "could not record the VM's volumes");
+            }
             nfs::start(&helper, &spec.volumes).await.map(drop)
         };
         let restored = match served {

@@ -117,6 +117,42 @@ fn args(key: &Path, volumes: &[VolumeMount]) -> Vec<std::ffi::OsString> {
     a
 }
 
+/// File in a VM's directory recording the volumes its helper serves, so that a later
+/// server can start the helper again if it is gone (see [`ensure_running`]).
+const VOLUMES_FILE: &str = "nfs-volumes.json";
+
+/// Records `volumes` as what the VM in `dir` mounts.
+pub fn record(dir: &Path, volumes: &[VolumeMount]) -> std::io::Result<()> {
+    let json = serde_json::to_vec(volumes).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(VOLUMES_FILE), json)
+}
+
+/// The `warren-nfsd` processes in `cgroup`.
+fn running(cgroup: &SandboxCgroup) -> Vec<u32> {
+    cgroup
+        .pids()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "warren-nfsd")
+        })
+        .collect()
+}
+
+/// For a VM taken back after a restart: starts its helper again if the VM has volumes and
+/// no helper runs in its cgroup (it ended while the server was down). `Ok(false)`: nothing
+/// to do.
+pub async fn ensure_running(h: &Helper<'_>) -> Result<bool, RuntimeError> {
+    let Ok(raw) = std::fs::read(h.dir.join(VOLUMES_FILE)) else {
+        return Ok(false);
+    };
+    let volumes: Vec<VolumeMount> = serde_json::from_slice(&raw).map_err(super::failed)?;
+    if volumes.is_empty() || !running(h.cgroup).is_empty() {
+        return Ok(false);
+    }
+    start(h, &volumes).await.map(|_| true)
+}
+
 /// What starting a VM's helper needs.
 pub struct Helper<'a> {
     pub bin: &'a Path,

@@ -153,6 +153,24 @@ impl VmRuntime {
             }
         };
         let cgroup = SandboxCgroup::at(&self.cgroup_parent(), &rec.name);
+        // Its volumes' server normally outlives the server too; one that did not is started
+        // again (the guest's hard mounts wait for it meanwhile).
+        let helper = super::nfs::Helper {
+            bin: &self.settings.nfsd_bin,
+            key: &self.nfs_key,
+            netns: &slot.netns_path(),
+            dir: &dir,
+            cgroup: &cgroup,
+        };
+        match super::nfs::ensure_running(&helper).await {
+            Ok(true) => tracing::warn!(sandbox = %r.id, "restarted the VM's NFS helper"),
+            Ok(false) => {}
+            Err(e) => tracing::error!(
+                sandbox = %r.id,
+                error = %warren_runtime::chain(&e),
+                "the VM's NFS helper could not be restarted: its volumes do not answer"
+            ),
+        }
         let exit = machine::watch_pid(
             rec.pid,
             cgroup.clone(),
