@@ -52,11 +52,14 @@ def test_private_sandbox_needs_the_traffic_token(server):
         sbx.kill()
 
 
-def test_unenforced_egress_fields_are_refused(server):
-    # TEST-NET addresses only; the request never gets as far as a sandbox.
-    with pytest.raises(Exception) as e:
-        Sandbox.create(timeout=60, network={"rules": {"api.example.test": [{"transform": {"headers": {"a": "b"}}}]}})
-    assert "not supported" in str(e.value)
+def test_header_rules_that_could_redirect_a_request_are_refused(server):
+    # A rule may not set the headers that frame a request or name its host: the request
+    # never gets as far as a sandbox.
+    for header in ("Host", "Content-Length", "Transfer-Encoding"):
+        with pytest.raises(Exception) as e:
+            Sandbox.create(timeout=60, network={"rules": {"api.example.test": [
+                {"transform": {"headers": {header: "x"}}}]}})
+        assert "cannot be set" in str(e.value), header
 
 
 def start_header_echo(sbx) -> None:
