@@ -2,9 +2,7 @@
 //! requests get headers (secrets brokered at egress, `docs/secrets.md`): a leaf per host name
 //! (the client's SNI), issued on first use by the server's unconstrained egress CA
 //! ([`LocalCa::load_or_create_unconstrained`]), kept in memory and re-issued before it expires.
-//! Sandboxes trust the CA; nothing else is ever told to.
-//!
-//! Not wired into the proxy yet.
+//! Sandboxes trust the CA; nothing else is ever told to. Used by `warren-net`'s broker.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
