@@ -151,15 +151,33 @@ def server(_registry):
     # The first create may build the base template image (minutes); do it once up front.
     from e2b import Sandbox
     Sandbox.create(timeout=60, request_timeout=900).kill()
+    templates_before = _template_ids(srv.url)
+    volumes_before = {v["volumeID"] for v in requests.get(srv.url + "/volumes", headers={"X-API-KEY": API_KEY}, timeout=10).json()}
     yield srv
-    # Leave nothing running: kill every sandbox this server still knows.
+    # Leave nothing running: kill every sandbox this server still knows (paused ones too).
+    # A reused data dir (WARREN_E2E_DATA_DIR) also loses the templates this session built and
+    # their cached build steps, or every run would leave gigabytes of images behind.
     try:
-        for s in requests.get(srv.url + "/v2/sandboxes", headers={"X-API-KEY": API_KEY}, timeout=10).json():
-            requests.delete(f"{srv.url}/sandboxes/{s['sandboxID']}", headers={"X-API-KEY": API_KEY}, timeout=30)
+        h = {"X-API-KEY": API_KEY}
+        listed = requests.get(srv.url + "/v2/sandboxes?state=running,paused&limit=100", headers=h, timeout=10)
+        for s in listed.json():
+            requests.delete(f"{srv.url}/sandboxes/{s['sandboxID']}", headers=h, timeout=30)
+        for v in requests.get(srv.url + "/volumes", headers=h, timeout=10).json():
+            if v["volumeID"] not in volumes_before:
+                requests.delete(f"{srv.url}/volumes/{v['volumeID']}", headers=h, timeout=30)
+        for tid in _template_ids(srv.url) - templates_before:
+            requests.delete(f"{srv.url}/templates/{tid}", headers=h, timeout=60)
+        requests.post(srv.url + "/v1/templates/prune", headers=h, timeout=300)
     finally:
         srv.stop()
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _template_ids(url: str) -> set[str]:
+    r = requests.get(url + "/templates", headers={"X-API-KEY": API_KEY}, timeout=30)
+    r.raise_for_status()
+    return {t["templateID"] for t in r.json()}
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ impl Builder {
                 .map(|k| {
                     // Where the runtimes keep a filesystem snapshot (ns; vm).
                     let bytes = allocated(&data.join("snapshots").join(&k))
-                        + allocated(&data.join("vm-checkpoints").join(&k));
+                        + allocated(&data.join("vm-checkpoints").join("snapshots").join(&k));
                     (k, bytes)
                 })
                 .collect()
