@@ -15,6 +15,11 @@ pub struct HostConfig {
     /// Where template images are mounted (read-only, shared by every sandbox; kept mounted
     /// across server restarts).
     pub templates_dir: PathBuf,
+    /// Where the namespace runtime mounts (or finds) the LXCFS daemon that shows each sandbox
+    /// its own resources in `/proc/meminfo`, `/proc/cpuinfo` and the like. One daemon serves
+    /// every sandbox and outlives server restarts (running sandboxes hold binds of its files);
+    /// under `/run` it lives as long as the sandboxes can. `None`: sandboxes see the host's.
+    pub lxcfs_dir: Option<PathBuf>,
     /// The agent every sandbox runs (see [`default_agent`]).
     pub agent_bin: PathBuf,
     pub nsinit_bin: PathBuf,
@@ -49,6 +54,7 @@ impl HostConfig {
             data_dir,
             run_dir: PathBuf::from("/run/warren"),
             templates_dir: PathBuf::from("/run/warren/templates"),
+            lxcfs_dir: Some(PathBuf::from("/run/warren/lxcfs")),
             agent_bin: default_agent(&bin_dir),
             nsinit_bin: bin_dir.join("warren-nsinit"),
             // Above the ranges `useradd` hands out (100000 up to 600100000) and below 2^31.

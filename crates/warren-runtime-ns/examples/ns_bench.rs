@@ -161,6 +161,7 @@ async fn main() {
         agent_bin: bin_dir.join("warren-agent"),
         cgroup_parent: format!("warren-bench-{}", std::process::id()),
         confinement: warren_runtime_ns::config::Confinement::from_env(),
+        lxcfs: None,
     };
     for b in [&cfg.nsinit_bin, &cfg.agent_bin] {
         assert!(

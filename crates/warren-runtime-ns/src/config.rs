@@ -45,6 +45,10 @@ pub struct InitConfig {
     /// read-only and nosuid/nodev settings) at `vol/<i>` of `sandbox_dir`.
     #[serde(default)]
     pub volumes: Vec<InitVolume>,
+    /// The manager bound an LXCFS mount at `lxcfs` of `sandbox_dir` (see [`crate::lxcfs`]):
+    /// its files go over `/proc/meminfo` and the like, so the sandbox sees its own resources.
+    #[serde(default)]
+    pub lxcfs: bool,
 }
 
 /// Where one volume goes in the sandbox.

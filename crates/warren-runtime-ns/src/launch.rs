@@ -27,6 +27,9 @@ pub struct NsConfig {
     pub cgroup_parent: String,
     /// How much confinement sandboxes get (full, except in benchmarks of the baseline).
     pub confinement: Confinement,
+    /// The mount point of an LXCFS daemon that answers (see [`crate::lxcfs`]); `None`:
+    /// sandboxes see the host's `/proc/meminfo` and the like.
+    pub lxcfs: Option<PathBuf>,
 }
 
 /// One sandbox to start.
@@ -66,6 +69,8 @@ pub struct Sandbox {
     pub dir: PathBuf,
     /// First host id of the sandbox's id range.
     pub id_base: u32,
+    /// The runtime's parent cgroup (for the accounting cgroups of [`crate::lxcfs`]).
+    cgroup_parent: String,
     /// The `warren-nsinit` parent of PID 1 (absent after the manager restarted).
     shim: Option<tokio::process::Child>,
 }
@@ -136,9 +141,11 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
         Ok(sbx) => Ok(sbx),
         Err(e) => {
             // Killing waits for the processes to go, and the tree may be large.
+            let (parent, id) = (cfg.cgroup_parent.clone(), spec.id.clone());
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = cg.kill_all();
                 let _ = cg.remove();
+                crate::lxcfs::remove_v1_accounting(&parent, &id);
                 let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
                 let _ = remove_sandbox_dir(&dir);
             })
@@ -210,6 +217,7 @@ async fn start(
                 path: v.path.clone(),
             })
             .collect(),
+        lxcfs: cfg.lxcfs.is_some(),
     };
     let Spawned {
         shim,
@@ -223,10 +231,11 @@ async fn start(
         cgroup: cg,
         dir: dir.to_path_buf(),
         id_base: spec.id_base,
+        cgroup_parent: cfg.cgroup_parent.clone(),
         shim: Some(shim),
     };
     let reports = wait_for_user_ns(status_r).await?;
-    enter_sandbox(spec, dir, shim_pid, &sbx.cgroup)?;
+    enter_sandbox(cfg, spec, dir, shim_pid, &sbx.cgroup)?;
     // The go byte, then the token; closing the pipe ends the token.
     let mut go = b"1".to_vec();
     go.extend_from_slice(spec.access_token.as_deref().unwrap_or("").as_bytes());
@@ -339,6 +348,7 @@ async fn wait_for_user_ns(status_r: OwnedFd) -> Result<BufReader<fs::File>, Laun
 /// the sandbox's cgroup, and the template image (host root's files shown as the sandbox's
 /// root) as its lower layer.
 fn enter_sandbox(
+    cfg: &NsConfig,
     spec: &LaunchSpec,
     dir: &Path,
     shim_pid: u32,
@@ -348,6 +358,24 @@ fn enter_sandbox(
     fs::write(format!("/proc/{shim_pid}/uid_map"), &map).map_err(io("write uid_map"))?;
     fs::write(format!("/proc/{shim_pid}/gid_map"), &map).map_err(io("write gid_map"))?;
     cgroup.add(shim_pid).map_err(io("join cgroup"))?;
+    // Before nsinit creates its cgroup namespace, so these show as its root too.
+    crate::lxcfs::join_v1_accounting(&cfg.cgroup_parent, &spec.id, shim_pid);
+    if let Err(e) = crate::lxcfs::limit_affinity(shim_pid, spec.limits.cpu_millis) {
+        tracing::warn!(sandbox = %spec.id, error = %e, "nproc will count the host's CPUs");
+    }
+    if let Some(lxcfs) = &cfg.lxcfs {
+        // A plain bind, not recursive: nsinit needs the daemon's `proc` and `sys` files only.
+        let staged = dir.join(crate::lxcfs::STAGED);
+        fs::create_dir_all(&staged).map_err(io(format!("create {}", staged.display())))?;
+        mount(
+            Some(lxcfs),
+            &staged,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(nix_io("bind the LXCFS mount"))?;
+    }
     let userns: OwnedFd = fs::File::open(format!("/proc/{shim_pid}/ns/user"))
         .map_err(io("open the sandbox's user namespace"))?
         .into();
@@ -380,6 +408,7 @@ pub(crate) fn volume_dir(dir: &Path, i: usize) -> PathBuf {
 /// Detaches the host's copies of the image and volume mounts (the sandbox keeps its own).
 fn detach_staging(dir: &Path) {
     let _ = umount2(&dir.join("lower"), MntFlags::MNT_DETACH);
+    let _ = umount2(&dir.join(crate::lxcfs::STAGED), MntFlags::MNT_DETACH);
     if let Ok(entries) = fs::read_dir(dir.join("vol")) {
         for e in entries.flatten() {
             let _ = umount2(&e.path(), MntFlags::MNT_DETACH);
@@ -392,6 +421,12 @@ fn detach_staging(dir: &Path) {
 /// mounted there must never be emptied by the recursive removal.
 fn remove_sandbox_dir(dir: &Path) -> std::io::Result<()> {
     detach_staging(dir);
+    // Alone and with rmdir for the same reason: a recursive removal through an LXCFS mount
+    // still there would walk into its `cgroup/` tree, whose directories it removes on the host.
+    match fs::remove_dir(dir.join(crate::lxcfs::STAGED)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     match fs::read_dir(dir.join("vol")) {
         Ok(entries) => {
             for e in entries {
@@ -462,6 +497,7 @@ impl Sandbox {
             cgroup,
             dir: cfg.state_dir.join(id),
             id_base,
+            cgroup_parent: cfg.cgroup_parent.clone(),
             shim: None,
         })
     }
@@ -497,15 +533,22 @@ impl Sandbox {
             let _ = tokio::time::timeout(Duration::from_secs(5), shim.wait()).await;
         }
         // The cgroup's removal waits for it to empty; the tree may be large.
-        let (cg, dir) = (self.cgroup.clone(), self.dir.clone());
-        tokio::task::spawn_blocking(move || remove_state(&cg, &dir))
+        let (cg, dir, parent) = (
+            self.cgroup.clone(),
+            self.dir.clone(),
+            self.cgroup_parent.clone(),
+        );
+        tokio::task::spawn_blocking(move || remove_state(&parent, &cg, &dir))
             .await
             .map_err(|e| LaunchError::Init(e.to_string()))?
     }
 }
 
-fn remove_state(cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
+fn remove_state(parent: &str, cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
     cg.remove().map_err(io("remove cgroup"))?;
+    if let Some(id) = dir.file_name() {
+        crate::lxcfs::remove_v1_accounting(parent, &id.to_string_lossy());
+    }
     // Detach before deleting: removing files through the mount would only empty it.
     let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
     match remove_sandbox_dir(dir) {
@@ -526,7 +569,7 @@ pub fn remove_sandbox(cfg: &NsConfig, id: &str) -> Result<(), LaunchError> {
     }
     let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
     cg.kill_all().map_err(io("kill the sandbox"))?;
-    remove_state(&cg, &cfg.state_dir.join(id))
+    remove_state(&cfg.cgroup_parent, &cg, &cfg.state_dir.join(id))
 }
 
 /// Removes every sandbox under this configuration that is not in `keep`: processes, cgroups,
@@ -545,7 +588,7 @@ pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
     for id in &ids {
         let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
         let _ = cg.kill_all();
-        if let Err(e) = remove_state(&cg, &cfg.state_dir.join(id)) {
+        if let Err(e) = remove_state(&cfg.cgroup_parent, &cg, &cfg.state_dir.join(id)) {
             tracing::warn!(sandbox = %id, error = %e, "could not clean up a stale sandbox");
         }
     }
@@ -560,5 +603,6 @@ pub fn remove_empty_parents(cfg: &NsConfig) -> std::io::Result<()> {
         _ => {}
     }
     crate::stage::remove(cfg)?;
+    crate::lxcfs::remove_v1_accounting(&cfg.cgroup_parent, "");
     cgroup::remove_parent(&cfg.cgroup_parent)
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod idrange;
 pub mod launch;
 pub mod layer;
+pub mod lxcfs;
 pub mod nsinit;
 mod rootfs;
 mod runtime;

@@ -10,6 +10,8 @@
 //! - `/sys`: not the host's (which lists every sandbox's cgroup and the host's links) but a
 //!   read-only tmpfs with the CPU topology and the sandbox's own cgroups (its cgroup namespace
 //!   makes its cgroup the root), read-only.
+//! - The sandbox's own resources: LXCFS's `meminfo`, `cpuinfo`, `stat`, `uptime` and the like
+//!   over procfs's, and its `cpu/online` over the host's (see [`crate::lxcfs`]).
 //! - `/dev`: tmpfs with the harmless character devices, a private devpts and `/dev/shm`.
 
 use std::fs;
@@ -162,6 +164,9 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     if full {
         mask_proc(&root)?;
     }
+    if cfg.lxcfs {
+        bind_lxcfs(&cfg.sandbox_dir.join(crate::lxcfs::STAGED), &root);
+    }
 
     let etc = root.join("etc");
     let write = |name: &str, content: &str| {
@@ -282,6 +287,32 @@ fn build_sys(sys: &Path) -> Result<(), String> {
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | flags,
         Some("mode=0755,size=64k"),
     )
+}
+
+/// The sandbox's own resources (see [`crate::lxcfs`]): the daemon's files, bound read-only over
+/// procfs's and over `/sys/devices/system/cpu/online`. A daemon that stopped answering (it
+/// died after the manager checked) leaves the sandbox with the kernel's files rather than
+/// without a start; nsinit.log says so.
+fn bind_lxcfs(lxcfs: &Path, root: &Path) {
+    if let Err(e) = fs::metadata(lxcfs.join("proc/meminfo")) {
+        eprintln!("nsinit: LXCFS does not answer ({e}); the sandbox sees the host's /proc/meminfo and the like");
+        return;
+    }
+    let mut binds: Vec<(std::path::PathBuf, std::path::PathBuf)> = crate::lxcfs::PROC_FILES
+        .iter()
+        .map(|f| (lxcfs.join("proc").join(f), root.join("proc").join(f)))
+        .collect();
+    binds.push((
+        lxcfs.join(crate::lxcfs::SYS_CPU_ONLINE),
+        root.join("sys/devices/system/cpu/online"),
+    ));
+    for (src, target) in binds {
+        if src.exists() && target.exists() {
+            if let Err(e) = bind_ro(&src, &target) {
+                eprintln!("nsinit: {e}");
+            }
+        }
+    }
 }
 
 /// Files of `/proc` that disclose kernel memory or host-wide state, or act on the host.

@@ -37,6 +37,8 @@ pub fn ns_config(cfg: &HostConfig) -> NsConfig {
         cgroup_parent: cfg.cgroup_parent.clone(),
         // Only benchmarks of the cost of confinement set this (see docs/runtime-ns.md).
         confinement: Confinement::from_env(),
+        // Set by `NsRuntime::start` once the daemon answers (see `crate::lxcfs`).
+        lxcfs: None,
     }
 }
 
@@ -127,9 +129,11 @@ impl NsRuntime {
             .map_err(|e| RuntimeError::unavailable("http client", e))?;
         let ids = IdRanges::open(&cfg.data_dir.join("ns-id-ranges"), cfg.id_base)
             .map_err(RuntimeError::io("open the id range assignments"))?;
+        let mut ns = ns_config(&cfg);
+        ns.lxcfs = crate::lxcfs::start(cfg.lxcfs_dir.clone()).await;
         let rt = Arc::new(Self {
             ids,
-            ns: ns_config(&cfg),
+            ns,
             cfg,
             net: OnceCell::new(),
             templates: Arc::new(Templates::default()),

@@ -255,6 +255,7 @@ pub fn config_for(test: &str) -> NsConfig {
         // WARREN_NS_CONFINEMENT=baseline runs the suite against the earlier confinement, to see
         // which assertions it fails.
         confinement: Confinement::from_env(),
+        lxcfs: None,
     }
 }
 
