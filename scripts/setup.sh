@@ -21,6 +21,9 @@ command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+# The namespace runtime's view of each sandbox's own memory, CPUs and uptime in /proc
+# (docs/runtime-ns.md); `warren serve` starts the daemon itself.
+command -v lxcfs >/dev/null 2>&1 || need_apt+=(lxcfs)
 # Tests of templates from registry images: a real registry on loopback, and a static busybox
 # to make a tiny image that has no bash, sudo or glibc.
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
