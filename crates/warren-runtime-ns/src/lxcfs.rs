@@ -13,9 +13,10 @@
 //! fail with ENOTCONN in every one of them once it is gone. So it runs in a session of its
 //! own, and a restarted server takes the one it finds.
 //!
-//! LXCFS reads a sandbox's CPU quota (`--enable-cfs`) and CPU usage through the cgroup the
-//! sandbox has in the `cpuset` and `cpuacct` controllers. On cgroup v1 the sandbox cgroup has
-//! no directory there by default, so [`join_v1_accounting`] gives it one of the same name.
+//! LXCFS reads a sandbox's CPU quota (`--enable-cfs`), CPU time and disk I/O through the
+//! cgroup the sandbox has in the `cpuset`, `cpuacct` and `blkio` controllers. On cgroup v1 the
+//! sandbox has no cgroup of its own there by default, so [`join_v1_accounting`] gives it one of
+//! the same name.
 //! `nproc` counts the CPUs a process may run on (`sched_getaffinity`), which no file changes:
 //! [`limit_affinity`] gives the sandbox as many CPUs as its quota.
 
@@ -52,8 +53,9 @@ pub const SYS_CPU_ONLINE: &str = "sys/devices/system/cpu/online";
 pub const STAGED: &str = "lxcfs";
 
 /// The v1 controllers LXCFS looks a sandbox up in besides those `warren_host::cgroup` uses:
-/// `cpuset` (whose path also names where it reads the CPU quota) and `cpuacct` (CPU time).
-const V1_ACCOUNTING: &[&str] = &["cpuset", "cpuacct"];
+/// `cpuset` (whose path also names where it reads the CPU quota), `cpuacct` (CPU time) and
+/// `blkio` (`/proc/diskstats`). None of them limits anything here.
+const V1_ACCOUNTING: &[&str] = &["cpuset", "cpuacct", "blkio"];
 
 /// How long a freshly started daemon may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,6 +83,10 @@ pub async fn start(dir: Option<PathBuf>) -> Option<PathBuf> {
 /// one (its mount answers ENOTCONN) or starts one. Errors say why sandboxes will see the
 /// host's figures instead (no `lxcfs`, no `/dev/fuse`, ...).
 pub fn ensure(dir: &Path) -> Result<(), String> {
+    // Runtimes of one process (tests start several) take turns; another process that starts
+    // one at the same time loses the daemon's pid-file lock, and its daemon exits.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if answers(dir) {
         return Ok(());
     }
@@ -136,6 +142,15 @@ pub fn ensure(dir: &Path) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     while !answers(dir) {
         if let Ok(Some(status)) = child.try_wait() {
+            // Another process's daemon may have won the race to the mount point (this one
+            // then exits at once): use that one if it answers soon.
+            let grace = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < grace {
+                if answers(dir) {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             return Err(format!(
                 "lxcfs exited at start ({status}); see {}",
                 log_path.display()
@@ -195,8 +210,8 @@ fn mounted_at(dir: &Path) -> bool {
     })
 }
 
-/// On cgroup v1, puts `pid` into cgroups `<parent>/<id>` of the `cpuset` and `cpuacct`
-/// hierarchies, where LXCFS reads the sandbox's CPU quota and usage. Best effort: without them
+/// On cgroup v1, puts `pid` into cgroups `<parent>/<id>` of the `cpuset`, `cpuacct` and
+/// `blkio` hierarchies, where LXCFS reads the sandbox's CPU quota, CPU time and disk I/O. Best effort: without them
 /// the sandbox sees the host's CPU count and times. No limit is set there: the `cpuset` cgroup
 /// gets its parent's CPUs and memory nodes (the kernel refuses tasks into an empty one).
 pub fn join_v1_accounting(parent: &str, id: &str, pid: u32) {
