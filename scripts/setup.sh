@@ -29,6 +29,9 @@ command -v lxcfs >/dev/null 2>&1 || need_apt+=(lxcfs)
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+# The web dashboard is built with npm (dashboard/, Vite) and tested in Debian's chromium.
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # The vm runtime: QEMU 10.0 from bookworm-backports (it matches the qemu-utils 10.0 these hosts
 # carry; bookworm's own QEMU 7.2 would replace it). The guest kernel is fetched later, pinned,
 # with `apt-get download`; mkfs.ext4 (e2fsprogs), ldd (libc-bin) and ss (iproute2) are used too.
@@ -102,6 +105,11 @@ if [ -e /proc/sys/kernel/io_uring_disabled ] && [ "$(cat /proc/sys/kernel/io_uri
   echo 'kernel.io_uring_disabled = 2' >/etc/sysctl.d/60-warren.conf
   echo 2 >/proc/sys/kernel/io_uring_disabled || echo "could not set kernel.io_uring_disabled now; it applies at next boot" >&2
 fi
+
+# The dashboard's assets are embedded in the binary (crates/warren-server/src/dashboard.rs), so
+# they are built first; the npm registry is the only place they come from.
+log "building the web dashboard (dashboard/: npm ci && npm run build)"
+(cd dashboard && npm ci --no-audit --no-fund --loglevel=error && npm run build)
 
 log "building Warren (release)"
 cargo build --release --locked --workspace

@@ -46,7 +46,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/agent/requirements.txt -r tests/e2e/requirements.txt \
-  -r tests/interpreter/requirements.txt -r tests/security/requirements.txt -r benches/requirements.txt \
+  -r tests/interpreter/requirements.txt -r tests/security/requirements.txt -r tests/dashboard/requirements.txt -r benches/requirements.txt \
   -r crates/warren-template/services/code-interpreter/requirements-test.txt
 
 log "code-interpreter service unit tests (crates/warren-template/services/code-interpreter)"
@@ -81,6 +81,11 @@ WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DI
   .venv/bin/python -m pytest tests/security -q
 WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/security -q
+
+log "web dashboard in headless chromium (Playwright): log in, terminal, upload, pause and resume"
+# Screenshots go to target/dashboard-screenshots (docs/dashboard.md shows a few).
+WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
+  .venv/bin/python -m pytest tests/dashboard -q
 
 log "control-plane smoke test with the official E2B JS SDK (e2b@2.51.0)"
 # e2b 2.51.0 needs Node >= 20.18.1, which Debian's archive does not ship (bookworm has 18).

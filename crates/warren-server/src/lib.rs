@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod dashboard;
 pub mod error;
 mod extract;
 mod ingress;
@@ -224,6 +225,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         )
         .layer(DefaultBodyLimit::disable())
         .with_state(state.clone());
-    let api = uploads.merge(content).merge(api);
+    // The web dashboard's static files (no data, no key: the page calls the API itself).
+    let api = uploads.merge(content).merge(dashboard::router()).merge(api);
     api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
 }
