@@ -116,6 +116,12 @@ def test_dashboard_drives_a_sandbox(server, sandbox, browser_page, shots, tmp_pa
     page.wait_for_selector("#files tr[data-name='from-the-dashboard.txt']")
     assert sbx.files.read("/home/user/from-the-dashboard.txt") == content
     _shot(page, shots, "05-files")
+    # ... and download it back.
+    with page.expect_download() as download:
+        page.click("#files tr[data-name='from-the-dashboard.txt'] button.download")
+    assert download.value.suggested_filename == "from-the-dashboard.txt"
+    with open(download.value.path()) as f:
+        assert f.read() == content
 
     # Processes started through the API are listed (the terminal's shell ended with its tab).
     sbx.commands.run("sleep 600", background=True)
