@@ -80,6 +80,11 @@ def test_dashboard_drives_a_sandbox(server, sandbox, browser_page, shots, tmp_pa
     assert row.get_attribute("data-state") == "running"
     assert f"run={tag}" in row.inner_text()
     _shot(page, shots, "02-sandboxes")
+    # The state filter: a running sandbox is not among the paused ones.
+    page.uncheck("#filter-running")
+    expect(page.locator("#sandboxes tbody tr")).to_have_count(0)
+    page.check("#filter-running")
+    expect(page.locator("#sandboxes tbody tr")).to_have_count(1)
     # A filter that matches nothing shows nothing.
     page.fill("#filter-template", "no-such-template")
     page.click("#filters button[type=submit]")
