@@ -4,6 +4,7 @@ before an acknowledged pause may be lost, across server restarts and any number 
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import uuid
@@ -183,7 +184,11 @@ def test_pause_twice_and_unknown(server):
         info = Sandbox.get_info(sbx.sandbox_id)
         assert info.state.value == "paused"
         assert info.lifecycle is not None
-        assert sbx.get_metrics() == [], "a paused sandbox has no current usage"
+        paused_at = datetime.datetime.now(datetime.timezone.utc)
+        history = sbx.get_metrics()
+        assert all(m.timestamp <= paused_at for m in history), "a paused sandbox is not sampled"
+        time.sleep(1.1)
+        assert [m.timestamp for m in sbx.get_metrics()] == [m.timestamp for m in history]
     finally:
         assert Sandbox.kill(sbx.sandbox_id) is True, "a paused sandbox can be killed"
     assert not Sandbox.kill(sbx.sandbox_id)

@@ -125,6 +125,10 @@ pub(crate) struct Inner {
     /// Serialises creation and deletion of named resources (volumes, secrets): name and
     /// in-use checks.
     pub(crate) resource_lock: Mutex<()>,
+    /// Reads the agents' own view of their sandboxes' resources, once the server gives it.
+    pub(crate) guest_metrics: std::sync::OnceLock<Arc<dyn crate::usage::GuestMetrics>>,
+    /// Recent resource samples of running sandboxes.
+    pub(crate) series: StdMutex<crate::usage::Series>,
 }
 
 /// The control plane. Cheap to clone.
@@ -176,6 +180,8 @@ impl Control {
                 peering: Mutex::new(()),
                 volume_disks: std::sync::OnceLock::new(),
                 resource_lock: Mutex::new(()),
+                guest_metrics: std::sync::OnceLock::new(),
+                series: StdMutex::default(),
             }),
         };
         control.load_networks().await?;
@@ -540,6 +546,8 @@ impl Control {
                 }
                 tracing::info!(sandbox_id = %sb.id, template = %sb.template, "sandbox running");
                 let out = sb.clone();
+                self.record_event(&out, crate::events::EventKind::Created, None)
+                    .await;
                 self.register(&out, Some(entry.clone()));
                 Ok(out)
             }
@@ -652,6 +660,15 @@ impl Control {
             self.schedule_end(id, next.end_at);
         }
         *sb = next;
+        let end = sb
+            .end_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        self.record_event(
+            &sb,
+            crate::events::EventKind::Updated,
+            Some(serde_json::json!({"set_timeout": end})),
+        )
+        .await;
         Ok(())
     }
 
@@ -696,6 +713,13 @@ impl Control {
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
         self.leave_all_networks(id).await;
+        let ran = Utc::now()
+            .signed_duration_since(sb.started_at)
+            .num_milliseconds();
+        let data = serde_json::json!({"execution": {"started_at": sb.started_at,
+            "vcpu_count": sb.cpu_count, "memory_mb": sb.memory_mb, "execution_time": ran}});
+        self.record_event(sb, crate::events::EventKind::Killed, Some(data))
+            .await;
         tracing::info!(sandbox_id = %id, state = sb.state.as_str(), "sandbox stopped");
         result
     }
@@ -712,6 +736,12 @@ impl Control {
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
         self.leave_all_networks(id).await;
+        self.record_event(
+            sb,
+            crate::events::EventKind::Killed,
+            Some(serde_json::json!({"reason": reason})),
+        )
+        .await;
         tracing::warn!(sandbox_id = %id, reason = %reason, "sandbox exited on its own");
         Ok(())
     }

@@ -40,6 +40,13 @@ async fn pruner(control: Control) {
             ),
             Err(e) => tracing::warn!(error = %e, "pruning ended sandboxes"),
         }
+        if let Err(e) = inner
+            .store
+            .prune_events(Utc::now() - crate::events::EVENT_RETENTION)
+            .await
+        {
+            tracing::warn!(error = %e, "pruning lifecycle events");
+        }
     }
 }
 

@@ -15,6 +15,7 @@ mod config;
 mod control;
 pub mod dockerfile;
 mod error;
+mod events;
 mod expiry;
 mod fork;
 mod keys;
@@ -31,6 +32,7 @@ mod template_disk;
 mod template_tags;
 mod templates;
 mod tenant;
+mod usage;
 mod vault;
 mod volumes;
 
@@ -45,6 +47,7 @@ pub use builds::{
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use dockerfile::dockerfile_build;
 pub use error::{ControlError, StoreError};
+pub use events::{EventKind, EventQuery, SandboxEvent, EVENT_RETENTION, MAX_EVENT_PAGE};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{generate as new_api_key, hash_api_key, ApiKey, NewApiKey, Scope, DEFAULT_TEAM};
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
@@ -63,6 +66,7 @@ pub use templates::{
     DEFAULT_TAG,
 };
 pub use tenant::Tenant;
+pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
 pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,

@@ -5,6 +5,7 @@
 //! runtime record stored and the pause acknowledged. A resume that fails leaves the sandbox
 //! paused: its saved state is never given up because one attempt did not work.
 
+use crate::events::EventKind;
 use chrono::Utc;
 use tokio::sync::OwnedMutexGuard;
 use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
@@ -157,6 +158,13 @@ impl Control {
         // a connect resumes it, and report the store failure.
         **sb = next;
         self.inner.store.update_sandbox(sb).await?;
+        let memory = mode == PauseMode::Memory;
+        self.record_event(
+            sb,
+            EventKind::Paused,
+            Some(serde_json::json!({"memory": memory})),
+        )
+        .await;
         tracing::info!(sandbox_id = %id, mode = ?mode, "sandbox paused");
         Ok(())
     }
@@ -218,6 +226,13 @@ impl Control {
             // started afresh.
             tracing::warn!(sandbox_id = %id, "memory of the paused sandbox was lost; resumed from its files");
         }
+        let from_memory = kind != ResumeKind::Filesystem;
+        self.record_event(
+            sb,
+            EventKind::Resumed,
+            Some(serde_json::json!({"memory": from_memory})),
+        )
+        .await;
         tracing::info!(sandbox_id = %id, kind = ?kind, "sandbox resumed");
         Ok(())
     }

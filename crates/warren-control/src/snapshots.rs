@@ -175,6 +175,7 @@ impl Control {
             team: sb.team.clone(),
             volume_mounts: sb.volume_mounts.clone(),
         };
+        let owner = (*sb).clone();
         drop(sb);
         let older = match &name {
             Some(n) => self.inner.store.snapshot_by_name(n).await?,
@@ -193,6 +194,9 @@ impl Control {
         if let Some(old) = older {
             self.forget_runtime_snapshot(&old.key).await;
         }
+        let data = serde_json::json!({"snapshot_id": snap.id, "memory": snap.memory});
+        self.record_event(&owner, crate::events::EventKind::Checkpointed, Some(data))
+            .await;
         tracing::info!(snapshot_id = %snap.id, sandbox_id = %sandbox_id, memory = snap.memory, bytes = snap.bytes, "snapshot created");
         Ok(snap)
     }

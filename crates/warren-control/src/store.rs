@@ -216,6 +216,28 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Records a lifecycle event. The default keeps none (a store for tests of other things).
+    async fn append_event(&self, event: &crate::events::SandboxEvent) -> Result<(), StoreError> {
+        let _ = event;
+        Ok(())
+    }
+    /// Events as `query` asks, newest first unless it says ascending.
+    async fn events(
+        &self,
+        query: &crate::events::EventQuery,
+    ) -> Result<Vec<crate::events::SandboxEvent>, StoreError> {
+        let _ = query;
+        Ok(Vec::new())
+    }
+    /// Forgets events from before `before`; returns how many.
+    async fn prune_events(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let _ = before;
+        Ok(0)
+    }
+
     /// Forgets killed and failed sandboxes whose end time is before `before`; returns how
     /// many. Stores that keep nothing forever implement it; the default keeps everything.
     async fn prune_ended(

@@ -86,6 +86,49 @@ impl Tenant {
         self.own(id).await
     }
 
+    /// Lifecycle events of this key's team (of one sandbox it may see, if `query` names one).
+    pub async fn events(
+        &self,
+        mut query: crate::EventQuery,
+    ) -> Result<Vec<crate::SandboxEvent>, ControlError> {
+        query.team = self.team_filter().map(String::from);
+        if let Some(id) = &query.sandbox_id {
+            // A sandbox that is gone has events still; one of another team has none to show.
+            if let Ok(sb) = self.control.get(id).await {
+                if !self.scope.allows(&sb.team) {
+                    return Err(not_found(id));
+                }
+            }
+        }
+        self.control.events(&query).await
+    }
+
+    /// Sandbox `id`'s resource samples in `[start, end]` (unix seconds), oldest first.
+    pub async fn metrics(
+        &self,
+        id: &str,
+        start: Option<i64>,
+        end: Option<i64>,
+    ) -> Result<Vec<crate::MetricPoint>, ControlError> {
+        let sandbox = self.own(id).await?;
+        self.control.metrics_of(&sandbox, start, end).await
+    }
+
+    /// The newest sample of each of `ids` this key may see (others are left out, as unknown
+    /// ids are).
+    pub async fn latest_metrics(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<(String, crate::MetricPoint)>, ControlError> {
+        let mut mine = Vec::new();
+        for id in ids {
+            if self.own(id).await.is_ok() {
+                mine.push(id.clone());
+            }
+        }
+        Ok(self.control.latest_metrics(&mine))
+    }
+
     pub async fn connect(
         &self,
         id: &str,

@@ -9,8 +9,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub use warren_runtime::Usage;
+
 const ROOT: &str = "/sys/fs/cgroup";
-pub const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "freezer"];
+/// The v1 hierarchies a sandbox gets a directory in. `cpuacct` only accounts (CPU time used);
+/// where a host mounts it together with `cpu`, both names lead to one directory.
+pub const V1_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "freezer", "cpuacct"];
 
 /// Resource limits of one sandbox; `None` leaves a resource unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -166,6 +170,46 @@ impl SandboxCgroup {
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect()
+    }
+
+    /// What the sandbox's processes have used so far, read from the host's side (so nothing
+    /// inside can change it): CPU time since the cgroup was made and memory in use now, without
+    /// inactive page cache (what `docker stats` reports). `None` where this kernel does not
+    /// account a resource here.
+    pub fn usage(&self) -> Usage {
+        let read =
+            |controller: &str, file: &str| fs::read_to_string(self.dir(controller).join(file)).ok();
+        let number = |text: Option<String>| text.and_then(|t| t.trim().parse::<u64>().ok());
+        let stat = |text: &Option<String>, key: &str| {
+            text.as_deref().and_then(|t| {
+                t.lines().find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == key).then(|| v.trim().parse::<u64>().ok())?
+                })
+            })
+        };
+        match self.version {
+            Version::V2 => {
+                let cpu = read("cpu", "cpu.stat");
+                let mem = number(read("memory", "memory.current"));
+                let mstat = read("memory", "memory.stat");
+                Usage {
+                    cpu_usec: stat(&cpu, "usage_usec"),
+                    memory_bytes: mem
+                        .map(|m| m.saturating_sub(stat(&mstat, "inactive_file").unwrap_or(0))),
+                }
+            }
+            Version::V1 => {
+                let mem = number(read("memory", "memory.usage_in_bytes"));
+                let mstat = read("memory", "memory.stat");
+                Usage {
+                    cpu_usec: number(read("cpuacct", "cpuacct.usage")).map(|ns| ns / 1000),
+                    memory_bytes: mem.map(|m| {
+                        m.saturating_sub(stat(&mstat, "total_inactive_file").unwrap_or(0))
+                    }),
+                }
+            }
+        }
     }
 
     pub fn exists(&self) -> bool {

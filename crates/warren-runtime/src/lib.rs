@@ -443,6 +443,13 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         )))
     }
 
+    /// What sandbox `id` has used so far, measured on the host (CPU time, memory in use);
+    /// `None` for a sandbox that is not running here or a runtime that cannot tell.
+    async fn usage(&self, id: &str) -> Option<Usage> {
+        let _ = id;
+        None
+    }
+
     /// Deletes a snapshot; deleting an unknown key is `NotFound`.
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         Err(RuntimeError::NotFound(key.to_string()))
@@ -453,6 +460,15 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     async fn snapshot_keys(&self) -> Vec<String> {
         Vec::new()
     }
+}
+
+/// Resources a sandbox has used, as the host accounts them (its cgroup).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time of all its processes, living and ended, in microseconds.
+    pub cpu_usec: Option<u64>,
+    /// Memory in use now, in bytes.
+    pub memory_bytes: Option<u64>,
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 mod dashboard;
 pub mod error;
+mod events;
 mod extract;
 mod ingress;
 pub mod listener;
@@ -72,6 +73,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         proxy: Arc::new(proxy::Proxy::new(config.domain.clone())),
         volumes: config.volumes.clone(),
     };
+    state.control.sample_metrics_with(state.proxy.clone());
     let api = Router::new()
         .route("/health", get(routes::health))
         .route(
@@ -94,6 +96,12 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .route(
             "/sandboxes/{sandbox_id}/network/flows",
             get(routes::network_flows),
+        )
+        .route("/sandboxes/metrics", get(routes::sandboxes_metrics))
+        .route("/events/sandboxes", get(events::team_events))
+        .route(
+            "/events/sandboxes/{sandbox_id}",
+            get(events::sandbox_events),
         )
         .route(
             "/sandboxes/{sandbox_id}/metrics",

@@ -10,7 +10,7 @@ use crate::types::{
     AutoResume, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ForkResultItem, ForkSandbox,
     LifecycleInfo, ListedSandbox, NetworkConfig, NetworkInfo, NetworkUpdateBody, NewSandbox,
     NewSnapshot, PauseSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
-    SetTimeout, SnapshotInfo, VolumeMountSpec,
+    SandboxesWithMetrics, SetTimeout, SnapshotInfo, VolumeMountSpec,
 };
 use crate::volumes::{
     GrowSpec, NewVolume, QuotaInfo, QuotaSpec, UsageInfo, VolumeAndToken, VolumeChange,
@@ -34,6 +34,9 @@ use crate::{
         routes::update_network,
         routes::network_flows,
         routes::sandbox_metrics,
+        routes::sandboxes_metrics,
+        crate::events::team_events,
+        crate::events::sandbox_events,
         persistence::pause_sandbox,
         persistence::create_snapshot,
         persistence::list_snapshots,
@@ -74,7 +77,7 @@ use crate::{
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
-        ListedSandbox, SandboxMetric, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
+        ListedSandbox, SandboxMetric, SandboxesWithMetrics, crate::events::EventBody, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
         JoinSpec, VolumeMountSpec, NewVolume, VolumeChange, GrowSpec, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,

@@ -35,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
 use crate::ingress;
-use crate::types::{rfc3339, SandboxMetric};
 use crate::AppState;
 
 /// The agent's port inside every sandbox.
@@ -251,11 +250,12 @@ impl Proxy {
     }
 
     /// Reads the agent's `/metrics` into the API's metric item.
+    /// A sandbox agent's own view of its resources (`GET /metrics` on the agent).
     pub async fn agent_metrics(
         &self,
         agent: SocketAddr,
         token: &str,
-    ) -> Result<SandboxMetric, ApiError> {
+    ) -> Result<warren_control::GuestView, ApiError> {
         let unavailable = |what: String| ApiError::new(StatusCode::BAD_GATEWAY, what);
         let req = Request::get(format!("http://{agent}/metrics"))
             .header("x-access-token", token)
@@ -286,15 +286,13 @@ impl Proxy {
             .map_err(|_| unavailable("sandbox agent did not answer in time".into()))??;
         let m: AgentMetrics = serde_json::from_slice(&body)
             .map_err(|e| unavailable(format!("agent metrics are malformed: {e}")))?;
-        let now = chrono::Utc::now();
-        let ts = if m.ts > 0 { m.ts } else { now.timestamp() };
-        Ok(SandboxMetric {
-            timestamp: rfc3339(chrono::DateTime::from_timestamp(ts, 0).unwrap_or(now)),
-            timestamp_unix: ts,
-            cpu_count: m.cpu_count,
-            cpu_used_pct: m.cpu_used_pct,
+        Ok(warren_control::GuestView {
+            cpu_used_pct: if m.cpu_used_pct.is_finite() {
+                m.cpu_used_pct
+            } else {
+                0.0
+            },
             mem_used: m.mem_used,
-            mem_total: m.mem_total,
             mem_cache: m.mem_cache,
             disk_used: m.disk_used,
             disk_total: m.disk_total,
@@ -302,14 +300,28 @@ impl Proxy {
     }
 }
 
+/// The control plane's sampler reads agents through the proxy's bounded client.
+#[async_trait::async_trait]
+impl warren_control::GuestMetrics for Proxy {
+    async fn read(
+        &self,
+        sandbox: &warren_control::Sandbox,
+    ) -> Result<warren_control::GuestView, String> {
+        let rt = sandbox
+            .runtime
+            .as_ref()
+            .ok_or_else(|| format!("sandbox {} is not running", sandbox.id))?;
+        self.agent_metrics(rt.agent, &sandbox.envd_access_token)
+            .await
+            .map_err(|e| e.message)
+    }
+}
+
 /// The agent's `/metrics` body (envd's field names).
 #[derive(serde::Deserialize, Default)]
 #[serde(default)]
 struct AgentMetrics {
-    ts: i64,
-    cpu_count: u32,
     cpu_used_pct: f64,
-    mem_total: u64,
     mem_used: u64,
     mem_cache: u64,
     disk_used: u64,

@@ -11,8 +11,8 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, Authed, OptionalJson};
 use crate::types::{
     lifecycle_of, ConnectSandbox, ErrorBody, FlowEntry, FlowList, ListParams, ListedSandbox,
-    NetworkUpdateBody, NewSandbox, RuntimeInfo, SandboxCreated, SandboxDetail, SandboxMetric,
-    SetTimeout,
+    MetricsParams, NetworkUpdateBody, NewSandbox, RuntimeInfo, SandboxCreated, SandboxDetail,
+    SandboxMetric, SandboxesMetricsParams, SandboxesWithMetrics, SetTimeout,
 };
 use crate::AppState;
 
@@ -295,30 +295,69 @@ pub(crate) async fn network_flows(
     }))
 }
 
-/// Current resource usage, read from the sandbox's agent.
+/// The sandbox's resource samples (every 5 s while it runs, kept an hour), oldest first;
+/// `start`/`end` (unix seconds) narrow them to a window.
 #[utoipa::path(
-    get, path = "/sandboxes/{sandboxID}/metrics", params(("sandboxID" = String, Path)),
-    responses((status = 200, body = Vec<SandboxMetric>), (status = 401, body = ErrorBody),
-              (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)),
+    get, path = "/sandboxes/{sandboxID}/metrics",
+    params(("sandboxID" = String, Path), MetricsParams),
+    responses((status = 200, body = Vec<SandboxMetric>), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("api_key" = []))
 )]
 pub(crate) async fn sandbox_metrics(
-    State(st): State<AppState>,
     Authed(me): Authed,
     Path(id): Path<String>,
+    Query(q): Query<MetricsParams>,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
-    let sandbox = me.get(&id).await?;
-    // A paused sandbox's agent is frozen or gone: it has no current usage to report.
-    let Some(rt) = sandbox
-        .runtime
-        .as_ref()
-        .filter(|_| sandbox.state == warren_control::SandboxState::Running)
-    else {
-        return Ok(Json(Vec::new()));
-    };
-    let metric = st
-        .proxy
-        .agent_metrics(rt.agent, &sandbox.envd_access_token)
-        .await?;
-    Ok(Json(vec![metric]))
+    let start = seconds_param(q.start.as_deref(), "start")?;
+    let end = seconds_param(q.end.as_deref(), "end")?;
+    let points = me.metrics(&id, start, end).await?;
+    Ok(Json(points.iter().map(SandboxMetric::from).collect()))
+}
+
+/// The newest sample of each named sandbox (`sandbox_ids=a,b`, at most 100); sandboxes that
+/// are unknown, not yours or have no sample yet are left out.
+#[utoipa::path(
+    get, path = "/sandboxes/metrics", params(SandboxesMetricsParams),
+    responses((status = 200, body = SandboxesWithMetrics), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn sandboxes_metrics(
+    Authed(me): Authed,
+    Query(q): Query<SandboxesMetricsParams>,
+) -> ApiResult<Json<SandboxesWithMetrics>> {
+    let ids: Vec<String> = q
+        .sandbox_ids
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    if ids.len() > 100 {
+        return Err(ApiError::bad_request(format!(
+            "sandbox_ids names {} sandboxes; at most 100",
+            ids.len()
+        )));
+    }
+    let latest = me.latest_metrics(&ids).await?;
+    Ok(Json(SandboxesWithMetrics {
+        sandboxes: latest
+            .iter()
+            .map(|(id, p)| (id.clone(), SandboxMetric::from(p)))
+            .collect(),
+    }))
+}
+
+fn seconds_param(v: Option<&str>, name: &str) -> Result<Option<i64>, ApiError> {
+    v.map(|s| {
+        s.trim().parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "{name} must be unix seconds (an integer), not {s:?}"
+            ))
+        })
+    })
+    .transpose()
 }

@@ -530,6 +530,44 @@ pub struct SandboxMetric {
     pub disk_total: u64,
 }
 
+impl From<&warren_control::MetricPoint> for SandboxMetric {
+    fn from(p: &warren_control::MetricPoint) -> Self {
+        SandboxMetric {
+            timestamp: rfc3339(p.at),
+            timestamp_unix: p.at.timestamp(),
+            cpu_count: p.cpu_count,
+            cpu_used_pct: p.cpu_used_pct,
+            mem_used: p.mem_used,
+            mem_total: p.mem_total,
+            mem_cache: p.mem_cache,
+            disk_used: p.disk_used,
+            disk_total: p.disk_total,
+        }
+    }
+}
+
+/// Query of `GET /sandboxes/{sandboxID}/metrics`: unix seconds, both optional (E2B's).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsParams {
+    pub start: Option<String>,
+    pub end: Option<String>,
+}
+
+/// Query of `GET /sandboxes/metrics`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SandboxesMetricsParams {
+    /// Comma-separated sandbox ids (at most 100).
+    pub sandbox_ids: Option<String>,
+}
+
+/// Body of `GET /sandboxes/metrics`: each sandbox's newest sample by id.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: std::collections::BTreeMap<String, SandboxMetric>,
+}
+
 /// Query of `GET /v2/sandboxes`. Numbers are strings here so bad values get our error shape.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]

@@ -157,7 +157,19 @@ async fn pause_connect_and_proxy() {
         .json()
         .await
         .unwrap();
-    assert_eq!(metrics, json!([]), "a paused agent is not asked");
+    // Its history stays readable; a paused agent is not asked, so nothing is newer than the
+    // pause.
+    let paused_at = chrono::Utc::now().timestamp();
+    for m in metrics.as_array().unwrap() {
+        assert!(m["timestampUnix"].as_i64().unwrap() <= paused_at, "{m}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let again: Value = get(&s, &format!("/sandboxes/{id}/metrics"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again, metrics, "a paused sandbox is not sampled");
 
     let r = post(
         &s,

@@ -93,6 +93,7 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
             Some(json!({})),
         ),
         (Method::GET, format!("/sandboxes/{id}/metrics"), None),
+        (Method::GET, format!("/events/sandboxes/{id}"), None),
         (Method::DELETE, format!("/templates/{snap_id}"), None),
         (
             Method::POST,
@@ -110,6 +111,17 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
     assert_eq!(list, json!([]));
     let (_, snaps) = call(&s, &b, Method::GET, "/snapshots", None).await;
     assert_eq!(snaps, json!([]));
+    let (_, events) = call(&s, &b, Method::GET, "/events/sandboxes", None).await;
+    assert_eq!(events, json!([]), "another team's events");
+    let (_, metrics) = call(
+        &s,
+        &b,
+        Method::GET,
+        &format!("/sandboxes/metrics?sandbox_ids={id}"),
+        None,
+    )
+    .await;
+    assert_eq!(metrics, json!({"sandboxes": {}}), "another team's metrics");
     // A name another team holds is not taken over.
     let (_, bid) = call(
         &s,
@@ -135,6 +147,37 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
     assert_eq!(st, 200);
     let (_, all) = call(&s, API_KEY, Method::GET, "/v2/sandboxes", None).await;
     assert_eq!(all.as_array().unwrap().len(), 2);
+    let (_, mine) = call(&s, &a, Method::GET, "/events/sandboxes", None).await;
+    assert!(
+        mine.as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["sandboxTeamId"] == json!("team-a")),
+        "{mine}"
+    );
+    assert!(
+        mine.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["sandboxId"] == json!(id)),
+        "{mine}"
+    );
+    let (_, every) = call(
+        &s,
+        API_KEY,
+        Method::GET,
+        "/events/sandboxes?limit=100",
+        None,
+    )
+    .await;
+    assert!(
+        every
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["sandboxId"] == json!(bid)),
+        "{every}"
+    );
     let (st, _) = call(
         &s,
         API_KEY,

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod events;
 mod migrations;
 mod networks;
 mod rotate;
@@ -387,6 +388,27 @@ impl Store for SqliteStore {
     async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.with(move |c| volumes::delete(c, &id)).await
+    }
+
+    async fn append_event(&self, e: &warren_control::SandboxEvent) -> Result<(), StoreError> {
+        let e = e.clone();
+        self.with(move |c| events::append(c, &e)).await
+    }
+
+    async fn events(
+        &self,
+        q: &warren_control::EventQuery,
+    ) -> Result<Vec<warren_control::SandboxEvent>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| events::query(c, &q)).await
+    }
+
+    async fn prune_events(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let before = before.timestamp_micros();
+        self.with(move |c| events::prune(c, before)).await
     }
 
     async fn put_secret(&self, s: &warren_control::SealedSecret) -> Result<(), StoreError> {

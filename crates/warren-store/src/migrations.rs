@@ -164,4 +164,20 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
             UNIQUE (team, name)
         );",
     ),
+    (
+        11,
+        // Lifecycle events, in the order they happened (`seq`), kept for a retention period.
+        "CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            team TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            at_us INTEGER NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX events_sandbox ON events(sandbox_id, seq);
+        CREATE INDEX events_team ON events(team, seq);
+        CREATE INDEX events_at ON events(at_us);",
+    ),
 ];

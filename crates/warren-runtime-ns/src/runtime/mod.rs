@@ -371,6 +371,13 @@ impl SandboxRuntime for NsRuntime {
         Ok(self.pool().await?.flows(id))
     }
 
+    async fn usage(&self, id: &str) -> Option<warren_runtime::Usage> {
+        let cgroup = self.live.lock().await.get(id)?.sandbox.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.usage())
+            .await
+            .ok()
+    }
+
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         let seed = match &spec.from_snapshot {
             Some(key) => Some(self.snapshot_seed(key)?),

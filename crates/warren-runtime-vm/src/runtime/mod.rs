@@ -628,6 +628,15 @@ impl SandboxRuntime for VmRuntime {
         Ok(self.pool().await?.flows(id))
     }
 
+    /// The QEMU process's cgroup: the CPU time is what emulating or running the guest cost
+    /// the host; the memory is the guest RAM it touched plus QEMU's own.
+    async fn usage(&self, id: &str) -> Option<warren_runtime::Usage> {
+        let cgroup = self.live.lock().await.get(id)?.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.usage())
+            .await
+            .ok()
+    }
+
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidArgument(format!(

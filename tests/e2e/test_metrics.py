@@ -1,0 +1,119 @@
+"""Sandbox metrics through the unmodified E2B SDK: the sandbox's own CPU count, memory limit and
+disk (not the host's), a series sampled while it runs that `start`/`end` narrow, load the test
+generates seen in it, and the many-sandbox form `GET /sandboxes/metrics`."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import requests
+from e2b import Sandbox
+
+from conftest import API_KEY
+
+MIB = 1024 * 1024
+UTC = datetime.timezone.utc
+
+
+def _host_memory() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
+def _until(what: str, check, seconds: float = 60.0):
+    """Polls `check` until it returns something true (the sampler takes a point every 5 s);
+    fails naming `what` when it never does."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"never saw {what}")
+
+
+def test_metrics_report_the_sandboxes_own_limits_and_its_load(server):
+    sbx = Sandbox.create(timeout=300)
+    try:
+        info = Sandbox.get_info(sbx.sandbox_id)
+        first = _until("a first sample", sbx.get_metrics)
+        m = first[-1]
+        assert m.cpu_count == info.cpu_count, (m, info)
+        assert m.mem_total == info.memory_mb * MIB, "the sandbox's memory limit, not the host's"
+        assert m.mem_total < _host_memory()
+        disk_mb = requests.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-KEY": API_KEY},
+                               timeout=10).json()["diskSizeMB"]
+        assert 0 < m.disk_total <= disk_mb * MIB, (m, disk_mb)
+        assert 0 <= m.mem_used <= m.mem_total and 0 <= m.disk_used <= m.disk_total
+
+        # A memory hog of 200 MiB shows in the sandbox's used memory.
+        sbx.commands.run(
+            "python3 -c 'import time; b = bytearray(200 << 20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(60)'",
+            background=True,
+        )
+        _until("the hog's memory", lambda: any(p.mem_used > 150 * MIB for p in sbx.get_metrics()))
+
+        # One busy CPU: a sample covering the burn reports a large share of the sandbox's CPUs.
+        sbx.commands.run("timeout 30 sh -c 'while :; do :; done'", background=True)
+        _until(
+            "the burner's CPU share",
+            lambda: any(p.cpu_used_pct > 100 / (2 * m.cpu_count) for p in sbx.get_metrics()),
+        )
+
+        # The series grows while the sandbox runs, oldest first.
+        series = _until("several samples", lambda: (lambda s: s if len(s) >= 3 else None)(sbx.get_metrics()))
+        stamps = [p.timestamp for p in series]
+        assert stamps == sorted(stamps)
+    finally:
+        sbx.kill()
+
+
+def test_start_and_end_narrow_the_series(server, api):
+    created = datetime.datetime.now(UTC)
+    sbx = Sandbox.create(timeout=300)
+    try:
+        _until("three samples", lambda: len(sbx.get_metrics()) >= 3)
+        series = sbx.get_metrics()
+        middle = series[len(series) // 2].timestamp
+        later = sbx.get_metrics(start=middle)
+        assert later and all(p.timestamp >= middle - datetime.timedelta(seconds=1) for p in later)
+        assert len(later) < len(sbx.get_metrics())
+        earlier = sbx.get_metrics(end=middle)
+        assert earlier and all(p.timestamp <= middle + datetime.timedelta(seconds=1) for p in earlier)
+        # A window that ends before the sandbox existed is empty.
+        assert sbx.get_metrics(start=created - datetime.timedelta(hours=2),
+                               end=created - datetime.timedelta(hours=1)) == []
+
+        base = f"{api.base}/sandboxes/{sbx.sandbox_id}/metrics"
+        r = api.get(base, params={"start": 20, "end": 10})
+        assert r.status_code == 400 and "Invalid time range" in r.json()["message"], r.text
+        r = api.get(base, params={"start": "yesterday"})
+        assert r.status_code == 400 and "unix seconds" in r.json()["message"], r.text
+    finally:
+        sbx.kill()
+
+
+def test_many_sandboxes_at_once(server, api):
+    a = Sandbox.create(timeout=120)
+    b = Sandbox.create(timeout=120)
+    try:
+        _until("samples of both", lambda: a.get_metrics() and b.get_metrics())
+        r = api.get(f"{api.base}/sandboxes/metrics",
+                    params={"sandbox_ids": f"{a.sandbox_id},{b.sandbox_id},nosuchsandbox"})
+        assert r.status_code == 200, r.text
+        got = r.json()["sandboxes"]
+        assert set(got) == {a.sandbox_id, b.sandbox_id}
+        assert got[a.sandbox_id]["memTotal"] > 0 and "timestamp" in got[a.sandbox_id]
+        r = api.get(f"{api.base}/sandboxes/metrics",
+                    params={"sandbox_ids": ",".join(f"s{i}" for i in range(101))})
+        assert r.status_code == 400 and "at most 100" in r.json()["message"], r.text
+        # No key, no metrics.
+        r = requests.get(f"{api.base}/sandboxes/metrics", params={"sandbox_ids": a.sandbox_id}, timeout=10)
+        assert r.status_code == 401
+    finally:
+        a.kill()
+        b.kill()
