@@ -16,8 +16,40 @@ type Tab = (typeof TABS)[number]
 /** Where the server may offer a sandbox's logs, events and audit trail; 404 = not offered. */
 const RECORDS: Record<string, string[]> = {
   Logs: ['/v2/sandboxes/{id}/logs', '/sandboxes/{id}/logs'],
-  Events: ['/v1/sandboxes/{id}/events', '/sandboxes/{id}/events'],
+  Events: ['/events/sandboxes/{id}', '/v1/sandboxes/{id}/events'],
   Audit: ['/v1/sandboxes/{id}/audit', '/sandboxes/{id}/audit'],
+}
+
+/** Logs, events or audit entries: a table of time, kind and details where the answer is a
+ * list (or an object holding one list), else the JSON as it came. */
+function records(data: unknown): HTMLElement {
+  let rows: unknown[] | undefined = Array.isArray(data) ? data : undefined
+  if (!rows && data && typeof data === 'object') {
+    const lists = Object.values(data).filter(Array.isArray)
+    if (lists.length === 1) rows = lists[0]
+  }
+  if (!rows) return h('pre', { class: 'records', id: 'records' }, JSON.stringify(data, null, 2))
+  if (!rows.length) return notice('Nothing recorded yet.')
+  const text = (v: unknown) => (v === undefined || v === null ? '' : typeof v === 'string' ? v : JSON.stringify(v))
+  return h(
+    'table',
+    { id: 'records' },
+    h('thead', {}, h('tr', {}, h('th', {}, 'time'), h('th', {}, 'what'), h('th', {}, 'details'))),
+    h(
+      'tbody',
+      {},
+      ...rows.map((r) => {
+        const o = (r && typeof r === 'object' ? r : { message: r }) as Record<string, unknown>
+        return h(
+          'tr',
+          {},
+          h('td', {}, when(text(o.timestamp ?? o.time))),
+          h('td', {}, text(o.type ?? o.level ?? o.action)),
+          h('td', { class: 'mono' }, text(o.message ?? o.line ?? o.eventData ?? o.fields)),
+        )
+      }),
+    ),
+  )
 }
 
 export function renderSandbox(main: HTMLElement, id: string, onAuthError: () => void): () => void {
@@ -232,7 +264,7 @@ export function renderSandbox(main: HTMLElement, id: string, onAuthError: () => 
       try {
         const data = await api<unknown>('GET', path)
         if (tab !== which) return
-        panel.replaceChildren(h('pre', { class: 'records', id: 'records' }, JSON.stringify(data, null, 2)))
+        panel.replaceChildren(records(data))
         return
       } catch (e) {
         if (e instanceof ApiError && (e.status === 404 || e.status === 405)) continue

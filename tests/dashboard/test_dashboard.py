@@ -145,7 +145,17 @@ def test_dashboard_drives_a_sandbox(server, sandbox, browser_page, shots, tmp_pa
                         timeout=10).json()["state"] == "running"
     assert sbx.files.read("/home/user/from-the-dashboard.txt") == content
 
-    # Tabs for what the server may not offer yet say so, or show what it has.
+    # Events: the pause and resume are there where the server records events; where it has no
+    # events route the tab says so. Logs likewise show something either way.
+    events = requests.get(f"{server.url}/events/sandboxes/{sbx.sandbox_id}", headers={"X-API-KEY": API_KEY}, timeout=10)
+    page.click("button[data-tab=Events]")
+    if events.status_code == 200:
+        expect(page.locator("#records")).to_contain_text("sandbox.lifecycle.paused")
+        expect(page.locator("#records")).to_contain_text("sandbox.lifecycle.resumed")
+        _shot(page, shots, "07-events")
+    else:
+        assert events.status_code == 404, events.text
+        expect(page.locator("#panel")).to_contain_text("not available")
     page.click("button[data-tab=Logs]")
     expect(page.locator("#panel")).to_contain_text(re.compile(r"\S"))
 
@@ -155,7 +165,7 @@ def test_dashboard_drives_a_sandbox(server, sandbox, browser_page, shots, tmp_pa
     page.click("header a[href='#/templates']")
     page.wait_for_selector("#templates")
     expect(page.locator("#templates tbody tr")).to_have_count(len(templates))
-    _shot(page, shots, "07-templates")
+    _shot(page, shots, "08-templates")
     snap = requests.post(f"{server.url}/sandboxes/{sbx.sandbox_id}/snapshots", headers=h,
                          json={"name": f"dashboard-{tag}"}, timeout=300)
     assert snap.status_code == 201, snap.text
@@ -164,7 +174,7 @@ def test_dashboard_drives_a_sandbox(server, sandbox, browser_page, shots, tmp_pa
         listed = page.locator(f"#snapshots tr:has-text('dashboard-{tag}')")
         expect(listed).to_have_count(1)
         assert sbx.sandbox_id in listed.inner_text()
-        _shot(page, shots, "08-snapshots")
+        _shot(page, shots, "09-snapshots")
     finally:
         requests.delete(f"{server.url}/templates/{snap.json()['snapshotID']}", headers=h, timeout=60)
 
