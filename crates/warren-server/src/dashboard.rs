@@ -106,3 +106,54 @@ fn respond(status: StatusCode, mime: &str, cache: &'static str, body: Vec<u8>) -
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body(resp: Response) -> String {
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn header(resp: &Response, name: header::HeaderName) -> String {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn every_answer_has_the_policy_and_a_missing_asset_is_a_404() {
+        let resp = asset("assets/no-such-file.js".into()).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert_eq!(header(&resp, header::CONTENT_SECURITY_POLICY), CSP);
+        assert_eq!(header(&resp, header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+        assert!(CSP.contains("script-src 'self';") && CSP.contains("frame-ancestors 'none'"));
+    }
+
+    #[tokio::test]
+    async fn page_routes_get_the_page_or_the_command_that_builds_it() {
+        let resp = asset("sandboxes/abc".into()).await;
+        assert_eq!(header(&resp, header::CONTENT_SECURITY_POLICY), CSP);
+        assert!(header(&resp, header::CONTENT_TYPE).starts_with("text/html"));
+        let status = resp.status();
+        let text = body(resp).await;
+        if Assets::get("index.html").is_some() {
+            assert_eq!(status, StatusCode::OK);
+            let js = text
+                .split('"')
+                .find(|s| s.starts_with("/dashboard/assets/") && s.ends_with(".js"))
+                .expect("index.html loads a script from assets/");
+            let script = asset(js.trim_start_matches("/dashboard/").into()).await;
+            assert_eq!(script.status(), StatusCode::OK);
+            assert!(header(&script, header::CONTENT_TYPE).contains("javascript"));
+            assert!(header(&script, header::CACHE_CONTROL).contains("immutable"));
+        } else {
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(text.contains("npm ci &amp;&amp; npm run build"), "{text}");
+        }
+    }
+}
