@@ -5,12 +5,13 @@ generates seen in it, and the many-sandbox form `GET /sandboxes/metrics`."""
 from __future__ import annotations
 
 import datetime
+import os
 import time
 
 import requests
 from e2b import Sandbox
 
-from conftest import API_KEY
+from conftest import API_KEY, Server
 
 MIB = 1024 * 1024
 UTC = datetime.timezone.utc
@@ -117,3 +118,67 @@ def test_many_sandboxes_at_once(server, api):
     finally:
         a.kill()
         b.kill()
+
+
+def _scrape(url: str, **headers) -> dict[str, float]:
+    """`GET /metrics` parsed with the Prometheus project's own parser: sample name and labels
+    -> value."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    r = requests.get(url + "/metrics", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.rstrip().endswith("# EOF")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_prometheus_sees_sandboxes_and_operations(server):
+    runtime = os.environ.get("WARREN_E2E_RUNTIME", "ns")
+    before = _scrape(server.url, **{"X-API-KEY": API_KEY})
+    creates = before.get("warren_operation_duration_seconds_count{operation=create}", 0)
+    sbx = Sandbox.create(timeout=120)
+    try:
+        try:
+            Sandbox.create("no-such-template-here")
+        except Exception:  # noqa: BLE001 - the failure is what is counted
+            pass
+        # A scraper sends the key as a bearer token.
+        after = _scrape(server.url, Authorization=f"Bearer {API_KEY}")
+        running = f"warren_sandboxes{{runtime={runtime},state=running,template=base}}"
+        assert after.get(running, 0) >= 1, sorted(after)
+        assert after["warren_operation_duration_seconds_count{operation=create}"] >= creates + 2
+        assert after["warren_operation_errors_total{kind=not_found,operation=create}"] >= 1
+        assert after["warren_sandbox_limit{}"] == 40
+        assert after["warren_concurrent_sandboxes{}"] >= 1
+        assert not any(k.startswith("warren_sandbox_cpu_seconds") for k in after), "per-sandbox series are opt-in"
+    finally:
+        sbx.kill()
+    assert requests.get(server.url + "/metrics", timeout=10).status_code == 401
+    assert requests.get(server.url + "/metrics", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401
+
+
+def test_per_sandbox_series_when_asked(server):
+    server.stop()
+    srv = Server(server.data_dir, server.extra_args + ("--metrics-per-sandbox",))
+    srv.port, srv.url = server.port, server.url
+    srv.start()
+    try:
+        sbx = Sandbox.create(timeout=120)
+        try:
+            sbx.commands.run("timeout 3 sh -c 'while :; do :; done' || true")
+            got = _scrape(srv.url, **{"X-API-KEY": API_KEY})
+            labels = f"{{sandbox_id={sbx.sandbox_id},template=base}}"
+            assert got[f"warren_sandbox_cpu_seconds{labels}"] > 1.0, "the burner's CPU time"
+            assert got[f"warren_sandbox_memory_bytes{labels}"] > 0
+        finally:
+            sbx.kill()
+        got = _scrape(srv.url, **{"X-API-KEY": API_KEY})
+        assert not any(sbx.sandbox_id in k for k in got), "a killed sandbox's series go"
+    finally:
+        srv.stop()
+        server.start()

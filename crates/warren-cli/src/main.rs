@@ -77,6 +77,10 @@ enum Command {
         /// Live sandboxes allowed at once (more get 429).
         #[arg(long, default_value_t = 100)]
         max_sandboxes: usize,
+        /// `GET /metrics` gets one series per running sandbox (CPU, memory, disk); off by
+        /// default, as thousands of sandboxes make thousands of series.
+        #[arg(long)]
+        metrics_per_sandbox: bool,
         /// The domain of this server's public names, as on E2B: the API at `api.<domain>`,
         /// sandbox ports at `<port>-<sandboxID>.<domain>`, served over HTTPS (below) and also
         /// routed by Host on --listen. Clients set `E2B_DOMAIN=<domain>`.
@@ -182,6 +186,7 @@ fn main() -> std::process::ExitCode {
                 data_dir,
                 runtime,
                 max_sandboxes,
+                metrics_per_sandbox,
                 domain,
                 tls,
                 signed_url_max_age,
@@ -195,6 +200,7 @@ fn main() -> std::process::ExitCode {
                 max_upload_mb,
                 runtime,
                 max_sandboxes,
+                metrics_per_sandbox,
                 domain,
                 signed_url_max_age,
                 registry,

@@ -19,6 +19,7 @@ pub struct ServeArgs {
     pub max_upload_mb: u64,
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
+    pub metrics_per_sandbox: bool,
     pub domain: Option<String>,
     /// Cap on signed file URLs' lifetime, handed to every sandbox's agent (`None`: no cap).
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
@@ -250,6 +251,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     let config = Config {
         max_concurrent: args.max_sandboxes,
+        per_sandbox_metrics: args.metrics_per_sandbox,
         domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()

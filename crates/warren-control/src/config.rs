@@ -62,6 +62,9 @@ pub struct Config {
     pub max_volume_snapshots: usize,
     /// Secrets one team may keep.
     pub max_secrets: usize,
+    /// Prometheus gets one series per running sandbox (CPU, memory, disk): useful on a host
+    /// of tens of sandboxes, costly for a scraper at thousands.
+    pub per_sandbox_metrics: bool,
 }
 
 impl Default for Config {
@@ -98,6 +101,7 @@ impl Default for Config {
             max_volumes: 1000,
             max_volume_snapshots: 1000,
             max_secrets: 1000,
+            per_sandbox_metrics: false,
         }
     }
 }

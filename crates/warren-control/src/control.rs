@@ -129,6 +129,8 @@ pub(crate) struct Inner {
     pub(crate) guest_metrics: std::sync::OnceLock<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
     pub(crate) series: StdMutex<crate::usage::Series>,
+    /// The numbers `GET /metrics` gives Prometheus.
+    pub(crate) telemetry: crate::telemetry::Telemetry,
 }
 
 /// The control plane. Cheap to clone.
@@ -163,6 +165,7 @@ impl Control {
         runtime: Arc<dyn SandboxRuntime>,
         config: Config,
     ) -> Result<Control, ControlError> {
+        let config_per_sandbox = config.per_sandbox_metrics;
         let control = Control {
             inner: Arc::new(Inner {
                 store,
@@ -182,6 +185,7 @@ impl Control {
                 resource_lock: Mutex::new(()),
                 guest_metrics: std::sync::OnceLock::new(),
                 series: StdMutex::default(),
+                telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
             }),
         };
         control.load_networks().await?;
@@ -360,8 +364,29 @@ impl Control {
             .map_err(|e| ControlError::Internal(format!("operation task failed: {e}")))?
     }
 
+    /// [`Control::detached`], timed and counted as operation `op` for Prometheus (the whole
+    /// operation, also when the caller has gone).
+    pub(crate) async fn timed<T, F>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(Control) -> F,
+    ) -> Result<T, ControlError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
+    {
+        let started = std::time::Instant::now();
+        let work = f(self.clone());
+        self.detached(move |c| async move {
+            let r = work.await;
+            c.observe(op, started, &r);
+            r
+        })
+        .await
+    }
+
     pub async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
-        self.detached(|c| async move { c.create_now(req).await })
+        self.timed("create", |c| async move { c.create_now(req).await })
             .await
     }
 
@@ -599,8 +624,11 @@ impl Control {
         timeout: Option<i64>,
     ) -> Result<(Sandbox, bool), ControlError> {
         let id = id.to_string();
-        self.detached(|c| async move { c.connect_now(&id, timeout).await })
-            .await
+        self.timed(
+            "connect",
+            |c| async move { c.connect_now(&id, timeout).await },
+        )
+        .await
     }
 
     async fn connect_now(
@@ -685,7 +713,7 @@ impl Control {
     /// everything, and records it as killed.
     pub async fn kill(&self, id: &str) -> Result<(), ControlError> {
         let id = id.to_string();
-        self.detached(|c| async move { c.kill_now(&id).await })
+        self.timed("kill", |c| async move { c.kill_now(&id).await })
             .await
     }
 

@@ -46,8 +46,10 @@ impl Control {
         let count = fork_count(count)?;
         let timeout = self.timeout(timeout)?;
         let id = id.to_string();
-        self.detached(move |c| async move { c.fork_now(&id, count, timeout).await })
-            .await
+        self.timed("fork", move |c| async move {
+            c.fork_now(&id, count, timeout).await
+        })
+        .await
     }
 
     async fn fork_now(

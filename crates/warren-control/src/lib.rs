@@ -28,6 +28,7 @@ mod recover;
 mod secrets;
 mod snapshots;
 mod store;
+mod telemetry;
 mod template_disk;
 mod template_tags;
 mod templates;

@@ -84,7 +84,7 @@ impl Control {
     /// `FailedPrecondition` (409).
     pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
         let id = id.to_string();
-        self.detached(|c| async move {
+        self.timed("pause", |c| async move {
             let mode = c.pause_mode(memory)?;
             let mut sb = c.locked(&id).await?;
             c.pause_locked(&mut sb, mode).await

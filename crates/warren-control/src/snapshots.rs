@@ -107,8 +107,10 @@ impl Control {
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
         let sandbox_id = sandbox_id.to_string();
-        self.detached(|c| async move { c.create_snapshot_now(&sandbox_id, name, memory).await })
-            .await
+        self.timed("snapshot", |c| async move {
+            c.create_snapshot_now(&sandbox_id, name, memory).await
+        })
+        .await
     }
 
     async fn create_snapshot_now(

@@ -18,6 +18,7 @@ mod networks;
 mod normalize;
 pub mod openapi;
 mod persistence;
+mod prometheus;
 pub mod proxy;
 mod routes;
 mod secrets;
@@ -76,6 +77,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
     state.control.sample_metrics_with(state.proxy.clone());
     let api = Router::new()
         .route("/health", get(routes::health))
+        .route("/metrics", get(prometheus::metrics))
         .route(
             "/v2/sandboxes",
             post(routes::create_sandbox).get(routes::list_sandboxes),

@@ -35,6 +35,7 @@ use crate::{
         routes::network_flows,
         routes::sandbox_metrics,
         routes::sandboxes_metrics,
+        crate::prometheus::metrics,
         crate::events::team_events,
         crate::events::sandbox_events,
         persistence::pause_sandbox,

@@ -1,0 +1,253 @@
+//! The server's own numbers for Prometheus (`GET /metrics` on the API, OpenMetrics text):
+//!
+//! - `warren_sandboxes{state,template,runtime}`: sandboxes by state, counted at the scrape;
+//! - `warren_operation_duration_seconds{operation}`: how long create, connect (with its
+//!   resume), pause, fork, snapshot and kill took, as histograms;
+//! - `warren_operation_errors{operation,kind}`: failures by operation and error kind;
+//! - `warren_sandbox_limit`, `warren_concurrent_sandboxes`: the live-sandbox limit and use;
+//! - opt-in ([`Config::per_sandbox_metrics`](crate::Config)), one series per running
+//!   sandbox: `warren_sandbox_cpu_seconds`, `warren_sandbox_memory_bytes` (the host's view,
+//!   from its cgroup) and its latest disk use.
+//!
+//! Built on `prometheus-client`, the Prometheus project's Rust client: its registry encodes
+//! the text format, so nothing here formats metrics by hand.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::control::{lock, Control};
+use crate::{ControlError, SandboxState};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    operation: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+    template: String,
+    runtime: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    sandbox_id: String,
+    template: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms to about 65 s: a pooled create is milliseconds, a TCG fork or a cold build step
+    // tens of seconds.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+/// The registry and the metrics that operations update as they happen.
+pub(crate) struct Telemetry {
+    registry: Registry,
+    op_seconds: Family<OpLabels, Histogram, fn() -> Histogram>,
+    op_errors: Family<ErrorLabels, Counter>,
+    sandboxes: Family<StateLabels, Gauge>,
+    limit: Gauge,
+    concurrent: Gauge,
+    cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
+    memory_bytes: Family<SandboxLabels, Gauge>,
+    disk_bytes: Family<SandboxLabels, Gauge>,
+    /// One scrape at a time: a scrape clears and refills the gauges it computes.
+    scrape: std::sync::Mutex<()>,
+}
+
+impl Telemetry {
+    pub(crate) fn new(per_sandbox: bool) -> Self {
+        let mut registry = Registry::with_prefix("warren");
+        let op_seconds: Family<OpLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        let op_errors: Family<ErrorLabels, Counter> = Family::default();
+        let sandboxes: Family<StateLabels, Gauge> = Family::default();
+        let (limit, concurrent) = (Gauge::default(), Gauge::default());
+        let cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>> = Family::default();
+        let memory_bytes: Family<SandboxLabels, Gauge> = Family::default();
+        let disk_bytes: Family<SandboxLabels, Gauge> = Family::default();
+        registry.register(
+            "operation_duration_seconds",
+            "How long control-plane operations took, successful or not",
+            op_seconds.clone(),
+        );
+        registry.register(
+            "operation_errors",
+            "Operations that failed, by the kind of error",
+            op_errors.clone(),
+        );
+        registry.register(
+            "sandboxes",
+            "Sandboxes this server knows, by state, template and runtime",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "sandbox_limit",
+            "Live sandboxes allowed at once",
+            limit.clone(),
+        );
+        registry.register(
+            "concurrent_sandboxes",
+            "Live sandboxes now (running, paused in memory, starting)",
+            concurrent.clone(),
+        );
+        if per_sandbox {
+            registry.register(
+                "sandbox_cpu_seconds",
+                "CPU time a running sandbox has used (its cgroup, on the host)",
+                cpu_seconds.clone(),
+            );
+            registry.register(
+                "sandbox_memory_bytes",
+                "Memory a running sandbox uses now (its cgroup, without inactive page cache)",
+                memory_bytes.clone(),
+            );
+            registry.register(
+                "sandbox_disk_bytes",
+                "Disk a running sandbox uses, at its latest sample",
+                disk_bytes.clone(),
+            );
+        }
+        Telemetry {
+            registry,
+            op_seconds,
+            op_errors,
+            sandboxes,
+            limit,
+            concurrent,
+            cpu_seconds,
+            memory_bytes,
+            disk_bytes,
+            scrape: std::sync::Mutex::new(()),
+        }
+    }
+}
+
+/// The kind label of an error (its category, not its message: labels stay few).
+fn error_kind(e: &ControlError) -> &'static str {
+    match e {
+        ControlError::NotFound(_) => "not_found",
+        ControlError::InvalidArgument(_) => "invalid_argument",
+        ControlError::Unauthenticated => "unauthenticated",
+        ControlError::PermissionDenied(_) => "permission_denied",
+        ControlError::ResourceExhausted { .. } => "resource_exhausted",
+        ControlError::QuotaExceeded(_) => "quota_exceeded",
+        ControlError::FailedPrecondition(_) => "failed_precondition",
+        ControlError::Unavailable(_) => "unavailable",
+        ControlError::Internal(_) => "internal",
+        ControlError::Store(_) => "store",
+    }
+}
+
+impl Control {
+    /// Records how operation `op` went: its duration, and its error kind if it failed.
+    pub(crate) fn observe<T>(
+        &self,
+        op: &'static str,
+        started: Instant,
+        result: &Result<T, ControlError>,
+    ) {
+        let t = &self.inner.telemetry;
+        t.op_seconds
+            .get_or_create(&OpLabels { operation: op })
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            t.op_errors
+                .get_or_create(&ErrorLabels {
+                    operation: op,
+                    kind: error_kind(e),
+                })
+                .inc();
+        }
+    }
+
+    /// The OpenMetrics text of every metric, gauges computed now.
+    pub async fn prometheus_text(&self) -> Result<String, ControlError> {
+        let stored = self
+            .inner
+            .store
+            .sandboxes_in(&[SandboxState::Running, SandboxState::Paused])
+            .await?;
+        let runtime = self.inner.runtime.name().to_string();
+        let per_sandbox = self.inner.config.per_sandbox_metrics;
+        let mut usage = HashMap::new();
+        if per_sandbox {
+            for sb in stored.iter().filter(|s| s.state == SandboxState::Running) {
+                if let Some(u) = self.inner.runtime.usage(&sb.id).await {
+                    usage.insert(sb.id.clone(), u);
+                }
+            }
+        }
+        let latest_disk: HashMap<String, u64> = self
+            .latest_metrics(&stored.iter().map(|s| s.id.clone()).collect::<Vec<_>>())
+            .into_iter()
+            .map(|(id, p)| (id, p.disk_used))
+            .collect();
+        let live = lock(&self.inner.live).len();
+        let t = &self.inner.telemetry;
+        let _one = lock(&t.scrape);
+        t.sandboxes.clear();
+        for sb in &stored {
+            t.sandboxes
+                .get_or_create(&StateLabels {
+                    state: sb.state.as_str().to_string(),
+                    template: sb.template.clone(),
+                    runtime: runtime.clone(),
+                })
+                .inc();
+        }
+        t.limit
+            .set(i64::try_from(self.inner.config.max_concurrent).unwrap_or(i64::MAX));
+        t.concurrent.set(i64::try_from(live).unwrap_or(i64::MAX));
+        if per_sandbox {
+            t.cpu_seconds.clear();
+            t.memory_bytes.clear();
+            t.disk_bytes.clear();
+            for sb in stored.iter().filter(|s| s.state == SandboxState::Running) {
+                let labels = SandboxLabels {
+                    sandbox_id: sb.id.clone(),
+                    template: sb.template.clone(),
+                };
+                if let Some(u) = usage.get(&sb.id) {
+                    if let Some(us) = u.cpu_usec {
+                        t.cpu_seconds
+                            .get_or_create(&labels)
+                            .set(Duration::from_micros(us).as_secs_f64());
+                    }
+                    if let Some(m) = u.memory_bytes {
+                        t.memory_bytes
+                            .get_or_create(&labels)
+                            .set(i64::try_from(m).unwrap_or(i64::MAX));
+                    }
+                }
+                if let Some(d) = latest_disk.get(&sb.id) {
+                    t.disk_bytes
+                        .get_or_create(&labels)
+                        .set(i64::try_from(*d).unwrap_or(i64::MAX));
+                }
+            }
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &t.registry)
+            .map_err(|e| ControlError::Internal(format!("encoding metrics: {e}")))?;
+        Ok(out)
+    }
+}
