@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
 import time
 
 import requests
 from e2b import Sandbox
 
-from conftest import API_KEY, Server
+from conftest import API_KEY, ROOT, Server
 
 MIB = 1024 * 1024
 UTC = datetime.timezone.utc
@@ -182,3 +183,30 @@ def test_per_sandbox_series_when_asked(server):
     finally:
         srv.stop()
         server.start()
+
+
+def test_warren_top_shows_each_sandbox_and_its_use(server):
+    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    env = dict(os.environ, WARREN_API_KEY=API_KEY)
+    busy = Sandbox.create(timeout=120)
+    idle = Sandbox.create(timeout=120)
+    try:
+        busy.commands.run("timeout 60 sh -c 'while :; do :; done'", background=True)
+        _until("a sample of the burner", lambda: any(p.cpu_used_pct > 20 for p in busy.get_metrics()))
+        assert idle.get_metrics()
+        out = subprocess.run([binary, "top", "--once", "--server", server.url], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert "running" in lines[0] and "SANDBOX" in lines[2], out.stdout
+        rows = {line.split()[0]: line.split() for line in lines[3:] if line.strip()}
+        assert busy.sandbox_id in rows and idle.sandbox_id in rows, out.stdout
+        ids = [line.split()[0] for line in lines[3:] if line.strip()]
+        assert ids.index(busy.sandbox_id) < ids.index(idle.sandbox_id), "busiest first"
+        row = rows[busy.sandbox_id]
+        assert row[1] == "base" and row[2] == "running"
+        used, limit = row[5].split("/")
+        assert int(limit) == Sandbox.get_info(busy.sandbox_id).memory_mb and int(used) >= 0
+    finally:
+        busy.kill()
+        idle.kill()

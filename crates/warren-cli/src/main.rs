@@ -14,6 +14,7 @@ mod serve;
 mod shell;
 mod template;
 mod template_build;
+mod top;
 mod volumes;
 
 use std::net::SocketAddr;
@@ -116,6 +117,8 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// A live view of the sandboxes and what each uses (CPU, memory, disk), busiest first.
+    Top(top::TopArgs),
     /// Volumes: create, list, info, delete, their files (ls, put, get, mkdir, rm) and
     /// snapshots.
     Volume {
@@ -213,6 +216,7 @@ fn main() -> std::process::ExitCode {
             Command::Snapshot { command, client } => persist::run(command, client).await,
             Command::Network { command, client } => networks::run(command, client).await,
             Command::Volume { command, client } => volumes::run(command, client).await,
+            Command::Top(args) => top::run(args).await.map(|()| 0),
             Command::Keys {
                 command,
                 data_dir,
