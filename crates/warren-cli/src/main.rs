@@ -82,6 +82,10 @@ enum Command {
         /// default, as thousands of sandboxes make thousands of series.
         #[arg(long)]
         metrics_per_sandbox: bool,
+        /// Webhooks may post to loopback, private and link-local addresses (off: a tenant's
+        /// webhook must not reach this host's own services).
+        #[arg(long)]
+        webhooks_to_private_addresses: bool,
         /// The domain of this server's public names, as on E2B: the API at `api.<domain>`,
         /// sandbox ports at `<port>-<sandboxID>.<domain>`, served over HTTPS (below) and also
         /// routed by Host on --listen. Clients set `E2B_DOMAIN=<domain>`.
@@ -190,6 +194,7 @@ fn main() -> std::process::ExitCode {
                 runtime,
                 max_sandboxes,
                 metrics_per_sandbox,
+                webhooks_to_private_addresses,
                 domain,
                 tls,
                 signed_url_max_age,
@@ -204,6 +209,7 @@ fn main() -> std::process::ExitCode {
                 runtime,
                 max_sandboxes,
                 metrics_per_sandbox,
+                webhooks_to_private_addresses,
                 domain,
                 signed_url_max_age,
                 registry,

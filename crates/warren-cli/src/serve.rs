@@ -20,6 +20,7 @@ pub struct ServeArgs {
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
     pub metrics_per_sandbox: bool,
+    pub webhooks_to_private_addresses: bool,
     pub domain: Option<String>,
     /// Cap on signed file URLs' lifetime, handed to every sandbox's agent (`None`: no cap).
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
@@ -318,6 +319,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ServerConfig {
             domain,
             volumes: Some(volumes),
+            webhooks_to_private: args.webhooks_to_private_addresses,
             ..Default::default()
         },
     );

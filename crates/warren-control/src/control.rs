@@ -131,6 +131,9 @@ pub(crate) struct Inner {
     pub(crate) series: StdMutex<crate::usage::Series>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
+    /// Posts webhook deliveries, once the server gives it; woken when some are queued.
+    pub(crate) webhook_sender: std::sync::OnceLock<Arc<dyn crate::webhooks::WebhookSender>>,
+    pub(crate) webhook_wake: Notify,
 }
 
 /// The control plane. Cheap to clone.
@@ -186,6 +189,8 @@ impl Control {
                 guest_metrics: std::sync::OnceLock::new(),
                 series: StdMutex::default(),
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
+                webhook_sender: std::sync::OnceLock::new(),
+                webhook_wake: Notify::new(),
             }),
         };
         control.load_networks().await?;

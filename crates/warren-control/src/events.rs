@@ -121,6 +121,7 @@ impl Control {
             tracing::warn!(sandbox_id = %sandbox.id, kind = event.kind.type_name(), error = %e,
                 "recording a lifecycle event");
         }
+        self.queue_webhooks(&event).await;
     }
 
     /// Events as `query` asks (its limit capped at [`MAX_EVENT_PAGE`]).

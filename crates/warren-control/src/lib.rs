@@ -36,6 +36,7 @@ mod tenant;
 mod usage;
 mod vault;
 mod volumes;
+mod webhooks;
 
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
@@ -77,3 +78,6 @@ pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::transforms::{HeaderRules, HostRule};
 pub use warren_runtime::{Capabilities, PauseMode};
+pub use webhooks::{
+    Delivery, SealedWebhook, Webhook, WebhookChange, WebhookSender, DELIVERY_ATTEMPTS, MAX_WEBHOOKS,
+};

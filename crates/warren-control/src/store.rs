@@ -229,6 +229,45 @@ pub trait Store: Send + Sync + 'static {
         let _ = query;
         Ok(Vec::new())
     }
+    /// Records a webhook with its secret (sealed by the store), replacing the one with its id.
+    async fn put_webhook(&self, hook: &crate::webhooks::SealedWebhook) -> Result<(), StoreError> {
+        let _ = hook;
+        Err(StoreError::Backend("this store keeps no webhooks".into()))
+    }
+    async fn get_webhook(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::webhooks::SealedWebhook>, StoreError> {
+        let _ = id;
+        Ok(None)
+    }
+    /// Every webhook of `team` (`None`: of every team), without secrets.
+    async fn webhooks(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<crate::webhooks::Webhook>, StoreError> {
+        let _ = team;
+        Ok(Vec::new())
+    }
+    /// Forgets a webhook and its pending deliveries.
+    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
+        let _ = id;
+        Ok(false)
+    }
+    /// Records a pending delivery (new, or its next attempt).
+    async fn put_delivery(&self, d: &crate::webhooks::Delivery) -> Result<(), StoreError> {
+        let _ = d;
+        Ok(())
+    }
+    /// Every pending delivery.
+    async fn deliveries(&self) -> Result<Vec<crate::webhooks::Delivery>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn delete_delivery(&self, id: &str) -> Result<(), StoreError> {
+        let _ = id;
+        Ok(())
+    }
+
     /// Forgets events from before `before`; returns how many.
     async fn prune_events(
         &self,

@@ -103,6 +103,30 @@ impl Tenant {
         self.control.events(&query).await
     }
 
+    /// Registers a webhook for this key's team.
+    pub async fn create_webhook(
+        &self,
+        c: crate::WebhookChange,
+    ) -> Result<crate::Webhook, ControlError> {
+        self.control.create_webhook(&self.team, c).await
+    }
+    pub async fn webhook(&self, id: &str) -> Result<crate::Webhook, ControlError> {
+        Ok(self.control.webhook(self.team_filter(), id).await?.hook)
+    }
+    pub async fn update_webhook(
+        &self,
+        id: &str,
+        c: crate::WebhookChange,
+    ) -> Result<crate::Webhook, ControlError> {
+        self.control.update_webhook(self.team_filter(), id, c).await
+    }
+    pub async fn delete_webhook(&self, id: &str) -> Result<(), ControlError> {
+        self.control.delete_webhook(self.team_filter(), id).await
+    }
+    pub async fn webhooks(&self) -> Result<Vec<crate::Webhook>, ControlError> {
+        self.control.list_webhooks(self.team_filter()).await
+    }
+
     /// Sandbox `id`'s resource samples in `[start, end]` (unix seconds), oldest first.
     pub async fn metrics(
         &self,

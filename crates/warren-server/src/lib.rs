@@ -28,6 +28,7 @@ mod templates;
 pub mod types;
 mod volume_content;
 pub mod volumes;
+pub mod webhooks;
 
 use std::sync::Arc;
 
@@ -48,6 +49,8 @@ pub struct ServerConfig {
     pub domain: Option<String>,
     /// This host's volume storage, for the volume content API (`None`: volumes are off).
     pub volumes: Option<Arc<warren_volume::VolumeHost>>,
+    /// Webhooks may post to loopback and private addresses.
+    pub webhooks_to_private: bool,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             body_limit: DEFAULT_BODY_LIMIT,
             domain: None,
             volumes: None,
+            webhooks_to_private: false,
         }
     }
 }
@@ -75,6 +79,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         volumes: config.volumes.clone(),
     };
     state.control.sample_metrics_with(state.proxy.clone());
+    webhooks::start(&state, config.webhooks_to_private);
     let api = Router::new()
         .route("/health", get(routes::health))
         .route("/metrics", get(prometheus::metrics))
@@ -101,6 +106,16 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         )
         .route("/sandboxes/metrics", get(routes::sandboxes_metrics))
         .route("/events/sandboxes", get(events::team_events))
+        .route(
+            "/events/webhooks",
+            post(webhooks::create).get(webhooks::list),
+        )
+        .route(
+            "/events/webhooks/{webhook_id}",
+            get(webhooks::get)
+                .patch(webhooks::update)
+                .delete(webhooks::delete),
+        )
         .route(
             "/events/sandboxes/{sandbox_id}",
             get(events::sandbox_events),

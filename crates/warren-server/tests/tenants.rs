@@ -111,6 +111,40 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
     assert_eq!(list, json!([]));
     let (_, snaps) = call(&s, &b, Method::GET, "/snapshots", None).await;
     assert_eq!(snaps, json!([]));
+    let (st, hook) = call(
+        &s,
+        &a,
+        Method::POST,
+        "/events/webhooks",
+        Some(
+            json!({"url": "https://hooks.example.test/a", "events": ["sandbox.lifecycle.killed"],
+                    "signatureSecret": "team-a-secret-123"}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 201, "{hook}");
+    let hook_path = format!("/events/webhooks/{}", hook["id"].as_str().unwrap());
+    for method in [Method::GET, Method::DELETE] {
+        let (st, v) = call(&s, &b, method.clone(), &hook_path, None).await;
+        assert_eq!(st, 404, "{method} {hook_path}: {v}");
+    }
+    let (st, _) = call(
+        &s,
+        &b,
+        Method::PATCH,
+        &hook_path,
+        Some(json!({"enabled": false})),
+    )
+    .await;
+    assert_eq!(st, 404, "another team's webhook cannot be changed");
+    let (_, hooks) = call(&s, &b, Method::GET, "/events/webhooks", None).await;
+    assert_eq!(hooks, json!([]), "another team's webhooks");
+    let (st, mine) = call(&s, &a, Method::GET, &hook_path, None).await;
+    assert_eq!((st, mine["enabled"].clone()), (200, json!(true)), "{mine}");
+    assert!(
+        !mine.to_string().contains("team-a-secret-123"),
+        "the secret is never shown"
+    );
     let (_, events) = call(&s, &b, Method::GET, "/events/sandboxes", None).await;
     assert_eq!(events, json!([]), "another team's events");
     let (_, metrics) = call(

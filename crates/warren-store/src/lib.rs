@@ -18,6 +18,7 @@ mod snapshots;
 mod templates;
 mod vault;
 mod volumes;
+mod webhooks;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -409,6 +410,46 @@ impl Store for SqliteStore {
     ) -> Result<usize, StoreError> {
         let before = before.timestamp_micros();
         self.with(move |c| events::prune(c, before)).await
+    }
+
+    async fn put_webhook(&self, h: &warren_control::SealedWebhook) -> Result<(), StoreError> {
+        let h = h.clone();
+        self.with(move |c| webhooks::put(c, &h)).await
+    }
+
+    async fn get_webhook(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::SealedWebhook>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::get(c, &id)).await
+    }
+
+    async fn webhooks(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::Webhook>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| webhooks::all(c, team.as_deref())).await
+    }
+
+    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::delete(c, &id)).await
+    }
+
+    async fn put_delivery(&self, d: &warren_control::Delivery) -> Result<(), StoreError> {
+        let d = d.clone();
+        self.with(move |c| webhooks::put_delivery(c, &d)).await
+    }
+
+    async fn deliveries(&self) -> Result<Vec<warren_control::Delivery>, StoreError> {
+        self.with(webhooks::deliveries).await
+    }
+
+    async fn delete_delivery(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::delete_delivery(c, &id)).await
     }
 
     async fn put_secret(&self, s: &warren_control::SealedSecret) -> Result<(), StoreError> {

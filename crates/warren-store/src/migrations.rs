@@ -180,4 +180,22 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         CREATE INDEX events_team ON events(team, seq);
         CREATE INDEX events_at ON events(at_us);",
     ),
+    (
+        12,
+        // Webhooks (the signature secret sealed in a column of its own) and the deliveries
+        // not yet acknowledged by their receivers.
+        "CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY NOT NULL,
+            team TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX webhooks_team ON webhooks(team);
+        CREATE TABLE webhook_deliveries (
+            id TEXT PRIMARY KEY NOT NULL,
+            webhook_id TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX webhook_deliveries_hook ON webhook_deliveries(webhook_id);",
+    ),
 ];

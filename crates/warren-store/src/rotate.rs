@@ -24,6 +24,7 @@ pub(crate) const SEALED: &[(&str, &str, &str)] = &[
     ("snapshots", "env_vars", "env_vars"),
     ("volumes", "token", "volume_token"),
     ("secrets", "value", "secret_value"),
+    ("webhooks", "secret", "webhook_secret"),
 ];
 
 pub(crate) fn new_key_path(key: &Path) -> PathBuf {
