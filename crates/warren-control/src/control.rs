@@ -18,7 +18,6 @@ use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 
 pub use crate::config::Config;
 use crate::error::ControlError;
-use crate::keys::{self, ApiKey, NewApiKey};
 use crate::list::{self, ListQuery, Page};
 use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
 use crate::secrets::{random_id, random_secret};
@@ -782,74 +781,6 @@ impl Control {
     /// Ids of running sandboxes (for the exit watcher).
     pub(crate) fn running_ids(&self) -> Vec<String> {
         lock(&self.inner.routes).keys().cloned().collect()
-    }
-
-    // ---- API keys -------------------------------------------------------------------------
-
-    /// Checks an `X-API-KEY` value.
-    pub async fn authenticate(&self, secret: &str) -> Result<ApiKey, ControlError> {
-        if secret.is_empty() {
-            return Err(ControlError::Unauthenticated);
-        }
-        self.inner
-            .store
-            .api_key_by_hash(&keys::hash_api_key(secret))
-            .await?
-            .ok_or(ControlError::Unauthenticated)
-    }
-
-    /// Creates an operator (admin) key; the secret is in the result and nowhere else.
-    pub async fn create_api_key(&self, name: &str) -> Result<NewApiKey, ControlError> {
-        let new = keys::generate(name, keys::DEFAULT_TEAM, true)?;
-        self.inner.store.insert_api_key(&new.key).await?;
-        Ok(new)
-    }
-
-    /// Creates a key of `team` (`admin`: it sees every team); the secret is in the result
-    /// and nowhere else.
-    pub async fn create_team_key(
-        &self,
-        name: &str,
-        team: &str,
-        admin: bool,
-    ) -> Result<NewApiKey, ControlError> {
-        let new = keys::generate(name, team, admin)?;
-        self.inner.store.insert_api_key(&new.key).await?;
-        Ok(new)
-    }
-
-    /// Makes sure `secret` (e.g. from `WARREN_API_KEY`) is a valid key, recording its hash.
-    pub async fn seed_api_key(&self, name: &str, secret: &str) -> Result<ApiKey, ControlError> {
-        if secret.len() < 16 {
-            return Err(ControlError::InvalidArgument(
-                "API keys must be at least 16 characters".into(),
-            ));
-        }
-        if let Some(k) = self
-            .inner
-            .store
-            .api_key_by_hash(&keys::hash_api_key(secret))
-            .await?
-        {
-            return Ok(k);
-        }
-        // The operator's own key (`WARREN_API_KEY`): it sees every team.
-        let mut key = keys::record_for(name, secret)?;
-        key.admin = true;
-        self.inner.store.insert_api_key(&key).await?;
-        Ok(key)
-    }
-
-    pub async fn api_keys(&self) -> Result<Vec<ApiKey>, ControlError> {
-        Ok(self.inner.store.api_keys().await?)
-    }
-
-    pub async fn revoke_api_key(&self, id: &str) -> Result<(), ControlError> {
-        if self.inner.store.revoke_api_key(id).await? {
-            Ok(())
-        } else {
-            Err(ControlError::NotFound(format!("API key {id} not found")))
-        }
     }
 }
 

@@ -116,6 +116,75 @@ fn valid_team(team: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
+/// API keys: the control plane checks, makes and revokes them.
+impl crate::Control {
+    /// Checks an `X-API-KEY` value.
+    pub async fn authenticate(&self, secret: &str) -> Result<ApiKey, ControlError> {
+        if secret.is_empty() {
+            return Err(ControlError::Unauthenticated);
+        }
+        self.inner
+            .store
+            .api_key_by_hash(&hash_api_key(secret))
+            .await?
+            .ok_or(ControlError::Unauthenticated)
+    }
+
+    /// Creates an operator (admin) key; the secret is in the result and nowhere else.
+    pub async fn create_api_key(&self, name: &str) -> Result<NewApiKey, ControlError> {
+        let new = generate(name, DEFAULT_TEAM, true)?;
+        self.inner.store.insert_api_key(&new.key).await?;
+        Ok(new)
+    }
+
+    /// Creates a key of `team` (`admin`: it sees every team); the secret is in the result
+    /// and nowhere else.
+    pub async fn create_team_key(
+        &self,
+        name: &str,
+        team: &str,
+        admin: bool,
+    ) -> Result<NewApiKey, ControlError> {
+        let new = generate(name, team, admin)?;
+        self.inner.store.insert_api_key(&new.key).await?;
+        Ok(new)
+    }
+
+    /// Makes sure `secret` (e.g. from `WARREN_API_KEY`) is a valid key, recording its hash.
+    pub async fn seed_api_key(&self, name: &str, secret: &str) -> Result<ApiKey, ControlError> {
+        if secret.len() < 16 {
+            return Err(ControlError::InvalidArgument(
+                "API keys must be at least 16 characters".into(),
+            ));
+        }
+        if let Some(k) = self
+            .inner
+            .store
+            .api_key_by_hash(&hash_api_key(secret))
+            .await?
+        {
+            return Ok(k);
+        }
+        // The operator's own key (`WARREN_API_KEY`): it sees every team.
+        let mut key = record_for(name, secret)?;
+        key.admin = true;
+        self.inner.store.insert_api_key(&key).await?;
+        Ok(key)
+    }
+
+    pub async fn api_keys(&self) -> Result<Vec<ApiKey>, ControlError> {
+        Ok(self.inner.store.api_keys().await?)
+    }
+
+    pub async fn revoke_api_key(&self, id: &str) -> Result<(), ControlError> {
+        if self.inner.store.revoke_api_key(id).await? {
+            Ok(())
+        } else {
+            Err(ControlError::NotFound(format!("API key {id} not found")))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
