@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 from e2b import Sandbox
+
+from conftest import same_on_every_runtime
 
 LC = "sandbox.lifecycle."
 
@@ -16,6 +19,11 @@ def _events(api, sandbox_id=None, **params):
     r = api.get(api.base + path, params=params)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+@pytest.fixture(autouse=True)
+def _ns_only():
+    same_on_every_runtime("lifecycle events are recorded by the control plane")
 
 
 def test_a_sandboxes_life_is_recorded_in_order(server, api):

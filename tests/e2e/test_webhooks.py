@@ -17,7 +17,7 @@ import time
 import pytest
 from e2b import Sandbox
 
-from conftest import Server
+from conftest import Server, same_on_every_runtime
 
 LC = "sandbox.lifecycle."
 SECRET = "whsec-test-0123456789"
@@ -79,6 +79,11 @@ def _register(api, url, events, **more):
                        "signatureSecret": SECRET, **more})
     assert r.status_code == 201, r.text
     return r.json()
+
+
+@pytest.fixture(autouse=True)
+def _ns_only():
+    same_on_every_runtime("webhooks are control-plane logic")
 
 
 def test_events_reach_the_receiver_signed(private_ok, api):
