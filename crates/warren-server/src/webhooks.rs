@@ -185,7 +185,7 @@ pub struct HttpWebhookSender {
 #[async_trait::async_trait]
 impl warren_control::WebhookSender for HttpWebhookSender {
     async fn send(&self, hook: &SealedWebhook, d: &Delivery) -> Result<(), String> {
-        let url = reqwest::Url::parse(&hook.hook.url).map_err(|e| format!("url: {e}"))?;
+        let url = reqwest_oci::Url::parse(&hook.hook.url).map_err(|e| format!("url: {e}"))?;
         let host = url.host_str().ok_or("url has no host")?.to_string();
         let port = url.port_or_known_default().ok_or("url has no port")?;
         let bare = host.trim_start_matches('[').trim_end_matches(']');
@@ -203,8 +203,10 @@ impl warren_control::WebhookSender for HttpWebhookSender {
         let body = serde_json::to_vec(&EventBody::from(d.event.clone()))
             .map_err(|e| format!("encoding the event: {e}"))?;
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
+        let builder = reqwest_oci::Client::builder();
+        let client = builder
+            .tls_certs_only(host_roots().iter().cloned())
+            .redirect(reqwest_oci::redirect::Policy::none())
             .timeout(Duration::from_secs(10))
             .resolve(bare, addr)
             .build()
@@ -226,6 +228,22 @@ impl warren_control::WebhookSender for HttpWebhookSender {
             Err(format!("the receiver answered {}", resp.status()))
         }
     }
+}
+
+/// The host's trust store (read once), which HTTPS receivers are verified against.
+fn host_roots() -> &'static [reqwest_oci::Certificate] {
+    static ROOTS: std::sync::OnceLock<Vec<reqwest_oci::Certificate>> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "reading the host's trust store for webhooks");
+        }
+        found
+            .certs
+            .iter()
+            .filter_map(|c| reqwest_oci::Certificate::from_der(c.as_ref()).ok())
+            .collect()
+    })
 }
 
 /// Starts delivering this server's webhooks.
