@@ -49,15 +49,27 @@ pub fn inputs(
         "read {}",
         settings.agent_bin.display()
     )))?;
+    // Which image file, not only its path: an image deleted and built again at the same path
+    // has other bytes, and a snapshot's guest holds the old one's blocks in its page cache
+    // (files then vanish or read as garbage in the VMs forked from it).
+    let identity = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&image).map_err(RuntimeError::io(format!(
+            "stat {}",
+            image.display()
+        )))?;
+        format!("{}:{}:{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+    };
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
-    h.update(b"warren-vm-snapshot-4\0");
+    h.update(b"warren-vm-snapshot-5\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
         &kernel.id(),
         &initrd.display().to_string(),
         &image.display().to_string(),
+        &identity,
         &settings.disk_mb.to_string(),
         &append,
         // The service the snapshot holds running (`None`: the agent only).
