@@ -54,10 +54,8 @@ pub fn inputs(
     // (files then vanish or read as garbage in the VMs forked from it).
     let identity = {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(&image).map_err(RuntimeError::io(format!(
-            "stat {}",
-            image.display()
-        )))?;
+        let m = std::fs::metadata(&image)
+            .map_err(RuntimeError::io(format!("stat {}", image.display())))?;
         format!("{}:{}:{}.{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec())
     };
     let mut h = Sha256::new();
