@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod fs;
 pub mod http;
+pub mod journal;
 pub mod mounts;
 pub mod paths;
 pub mod process;
@@ -35,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .route("/envs", get(http::manage::envs))
         .route("/init", post(http::manage::init))
         .route("/metrics", get(http::metrics::metrics))
+        .route("/journal", get(journal::read))
         .layer(DefaultBodyLimit::max(
             warren_proto::server::MAX_MESSAGE_BYTES,
         ))

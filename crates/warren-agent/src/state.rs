@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::fs::watch::Watchers;
+use crate::journal::Journal;
 use crate::process::table::ProcessTable;
 
 /// Settings the control plane may change at run time through `POST /init`.
@@ -30,6 +31,8 @@ pub struct AppState {
     pub settings: Arc<RwLock<Settings>>,
     pub processes: Arc<ProcessTable>,
     pub watchers: Arc<Watchers>,
+    /// What happened, for the control plane's audit trail and logs.
+    pub journal: Arc<Journal>,
     /// Whether `/init` may set the wall clock (true only inside a sandbox, never on a dev host).
     pub sync_clock: bool,
 }
@@ -40,6 +43,7 @@ impl AppState {
             settings: Arc::new(RwLock::new(settings)),
             processes: Arc::new(ProcessTable::default()),
             watchers: Arc::new(Watchers::default()),
+            journal: Arc::new(Journal::default()),
             sync_clock,
         }
     }

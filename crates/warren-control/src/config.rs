@@ -65,6 +65,9 @@ pub struct Config {
     /// Prometheus gets one series per running sandbox (CPU, memory, disk): useful on a host
     /// of tens of sandboxes, costly for a scraper at thousands.
     pub per_sandbox_metrics: bool,
+    /// The audit trail and sandbox logs: agents' journals are read and kept. Off, nothing is
+    /// read (for measuring what the trail costs).
+    pub audit: bool,
 }
 
 impl Default for Config {
@@ -102,6 +105,7 @@ impl Default for Config {
             max_volume_snapshots: 1000,
             max_secrets: 1000,
             per_sandbox_metrics: false,
+            audit: true,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod filesystem {
 }
 
 pub mod connect;
+pub mod journal;
 
 #[cfg(feature = "client")]
 pub mod client;

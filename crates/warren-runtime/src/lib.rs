@@ -450,6 +450,21 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         None
     }
 
+    /// What the host saw happen inside sandbox `id` (programs executed and their ends),
+    /// after position `after` of the runtime's own journal for it, at most `limit` entries;
+    /// `None` where the runtime does not watch (the `vm` runtime: its guest agent does, and
+    /// its entries come with the agent's journal). Entries are in the agent's journal format
+    /// with a `boot` of the runtime's own, so a reader keeps one cursor per source.
+    async fn journal(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Option<warren_proto::journal::JournalPage> {
+        let _ = (id, after, limit);
+        None
+    }
+
     /// Deletes a snapshot; deleting an unknown key is `NotFound`.
     async fn delete_snapshot(&self, key: &str) -> Result<(), RuntimeError> {
         Err(RuntimeError::NotFound(key.to_string()))
