@@ -128,6 +128,9 @@ pub(crate) struct Inner {
     pub(crate) guest_metrics: std::sync::OnceLock<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
     pub(crate) series: StdMutex<crate::usage::Series>,
+    /// How far each sandbox's journals have been read, and who is told of new entries.
+    pub(crate) audit_cursors: StdMutex<crate::audit::Cursors>,
+    pub(crate) audit_observer: std::sync::OnceLock<Arc<dyn crate::audit::AuditObserver>>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
     /// Posts webhook deliveries, once the server gives it; woken when some are queued.
@@ -187,6 +190,8 @@ impl Control {
                 resource_lock: Mutex::new(()),
                 guest_metrics: std::sync::OnceLock::new(),
                 series: StdMutex::default(),
+                audit_cursors: StdMutex::default(),
+                audit_observer: std::sync::OnceLock::new(),
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
                 webhook_sender: std::sync::OnceLock::new(),
                 webhook_wake: Notify::new(),
@@ -724,6 +729,8 @@ impl Control {
     pub(crate) async fn kill_now(&self, id: &str) -> Result<(), ControlError> {
         let mut guard = self.locked(id).await?;
         let sb = &mut *guard;
+        // What its journals hold that was not read yet: the agent ends with it.
+        self.final_read(sb).await;
         sb.transition(SandboxState::Stopping)
             .map_err(|e| ControlError::FailedPrecondition(e.to_string()))?;
         // Cut traffic before the kill: clients see their streams aborted, then 502.

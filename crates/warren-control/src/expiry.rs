@@ -47,6 +47,13 @@ async fn pruner(control: Control) {
         {
             tracing::warn!(error = %e, "pruning lifecycle events");
         }
+        if let Err(e) = inner
+            .store
+            .prune_audit(Utc::now() - crate::audit::AUDIT_RETENTION)
+            .await
+        {
+            tracing::warn!(error = %e, "pruning the audit trail");
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+mod audit;
 mod build_spec;
 mod builds;
 mod config;
@@ -38,6 +39,10 @@ mod vault;
 mod volumes;
 mod webhooks;
 
+pub use audit::{
+    AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, MAX_AUDIT_PAGE, SOURCE_AGENT,
+    SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
+};
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
     StageSpec, Step, StepKind, E2B_BASE_IMAGE,
@@ -67,6 +72,7 @@ pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,
 };
+pub use telemetry::{OperationObserver, SandboxCount, SandboxCounts};
 pub use tenant::Tenant;
 pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
 pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
@@ -77,6 +83,7 @@ pub use volumes::{
 pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::transforms::{HeaderRules, HostRule};
+pub use warren_proto::journal::Level as AuditLevel;
 pub use warren_runtime::{Capabilities, PauseMode};
 pub use webhooks::{
     Delivery, SealedWebhook, Webhook, WebhookChange, WebhookSender, DELIVERY_ATTEMPTS, MAX_WEBHOOKS,

@@ -126,6 +126,8 @@ impl Control {
                  first"
             )));
         }
+        // What its journals hold that was not read yet (a filesystem pause ends the agent).
+        self.final_read(sb).await;
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a
         // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
         // that arrives meanwhile waits for the pause and then resumes it.

@@ -268,6 +268,34 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Keeps audit entries; one already kept (same sandbox, source and position) is skipped.
+    /// Returns the indices of the entries that were new.
+    async fn append_audit(
+        &self,
+        entries: &[crate::audit::StoredAudit],
+    ) -> Result<Vec<usize>, StoreError> {
+        let _ = entries;
+        Ok(Vec::new())
+    }
+
+    /// A sandbox's kept audit entries that `q` wants, at most `q.limit`, in time order.
+    async fn audit(
+        &self,
+        q: &crate::audit::AuditQuery,
+    ) -> Result<Vec<crate::audit::AuditEntry>, StoreError> {
+        let _ = q;
+        Ok(Vec::new())
+    }
+
+    /// Forgets audit entries from before `before`; returns how many.
+    async fn prune_audit(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let _ = before;
+        Ok(0)
+    }
+
     /// Forgets events from before `before`; returns how many.
     async fn prune_events(
         &self,

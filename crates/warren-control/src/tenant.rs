@@ -86,6 +86,25 @@ impl Tenant {
         self.own(id).await
     }
 
+    /// A sandbox's audit trail (also after it ended, while the trail is kept).
+    pub async fn audit(
+        &self,
+        mut query: crate::AuditQuery,
+    ) -> Result<Vec<crate::AuditEntry>, ControlError> {
+        query.team = self.team_filter().map(String::from);
+        let known = match self.control.get(&query.sandbox_id).await {
+            Ok(sb) if !self.scope.allows(&sb.team) => return Err(not_found(&query.sandbox_id)),
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        let entries = self.control.audit(&query).await?;
+        // A sandbox with no record and nothing kept is one this key never had.
+        if !known && entries.is_empty() {
+            return Err(not_found(&query.sandbox_id));
+        }
+        Ok(entries)
+    }
+
     /// Lifecycle events of this key's team (of one sandbox it may see, if `query` names one).
     pub async fn events(
         &self,

@@ -45,6 +45,17 @@ pub struct GuestView {
 #[async_trait]
 pub trait GuestMetrics: Send + Sync {
     async fn read(&self, sandbox: &Sandbox) -> Result<GuestView, String>;
+
+    /// The agent's journal after position `after` (see `crate::audit`).
+    async fn journal(
+        &self,
+        sandbox: &Sandbox,
+        after: u64,
+        limit: usize,
+    ) -> Result<warren_proto::journal::JournalPage, String> {
+        let _ = (sandbox, after, limit);
+        Err("this server does not read agents' journals".into())
+    }
 }
 
 /// One sample of a sandbox's resources.
@@ -144,6 +155,7 @@ impl Control {
             lock(&self.inner.series)
                 .by_sandbox
                 .retain(|id, _| live.contains_key(id));
+            lock(&self.inner.audit_cursors).forget_gone(|id| live.contains_key(id));
         }
         let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_SAMPLES));
         let mut tasks = tokio::task::JoinSet::new();
@@ -154,6 +166,9 @@ impl Control {
                 let _turn = gate.acquire().await;
                 if let Err(e) = control.sample(&sandbox).await {
                     tracing::debug!(sandbox = %sandbox.id, error = %e, "sampling metrics");
+                }
+                if let Err(e) = control.read_journals(&sandbox).await {
+                    tracing::debug!(sandbox = %sandbox.id, error = %e, "reading journals");
                 }
             });
         }

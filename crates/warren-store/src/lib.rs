@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod audit;
 mod events;
 mod migrations;
 mod networks;
@@ -410,6 +411,30 @@ impl Store for SqliteStore {
     ) -> Result<usize, StoreError> {
         let before = before.timestamp_micros();
         self.with(move |c| events::prune(c, before)).await
+    }
+
+    async fn append_audit(
+        &self,
+        entries: &[warren_control::StoredAudit],
+    ) -> Result<Vec<usize>, StoreError> {
+        let entries = entries.to_vec();
+        self.with(move |c| audit::append(c, &entries)).await
+    }
+
+    async fn audit(
+        &self,
+        q: &warren_control::AuditQuery,
+    ) -> Result<Vec<warren_control::AuditEntry>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| audit::query(c, &q)).await
+    }
+
+    async fn prune_audit(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let before = before.timestamp_micros();
+        self.with(move |c| audit::prune(c, before)).await
     }
 
     async fn put_webhook(&self, h: &warren_control::SealedWebhook) -> Result<(), StoreError> {

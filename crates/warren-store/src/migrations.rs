@@ -198,4 +198,24 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         );
         CREATE INDEX webhook_deliveries_hook ON webhook_deliveries(webhook_id);",
     ),
+    (
+        13,
+        // The audit trail: entries of sandboxes' journals and flow logs, unique by their
+        // source's position (a journal read twice keeps each entry once).
+        "CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            sandbox_id TEXT NOT NULL,
+            team TEXT NOT NULL,
+            source TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            at_us INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            level INTEGER NOT NULL,
+            message TEXT NOT NULL,
+            fields TEXT NOT NULL,
+            UNIQUE (sandbox_id, source, position)
+        );
+        CREATE INDEX audit_sandbox_at ON audit(sandbox_id, at_us);
+        CREATE INDEX audit_at ON audit(at_us);",
+    ),
 ];

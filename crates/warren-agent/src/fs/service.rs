@@ -1,6 +1,7 @@
 //! Dispatch of `filesystem.Filesystem` RPCs: decode, resolve the caller, run the operation,
 //! encode. The operations themselves live in `ops` (unary) and `watch` (watchers).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,6 +13,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use warren_proto::filesystem::watch_dir_response::{Event, KeepAlive, StartEvent};
 use warren_proto::filesystem::*;
+use warren_proto::journal::{Level, FILE_MKDIR, FILE_REMOVE, FILE_RENAME};
 
 use super::ops::{self, Caller};
 use super::watch::{self, EventFeed, WatchOptions};
@@ -29,11 +31,31 @@ pub async fn rpc(
     body: Body,
 ) -> Response {
     match method.as_str() {
-        "Stat" => blocking_unary(&state, &headers, body, ops::stat).await,
-        "MakeDir" => blocking_unary(&state, &headers, body, ops::make_dir).await,
-        "Move" => blocking_unary(&state, &headers, body, ops::move_entry).await,
-        "ListDir" => blocking_unary(&state, &headers, body, ops::list_dir).await,
-        "Remove" => blocking_unary(&state, &headers, body, ops::remove).await,
+        "Stat" => blocking_unary(&state, &headers, body, ops::stat, None).await,
+        "MakeDir" => {
+            let note: Note<MakeDirRequest> = |c, r| {
+                let path = c.resolve(&r.path).display().to_string();
+                (FILE_MKDIR, format!("made directory {path}"), vec![("path", path)])
+            };
+            blocking_unary(&state, &headers, body, ops::make_dir, Some(note)).await
+        }
+        "Move" => {
+            let note: Note<MoveRequest> = |c, r| {
+                let from = c.resolve(&r.source).display().to_string();
+                let to = c.resolve(&r.destination).display().to_string();
+                let message = format!("moved {from} to {to}");
+                (FILE_RENAME, message, vec![("path", from), ("destination", to)])
+            };
+            blocking_unary(&state, &headers, body, ops::move_entry, Some(note)).await
+        }
+        "ListDir" => blocking_unary(&state, &headers, body, ops::list_dir, None).await,
+        "Remove" => {
+            let note: Note<RemoveRequest> = |c, r| {
+                let path = c.resolve(&r.path).display().to_string();
+                (FILE_REMOVE, format!("removed {path}"), vec![("path", path)])
+            };
+            blocking_unary(&state, &headers, body, ops::remove, Some(note)).await
+        }
         "WatchDir" => watch_dir(state, headers, body).await,
         "CreateWatcher" => unary(&headers, body, |r| create_watcher(&state, &headers, r)).await,
         "GetWatcherEvents" => {
@@ -65,13 +87,18 @@ fn caller(state: &AppState, headers: &HeaderMap) -> RpcResult<Caller> {
     })
 }
 
+/// What the journal says of a change that succeeded: kind, message, fields.
+type Note<Req> = fn(&Caller, &Req) -> (&'static str, String, Vec<(&'static str, String)>);
+
 /// A unary call whose operation does blocking filesystem work: it runs off the async workers
 /// (so a slow disk or a big tree never stalls them) with the caller's filesystem identity.
+/// A change (`note`) is journaled once it succeeded.
 async fn blocking_unary<Req, Resp>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
     op: fn(&Caller, Req) -> RpcResult<Resp>,
+    note: Option<Note<Req>>,
 ) -> Response
 where
     Req: DeserializeOwned + Send + 'static,
@@ -80,9 +107,20 @@ where
     unary(headers, body, |req: Req| async move {
         let caller = caller(state, headers)?;
         let user = caller.user.clone();
-        super::identity::run_as(&user, move || op(&caller, req))
+        let noted = note.map(|n| n(&caller, &req));
+        let result = super::identity::run_as(&user, move || op(&caller, req))
             .await
-            .map_err(|e| ops::io_error(&e, "filesystem operation failed"))?
+            .map_err(|e| ops::io_error(&e, "filesystem operation failed"))?;
+        if let (Ok(_), Some((kind, message, fields))) = (&result, noted) {
+            let mut fields: BTreeMap<String, String> = fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+            fields.insert("user".into(), user.name.clone());
+            fields.insert("via".into(), "api".into());
+            state.journal.record(kind, Level::Info, message, fields);
+        }
+        result
     })
     .await
 }

@@ -412,7 +412,9 @@ async fn receive(
             Failure::bad_request("path query parameter is required for raw body upload")
         })?;
         let target = caller.resolve(raw);
-        return Ok(vec![sink.store(target, source).await?]);
+        let entry = sink.store(target, source).await?;
+        journal_write(state, &caller.user.name, &entry);
+        return Ok(vec![entry]);
     }
     if !media.starts_with("multipart/") {
         return Err(Failure::bad_request(format!(
@@ -452,9 +454,26 @@ async fn receive(
                  request, only the first specified file was uploaded"
             )));
         }
-        entries.push(sink.store(target, field).await?);
+        let entry = sink.store(target, field).await?;
+        journal_write(state, &caller.user.name, &entry);
+        entries.push(entry);
     }
     Ok(entries)
+}
+
+/// Journals a file written by an upload.
+fn journal_write(state: &AppState, user: &str, entry: &EntryInfo) {
+    let fields = crate::journal::fields([
+        ("path", entry.path.clone()),
+        ("user", user.to_string()),
+        ("via", "upload".to_string()),
+    ]);
+    state.journal.record(
+        warren_proto::journal::FILE_WRITE,
+        warren_proto::journal::Level::Info,
+        format!("wrote {}", entry.path),
+        fields,
+    );
 }
 
 /// The request's `Content-Encoding`: `gzip` bodies are inflated, identity passes, others 400.

@@ -158,6 +158,12 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
         }
     }
     tracing::info!("initialised by the control plane");
+    state.journal.record(
+        warren_proto::journal::AGENT,
+        warren_proto::journal::Level::Info,
+        format!("initialised by the control plane (envd {})", crate::ENVD_VERSION),
+        BTreeMap::new(),
+    );
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         "x-envd-version",

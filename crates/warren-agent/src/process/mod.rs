@@ -4,6 +4,7 @@
 //! `table` tracks them and fans their output out to every attached stream, `service` speaks
 //! the RPCs.
 
+pub mod audit;
 pub mod pty;
 pub mod service;
 pub mod spawn;

@@ -16,6 +16,7 @@ use warren_proto::process::process_input::Input;
 use warren_proto::process::stream_input_request::Event as InputEvent;
 use warren_proto::process::*;
 
+use super::audit::{ProcAudit, StartInfo, Trace};
 use super::spawn::{spawn, SpawnSpec, DEFAULT_PATH};
 use super::table::{not_found_pid, Attach, Output, Proc, ProcEvent};
 use crate::auth::rpc_user;
@@ -133,7 +134,12 @@ fn update(state: &AppState, req: UpdateRequest) -> RpcResult<UpdateResponse> {
 }
 
 /// Everything `Start` needs, validated before anything runs.
-fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResult<SpawnSpec> {
+fn prepare(
+    state: &AppState,
+    headers: &HeaderMap,
+    req: &StartRequest,
+    trace: Option<&Trace>,
+) -> RpcResult<SpawnSpec> {
     let user = rpc_user(state, headers)?;
     let config = req.process.clone().unwrap_or_default();
     if config.cmd.is_empty() {
@@ -157,6 +163,9 @@ fn prepare(state: &AppState, headers: &HeaderMap, req: &StartRequest) -> RpcResu
             .iter()
             .map(|(k, v)| (k.clone(), v.clone())),
     );
+    if let Some(t) = trace {
+        env.push(("TRACEPARENT".into(), t.traceparent()));
+    }
     env.extend(config.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
     let pty = req.pty.as_ref().map(|p| {
         let size = p.size.unwrap_or_default();
@@ -225,10 +234,16 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
         Ok(r) => r,
         Err(e) => return server::stream_error(e),
     };
-    let spec = match prepare(&state, &headers, &req) {
+    let trace = Trace::from_headers(&headers);
+    let spec = match prepare(&state, &headers, &req, trace.as_ref()) {
         Ok(s) => s,
         Err(e) => return server::stream_error(e),
     };
+    let (cwd, user, pty) = (
+        spec.cwd.display().to_string(),
+        spec.user.name.clone(),
+        spec.pty.is_some(),
+    );
     let spawned = match spawn(spec) {
         Ok(s) => s,
         Err(e) => {
@@ -243,7 +258,22 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
         }
     };
     let config = req.process.clone().unwrap_or_default();
-    let (proc, rx) = state.processes.adopt(spawned, config, req.tag.clone());
+    let audit = ProcAudit::started(
+        &state.journal,
+        StartInfo {
+            pid: spawned.pid,
+            cmd: &config.cmd,
+            args: &config.args,
+            cwd: &cwd,
+            user: &user,
+            tag: req.tag.as_deref(),
+            pty,
+            trace,
+        },
+    );
+    let (proc, rx) = state
+        .processes
+        .adopt(spawned, config, req.tag.clone(), audit);
     tracing::debug!(pid = proc.pid, "process started");
 
     // The deadline is also the process's lifetime.

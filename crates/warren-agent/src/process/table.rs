@@ -15,6 +15,7 @@ use warren_proto::process::process_event::EndEvent;
 use warren_proto::process::process_selector::Selector;
 use warren_proto::process::{ProcessConfig, ProcessSelector};
 
+use super::audit::{ProcAudit, Stream};
 use super::pty::PtyMaster;
 use super::spawn::Spawned;
 use warren_proto::connect::{Code, ConnectError};
@@ -66,6 +67,8 @@ pub struct Proc {
     stdin: tokio::sync::Mutex<Option<ChildStdin>>,
     pty: Option<PtyMaster>,
     fanout: Mutex<Fanout>,
+    /// The journal's view of it (`None` when the journal is off).
+    audit: Option<Arc<ProcAudit>>,
 }
 
 impl Proc {
@@ -249,6 +252,7 @@ impl ProcessTable {
         spawned: Spawned,
         config: ProcessConfig,
         tag: Option<String>,
+        audit: Option<Arc<ProcAudit>>,
     ) -> (Arc<Proc>, mpsc::Receiver<ProcEvent>) {
         let Spawned {
             mut child,
@@ -265,6 +269,7 @@ impl ProcessTable {
             stdin: tokio::sync::Mutex::new(stdin),
             pty,
             fanout: Mutex::new(Fanout::default()),
+            audit,
         });
         let Attach::Live(rx) = proc.attach() else {
             unreachable!("a new process has not ended")
@@ -309,7 +314,11 @@ impl ProcessTable {
             for p in pumps {
                 let _ = p.await;
             }
-            waiter_proc.finish(end_event(status)).await;
+            let end = end_event(status);
+            if let Some(audit) = &waiter_proc.audit {
+                audit.ended(&end);
+            }
+            waiter_proc.finish(end).await;
             tokio::time::sleep(EXITED_RETENTION).await;
             let mut procs = table.lock();
             if procs
@@ -381,7 +390,19 @@ async fn pump<S: Source>(
         };
         match read {
             Ok(0) | Err(_) => return,
-            Ok(n) => proc.publish(wrap(Bytes::copy_from_slice(&buf[..n]))).await,
+            Ok(n) => {
+                let out = wrap(Bytes::copy_from_slice(&buf[..n]));
+                if let Some(audit) = &proc.audit {
+                    match &out {
+                        Output::Stdout(b) => audit.output(Stream::Stdout, b),
+                        Output::Stderr(b) => audit.output(Stream::Stderr, b),
+                        // A terminal's bytes are keystrokes echoed and screen drawing, not
+                        // lines; what runs in it is journaled as executed programs.
+                        Output::Pty(_) => {}
+                    }
+                }
+                proc.publish(out).await
+            }
         }
     }
 }
