@@ -26,6 +26,30 @@ use prometheus_client::registry::Registry;
 use crate::control::{lock, Control};
 use crate::{ControlError, SandboxState};
 
+/// Told of every timed operation as it ends (OpenTelemetry's latency histograms). Called on
+/// the operation's task: it must not block.
+pub trait OperationObserver: Send + Sync + 'static {
+    /// `error`: the failure's kind (`not_found`, `internal`, ...), as Prometheus labels it.
+    fn ended(&self, operation: &'static str, took: Duration, error: Option<&'static str>);
+}
+
+/// Sandboxes of one state, template and runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxCount {
+    pub state: &'static str,
+    pub template: String,
+    pub runtime: &'static str,
+    pub count: u64,
+}
+
+/// What the gauges say: sandboxes by state, the live ones, and the limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxCounts {
+    pub by_state: Vec<SandboxCount>,
+    pub live: u64,
+    pub limit: u64,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
     operation: &'static str,
@@ -71,6 +95,7 @@ pub(crate) struct Telemetry {
     disk_bytes: Family<SandboxLabels, Gauge>,
     /// One scrape at a time: a scrape clears and refills the gauges it computes.
     scrape: std::sync::Mutex<()>,
+    observer: std::sync::RwLock<Option<std::sync::Arc<dyn OperationObserver>>>,
 }
 
 impl Telemetry {
@@ -137,12 +162,13 @@ impl Telemetry {
             memory_bytes,
             disk_bytes,
             scrape: std::sync::Mutex::new(()),
+            observer: std::sync::RwLock::new(None),
         }
     }
 }
 
 /// The kind label of an error (its category, not its message: labels stay few).
-fn error_kind(e: &ControlError) -> &'static str {
+pub(crate) fn error_kind(e: &ControlError) -> &'static str {
     match e {
         ControlError::NotFound(_) => "not_found",
         ControlError::InvalidArgument(_) => "invalid_argument",
@@ -166,17 +192,61 @@ impl Control {
         result: &Result<T, ControlError>,
     ) {
         let t = &self.inner.telemetry;
+        let took = started.elapsed();
         t.op_seconds
             .get_or_create(&OpLabels { operation: op })
-            .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = result {
+            .observe(took.as_secs_f64());
+        let kind = result.as_ref().err().map(error_kind);
+        if let Some(kind) = kind {
             t.op_errors
                 .get_or_create(&ErrorLabels {
                     operation: op,
-                    kind: error_kind(e),
+                    kind,
                 })
                 .inc();
         }
+        let observer = t.observer.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(o) = observer {
+            o.ended(op, took, kind);
+        }
+    }
+
+    /// Has `observer` told of every operation from now on (replacing any earlier one).
+    pub fn observe_operations_with(&self, observer: std::sync::Arc<dyn OperationObserver>) {
+        *self
+            .inner
+            .telemetry
+            .observer
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(observer);
+    }
+
+    /// Sandboxes by state, template and runtime (running and paused, from the store), the
+    /// live ones and the limit: what `warren_sandboxes` and the limit gauges say.
+    pub async fn sandbox_counts(&self) -> Result<SandboxCounts, ControlError> {
+        let stored = self
+            .inner
+            .store
+            .sandboxes_in(&[SandboxState::Running, SandboxState::Paused])
+            .await?;
+        let runtime = self.inner.runtime.name();
+        let mut by: std::collections::BTreeMap<(&'static str, String), u64> = Default::default();
+        for sb in &stored {
+            *by.entry((sb.state.as_str(), sb.template.clone())).or_default() += 1;
+        }
+        Ok(SandboxCounts {
+            by_state: by
+                .into_iter()
+                .map(|((state, template), count)| SandboxCount {
+                    state,
+                    template,
+                    runtime,
+                    count,
+                })
+                .collect(),
+            live: u64::try_from(lock(&self.inner.live).len()).unwrap_or(u64::MAX),
+            limit: u64::try_from(self.inner.config.max_concurrent).unwrap_or(u64::MAX),
+        })
     }
 
     /// The OpenMetrics text of every metric, gauges computed now.
