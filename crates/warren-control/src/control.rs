@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use warren_runtime::{CreateSpec, RuntimeError, SandboxRuntime};
 
 pub use crate::config::Config;
@@ -374,7 +375,8 @@ impl Control {
     }
 
     /// [`Control::detached`], timed and counted as operation `op` for Prometheus (the whole
-    /// operation, also when the caller has gone).
+    /// operation, also when the caller has gone), in a span `sandbox.<op>` whose parent is the
+    /// caller's (the API request's) and whose children are the operation's stages.
     pub(crate) async fn timed<T, F>(
         &self,
         op: &'static str,
@@ -385,11 +387,27 @@ impl Control {
         F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
     {
         let started = std::time::Instant::now();
+        let span = tracing::info_span!(
+            "sandbox.operation",
+            otel.name = operation_span(op),
+            warren.operation = op,
+            warren.sandbox.id = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
         let work = f(self.clone());
-        self.detached(move |c| async move {
-            let r = work.await;
-            c.observe(op, started, &r);
-            r
+        self.detached(move |c| {
+            async move {
+                let r = work.await;
+                if let Err(e) = &r {
+                    let span = tracing::Span::current();
+                    span.record("error.type", crate::telemetry::error_kind(e));
+                    span.record("otel.status_code", "ERROR");
+                }
+                c.observe(op, started, &r);
+                r
+            }
+            .instrument(span)
         })
         .await
     }
@@ -559,7 +577,13 @@ impl Control {
         let mut spec = spec_of(&sandbox);
         spec.from_snapshot = plan.from_snapshot;
         spec.volumes = volumes;
-        let created = self.inner.runtime.create(spec).await;
+        trace_sandbox(&sandbox.id);
+        let created = self
+            .inner
+            .runtime
+            .create(spec)
+            .instrument(self.stage("runtime.create"))
+            .await;
         let sb = &mut *guard;
         match created {
             Ok(rt) => {
@@ -645,6 +669,7 @@ impl Control {
         id: &str,
         timeout: Option<i64>,
     ) -> Result<(Sandbox, bool), ControlError> {
+        trace_sandbox(id);
         let timeout = self.timeout(timeout)?;
         let mut sb = self.locked(id).await?;
         match sb.state {
@@ -727,6 +752,7 @@ impl Control {
     }
 
     pub(crate) async fn kill_now(&self, id: &str) -> Result<(), ControlError> {
+        trace_sandbox(id);
         let mut guard = self.locked(id).await?;
         let sb = &mut *guard;
         // What its journals hold that was not read yet: the agent ends with it.
@@ -738,7 +764,13 @@ impl Control {
         // Persisted so that a crash mid-kill is finished by the next start (the runtime's
         // reattach frees whatever it is not asked to keep).
         self.inner.store.update_sandbox(sb).await?;
-        let result = match self.inner.runtime.kill(id).await {
+        let killed = self
+            .inner
+            .runtime
+            .kill(id)
+            .instrument(self.stage("runtime.kill"))
+            .await;
+        let result = match killed {
             Ok(()) | Err(RuntimeError::NotFound(_)) => {
                 sb.transition(SandboxState::Killed)
                     .map_err(|e| ControlError::Internal(e.to_string()))?;
@@ -788,6 +820,38 @@ impl Control {
     /// Ids of running sandboxes (for the exit watcher).
     pub(crate) fn running_ids(&self) -> Vec<String> {
         lock(&self.inner.routes).keys().cloned().collect()
+    }
+}
+
+/// The span name of a timed operation (span names are static; `otel.name` sets the exported
+/// one).
+fn operation_span(op: &'static str) -> &'static str {
+    match op {
+        "create" => "sandbox.create",
+        "connect" => "sandbox.connect",
+        "kill" => "sandbox.kill",
+        "pause" => "sandbox.pause",
+        "fork" => "sandbox.fork",
+        "snapshot" => "sandbox.snapshot",
+        _ => "sandbox.operation",
+    }
+}
+
+/// Names the sandbox on the current span (the operation's, or a fork child's); a no-op
+/// outside one.
+pub(crate) fn trace_sandbox(id: &str) {
+    tracing::Span::current().record("warren.sandbox.id", id);
+}
+
+impl Control {
+    /// A stage of an operation that the runtime carries out (`runtime.create`, ...), a child
+    /// of the current span.
+    pub(crate) fn stage(&self, name: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "runtime.stage",
+            otel.name = name,
+            warren.runtime = self.inner.runtime.name()
+        )
     }
 }
 

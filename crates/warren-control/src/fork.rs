@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use crate::control::{Control, Plan};
 use crate::error::ControlError;
@@ -58,6 +59,7 @@ impl Control {
         count: usize,
         timeout: std::time::Duration,
     ) -> Result<Vec<ForkResult>, ControlError> {
+        crate::control::trace_sandbox(id);
         let caps = self.inner.runtime.capabilities();
         if !caps.snapshot {
             return Err(ControlError::InvalidArgument(format!(
@@ -80,6 +82,7 @@ impl Control {
             self.inner
                 .runtime
                 .snapshot(id, &key, memory)
+                .instrument(self.stage("runtime.snapshot"))
                 .await
                 .map_err(|e| {
                     self.runtime_error(e, &format!("checkpointing sandbox {id} failed"))
@@ -107,13 +110,21 @@ impl Control {
             let c = self.clone();
             let plan = plan.clone();
             let gate = gate.clone();
-            tasks.push(tokio::spawn(async move {
-                let _permit = gate
-                    .acquire()
-                    .await
-                    .map_err(|_| ControlError::Internal("fork gate closed".into()))?;
-                c.create_planned(plan).await
-            }));
+            // Each child in a span of its own under the fork's (its id is recorded there).
+            let child = tracing::info_span!(
+                "sandbox.fork.child",
+                warren.sandbox.id = tracing::field::Empty
+            );
+            tasks.push(tokio::spawn(
+                async move {
+                    let _permit = gate
+                        .acquire()
+                        .await
+                        .map_err(|_| ControlError::Internal("fork gate closed".into()))?;
+                    c.create_planned(plan).await
+                }
+                .instrument(child),
+            ));
         }
         let mut out = Vec::with_capacity(count);
         for t in tasks {

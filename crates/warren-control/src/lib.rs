@@ -40,8 +40,8 @@ mod volumes;
 mod webhooks;
 
 pub use audit::{
-    AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, MAX_AUDIT_PAGE, SOURCE_AGENT,
-    SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
+    AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, MAX_AUDIT_PAGE,
+    SOURCE_AGENT, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
@@ -66,13 +66,13 @@ pub use networks::{
 };
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::Store;
+pub use telemetry::{OperationObserver, SandboxCount, SandboxCounts};
 pub use template_disk::{DiskPart, DiskUse};
 pub use template_tags::{Assigned, TagInfo};
 pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,
 };
-pub use telemetry::{OperationObserver, SandboxCount, SandboxCounts};
 pub use tenant::Tenant;
 pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
 pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
@@ -80,10 +80,10 @@ pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
     VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,
 };
+pub use warren_proto::journal::Level as AuditLevel;
 pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::transforms::{HeaderRules, HostRule};
-pub use warren_proto::journal::Level as AuditLevel;
 pub use warren_runtime::{Capabilities, PauseMode};
 pub use webhooks::{
     Delivery, SealedWebhook, Webhook, WebhookChange, WebhookSender, DELIVERY_ATTEMPTS, MAX_WEBHOOKS,

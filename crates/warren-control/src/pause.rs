@@ -8,6 +8,7 @@
 use crate::events::EventKind;
 use chrono::Utc;
 use tokio::sync::OwnedMutexGuard;
+use tracing::Instrument;
 use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
 
 use crate::control::{spec_of, Access, Control, Route};
@@ -85,6 +86,7 @@ impl Control {
     pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
         let id = id.to_string();
         self.timed("pause", |c| async move {
+            crate::control::trace_sandbox(&id);
             let mode = c.pause_mode(memory)?;
             let mut sb = c.locked(&id).await?;
             c.pause_locked(&mut sb, mode).await
@@ -127,14 +129,22 @@ impl Control {
             )));
         }
         // What its journals hold that was not read yet (a filesystem pause ends the agent).
-        self.final_read(sb).await;
+        self.final_read(sb)
+            .instrument(tracing::info_span!("sandbox.audit.read"))
+            .await;
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a
         // connection to a sandbox that no longer answers. Traffic for an auto-resuming sandbox
         // that arrives meanwhile waits for the pause and then resumes it.
         self.set_wakeable(sb, sb.lifecycle.auto_resume);
         self.unroute(&id);
         self.unschedule(&id);
-        let rt = match self.inner.runtime.pause(&id, mode).await {
+        let paused = self
+            .inner
+            .runtime
+            .pause(&id, mode)
+            .instrument(self.stage("runtime.pause"))
+            .await;
+        let rt = match paused {
             Ok(rt) => rt,
             Err(e) => {
                 // The runtime refused or failed; the sandbox is still the running one it was.
@@ -182,7 +192,13 @@ impl Control {
         let mut spec = spec_of(sb);
         // The volumes again (after a host restart they are mounted on the host first).
         spec.volumes = self.mount_sources(&sb.volume_mounts).await?;
-        let (rt, kind) = match self.inner.runtime.resume(spec).await {
+        let resumed = self
+            .inner
+            .runtime
+            .resume(spec)
+            .instrument(self.stage("runtime.resume"))
+            .await;
+        let (rt, kind) = match resumed {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(sandbox_id = %id, error = %e, "resume failed; sandbox stays paused");

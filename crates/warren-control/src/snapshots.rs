@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use tracing::Instrument;
 
 use crate::control::Control;
 use crate::error::ControlError;
@@ -119,6 +120,7 @@ impl Control {
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
+        crate::control::trace_sandbox(sandbox_id);
         let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
         if let Some(n) = &name {
             if !valid_name(n) {
@@ -155,6 +157,7 @@ impl Control {
             .inner
             .runtime
             .snapshot(sandbox_id, &key, memory)
+            .instrument(self.stage("runtime.snapshot"))
             .await
             .map_err(|e| {
                 self.runtime_error(e, &format!("snapshotting sandbox {sandbox_id} failed"))

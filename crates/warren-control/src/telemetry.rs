@@ -232,7 +232,8 @@ impl Control {
         let runtime = self.inner.runtime.name();
         let mut by: std::collections::BTreeMap<(&'static str, String), u64> = Default::default();
         for sb in &stored {
-            *by.entry((sb.state.as_str(), sb.template.clone())).or_default() += 1;
+            *by.entry((sb.state.as_str(), sb.template.clone()))
+                .or_default() += 1;
         }
         Ok(SandboxCounts {
             by_state: by
