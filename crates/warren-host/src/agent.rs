@@ -68,6 +68,7 @@ pub struct InitArgs<'a> {
 }
 
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init` with `args`.
+#[tracing::instrument(name = "agent.init", level = "info", skip_all)]
 pub async fn wait_and_init(
     client: &reqwest::Client,
     agent: SocketAddr,
@@ -178,6 +179,7 @@ pub enum RunError {
 /// The process belongs to the agent, not to this request: we read the stream only until the
 /// `start` event (the pid) and then close it, which leaves the process running, as a
 /// background command of the SDKs does.
+#[tracing::instrument(name = "agent.start_command", level = "info", skip_all)]
 pub async fn run_start_command(
     client: &reqwest::Client,
     agent: SocketAddr,
@@ -324,6 +326,7 @@ async fn start(
 /// Waits until the service's readiness check passes: its HTTP check answers 200, or its
 /// ready command exits 0 (tried again with a growing pause, up to a second), or at once
 /// for a service with no check.
+#[tracing::instrument(name = "agent.ready", level = "info", skip_all)]
 pub async fn wait_ready(
     client: &reqwest::Client,
     agent: SocketAddr,

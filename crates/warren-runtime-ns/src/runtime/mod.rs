@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
+use tracing::Instrument;
 use warren_host::cgroup::Limits;
 use warren_host::{agent, hardening, headroom, valid_id, HostConfig, HostLock, Templates};
 use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
@@ -276,6 +277,7 @@ impl NsRuntime {
             volumes: spec.volumes.clone(),
         };
         let sandbox = launch::launch(&self.ns, &launch_spec)
+            .instrument(tracing::info_span!("sandbox.launch"))
             .await
             .map_err(|e| RuntimeError::unavailable(format!("start sandbox {}", spec.id), e))?;
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();
@@ -511,7 +513,11 @@ impl NsRuntime {
             }
         };
         let policy = warren_host::egress::slot_policy(&spec.egress_policy());
-        let slot = match pool.acquire(&policy).await {
+        let slot = match pool
+            .acquire(&policy)
+            .instrument(tracing::info_span!("network.slot.acquire"))
+            .await
+        {
             Ok(slot) => {
                 pool.set_owner(&slot, &spec.id);
                 slot

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tracing::Instrument;
 use warren_host::agent;
 use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox};
 
@@ -21,6 +22,7 @@ impl VmRuntime {
         let pool = self.pool().await?;
         let slot = pool
             .acquire(&warren_host::egress::slot_policy(policy))
+            .instrument(tracing::info_span!("network.slot.acquire"))
             .await
             .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
         if let Err(e) = slot.lay_out_for_vm().await.map_err(slot_failed) {
@@ -69,8 +71,14 @@ impl VmRuntime {
     ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
         let started = std::time::Instant::now();
         if let Some(snap) = checkpoint {
-            let warm = self.start_pending(snap, &spec.egress_policy()).await?;
-            return self.complete(spec, warm, started).await;
+            let warm = self
+                .start_pending(snap, &spec.egress_policy())
+                .instrument(tracing::info_span!("vm.spawn"))
+                .await?;
+            return self
+                .complete(spec, warm, started)
+                .instrument(tracing::info_span!("vm.restore"))
+                .await;
         }
         let size = self.size_for(spec);
         let snap = self.snapshot(&spec.template, size).await?;
@@ -86,10 +94,16 @@ impl VmRuntime {
                 }
                 w
             }
-            None => self.start_pending(&snap, &spec.egress_policy()).await?,
+            None => {
+                self.start_pending(&snap, &spec.egress_policy())
+                    .instrument(tracing::info_span!("vm.spawn"))
+                    .await?
+            }
         };
         self.spawn_refill(&spec.template);
-        self.complete(spec, warm, started).await
+        self.complete(spec, warm, started)
+            .instrument(tracing::info_span!("vm.restore"))
+            .await
     }
 
     /// Loads the state into a waiting QEMU and watches it.
