@@ -12,6 +12,7 @@ pub mod journal;
 pub mod mounts;
 pub mod paths;
 pub mod process;
+pub mod procwatch;
 pub mod state;
 pub mod sys;
 pub mod trust;

@@ -53,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         ..Settings::default()
     };
     let state = AppState::new(settings, args.sync_clock);
+    warren_agent::procwatch::start(&state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

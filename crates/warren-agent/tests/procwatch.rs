@@ -1,0 +1,109 @@
+//! Programs executed under the agent reach its journal (`process.exec`, `process.exit`) when
+//! it runs as a microVM's agent (`--sync-clock`), and only then: a host's agent never records
+//! the host. Watching needs root of the initial namespaces (as in a microVM); elsewhere the
+//! recording test skips, saying why.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::{collect, command, stream_call};
+use common::Agent;
+use serde_json::Value;
+use warren_proto::process::StartRequest;
+
+async fn journal(agent: &Agent) -> Vec<Value> {
+    let page: Value = reqwest::get(agent.url("/journal?after=0&limit=1000"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["entries"].as_array().cloned().unwrap_or_default()
+}
+
+fn argv(e: &Value) -> Vec<String> {
+    serde_json::from_str(e["fields"]["argv"].as_str().unwrap_or("[]")).unwrap_or_default()
+}
+
+async fn run_marked(agent: &Agent, marker: &str) {
+    let script = format!("/bin/echo {marker} > /dev/null; exit 3");
+    let msg = StartRequest {
+        process: Some(command("/bin/sh", &["-c", &script])),
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let run = collect(stream_call(agent, "Start", msg, &[]).await);
+    assert_eq!(run.end["exitCode"], 3, "{:?}", run.end);
+}
+
+#[tokio::test]
+async fn programs_run_under_a_microvm_agent_are_journaled_with_argv_and_status() {
+    if !warren_testkit::require("root", warren_testkit::is_root()) {
+        return;
+    }
+    if let Err(e) = warren_procwatch::Watcher::subscribe() {
+        warren_testkit::skip(format!("the process events connector: {e}"));
+        return;
+    }
+    let agent = Agent::start_with(&["--sync-clock"]);
+    // The agent subscribes in a thread of its own after it starts listening: run marked
+    // commands until one is seen.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 0.. {
+        assert!(Instant::now() < deadline, "no process.exec recorded");
+        let marker = format!("procwatch-marker-{}-{i}", std::process::id());
+        run_marked(&agent, &marker).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let entries = journal(&agent).await;
+        let Some(echo) = entries.iter().find(|e| {
+            e["kind"] == "process.exec" && argv(e) == ["/bin/echo".to_string(), marker.clone()]
+        }) else {
+            continue;
+        };
+        let f = &echo["fields"];
+        assert!(
+            f["pid"].as_str().unwrap().parse::<u32>().unwrap() > 0,
+            "{echo}"
+        );
+        assert!(f["ppid"].as_str().is_some(), "{echo}");
+        assert!(
+            f["uid"].as_str().is_some() && f["user"].as_str().is_some(),
+            "{echo}"
+        );
+        assert!(f["cwd"].as_str().unwrap().starts_with('/'), "{echo}");
+        assert_eq!(echo["message"], format!("exec /bin/echo {marker}"));
+        // The shell that ran it ended with status 3, after its exec.
+        let shell = entries
+            .iter()
+            .find(|e| {
+                e["kind"] == "process.exec"
+                    && argv(e).first().map(String::as_str) == Some("/bin/sh")
+                    && argv(e).iter().any(|a| a.contains(&marker))
+            })
+            .unwrap_or_else(|| panic!("the shell's exec: {entries:#?}"));
+        let pid = &shell["fields"]["pid"];
+        let exit = entries
+            .iter()
+            .find(|e| e["kind"] == "process.exit" && &e["fields"]["pid"] == pid)
+            .unwrap_or_else(|| panic!("the shell's exit: {entries:#?}"));
+        assert_eq!(exit["fields"]["exit_code"], "3", "{exit}");
+        assert!(exit["fields"]["duration_ms"].as_str().is_some(), "{exit}");
+        assert!(exit["seq"].as_u64() > shell["seq"].as_u64());
+        return;
+    }
+}
+
+#[tokio::test]
+async fn an_agent_on_a_host_records_no_programs() {
+    let agent = Agent::start();
+    run_marked(&agent, "procwatch-host-marker").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let entries = journal(&agent).await;
+    assert!(
+        !entries
+            .iter()
+            .any(|e| e["kind"] == "process.exec" || e["kind"] == "process.exit"),
+        "{entries:#?}"
+    );
+}
