@@ -144,10 +144,7 @@ fn cut(mut s: String) -> String {
 
 /// Fields from `(name, value)` pairs.
 pub fn fields<const N: usize>(pairs: [(&str, String); N]) -> BTreeMap<String, String> {
-    pairs
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 #[derive(Deserialize)]

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod audit;
 mod brokering;
 mod client;
 mod connect;

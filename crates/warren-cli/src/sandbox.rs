@@ -90,6 +90,9 @@ pub enum SandboxCommand {
     Flows {
         id: String,
     },
+    /// Prints a sandbox's audit trail: processes (through the API and inside), their output,
+    /// files changed through the API, network decisions and lifecycle changes, oldest first.
+    Audit(crate::audit::AuditArgs),
     /// Creates COUNT copies of a running sandbox and prints their ids.
     Fork {
         id: String,
@@ -223,6 +226,7 @@ pub async fn run(cmd: SandboxCommand, args: ClientArgs) -> anyhow::Result<u8> {
             network::update(&client, &args, &id, &egress).await?
         }
         SandboxCommand::Flows { id } => network::flows(&client, &args, &id).await?,
+        SandboxCommand::Audit(a) => crate::audit::run(&client, &args, a).await?,
         SandboxCommand::Fork { id, count, timeout } => {
             return persist::fork(&client, &args, &id, count, timeout).await
         }

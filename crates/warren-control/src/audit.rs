@@ -107,9 +107,10 @@ impl AuditQuery {
             && self.until.is_none_or(|u| e.at <= u)
             && self.wants_kind(&e.kind)
             && self.min_level.is_none_or(|l| e.level >= l)
-            && self.search.as_deref().is_none_or(|s| {
-                e.message.to_lowercase().contains(&s.to_lowercase())
-            })
+            && self
+                .search
+                .as_deref()
+                .is_none_or(|s| e.message.to_lowercase().contains(&s.to_lowercase()))
     }
 }
 
@@ -277,10 +278,7 @@ impl Control {
     {
         let key = (sandbox.id.clone(), source);
         for _ in 0..READ_PAGES {
-            let known = lock(&self.inner.audit_cursors)
-                .by_source
-                .get(&key)
-                .cloned();
+            let known = lock(&self.inner.audit_cursors).by_source.get(&key).cloned();
             let after = known.as_ref().map(|(_, n)| *n).unwrap_or(0);
             let Some(page) = read(after).await? else {
                 return Ok(());
@@ -326,15 +324,29 @@ impl Control {
             Err(warren_runtime::RuntimeError::Unsupported(_)) => return Ok(()),
             Err(e) => return Err(e.to_string()),
         };
+        // Only what is not older than the newest flow already kept (one of the same
+        // millisecond may be new; the store skips those it has).
+        let key = (sandbox.id.clone(), SOURCE_NETWORK);
+        let from = lock(&self.inner.audit_cursors)
+            .by_source
+            .get(&key)
+            .map(|(_, at)| *at)
+            .unwrap_or(0);
+        let newest = flows.iter().map(|f| f.at_ms).max().unwrap_or(0).max(from);
         let stored: Vec<StoredAudit> = flows
             .iter()
+            .filter(|f| f.at_ms >= from)
             .map(|f| StoredAudit {
                 source: SOURCE_NETWORK.into(),
                 position: flow_position(f),
                 entry: flow_entry(&sandbox.id, &sandbox.team, f),
             })
             .collect();
-        self.keep(sandbox, stored).await
+        self.keep(sandbox, stored).await?;
+        lock(&self.inner.audit_cursors)
+            .by_source
+            .insert(key, (String::new(), newest));
+        Ok(())
     }
 
     /// Stores entries (those already kept are skipped) and tells the observer of the new.
@@ -367,7 +379,9 @@ impl Control {
         }
         match tokio::time::timeout(FINAL_READ, self.read_journals(sandbox)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(sandbox_id = %sandbox.id, error = %e, "last journal read"),
+            Ok(Err(e)) => {
+                tracing::debug!(sandbox_id = %sandbox.id, error = %e, "last journal read")
+            }
             Err(_) => tracing::debug!(sandbox_id = %sandbox.id, "last journal read timed out"),
         }
     }
@@ -391,7 +405,9 @@ impl Control {
         if let Ok(sb) = self.get(&q.sandbox_id).await {
             if sb.state == SandboxState::Running {
                 match tokio::time::timeout(FINAL_READ, self.read_journals(&sb)).await {
-                    Ok(Err(e)) => tracing::debug!(sandbox_id = %sb.id, error = %e, "reading journals"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(sandbox_id = %sb.id, error = %e, "reading journals")
+                    }
                     Err(_) => tracing::debug!(sandbox_id = %sb.id, "reading journals timed out"),
                     Ok(Ok(())) => {}
                 }

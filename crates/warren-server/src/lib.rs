@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod audit;
 mod dashboard;
 pub mod error;
 mod events;
@@ -105,6 +106,15 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             get(routes::network_flows),
         )
         .route("/sandboxes/metrics", get(routes::sandboxes_metrics))
+        .route("/sandboxes/{sandbox_id}/logs", get(audit::sandbox_logs_v1))
+        .route(
+            "/v2/sandboxes/{sandbox_id}/logs",
+            get(audit::sandbox_logs_v2),
+        )
+        .route(
+            "/v1/sandboxes/{sandbox_id}/audit",
+            get(audit::sandbox_audit),
+        )
         .route("/events/sandboxes", get(events::team_events))
         .route(
             "/events/webhooks",

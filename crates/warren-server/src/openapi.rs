@@ -37,6 +37,9 @@ use crate::{
         routes::sandboxes_metrics,
         crate::prometheus::metrics,
         crate::events::team_events,
+        crate::audit::sandbox_audit,
+        crate::audit::sandbox_logs_v1,
+        crate::audit::sandbox_logs_v2,
         crate::events::sandbox_events,
         crate::webhooks::create,
         crate::webhooks::list,
@@ -83,7 +86,7 @@ use crate::{
     ),
     components(schemas(
         ErrorBody, NewSandbox, ConnectSandbox, SetTimeout, SandboxCreated, SandboxDetail,
-        ListedSandbox, SandboxMetric, SandboxesWithMetrics, crate::events::EventBody, crate::webhooks::WebhookBody, crate::webhooks::WebhookRequest, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
+        ListedSandbox, SandboxMetric, SandboxesWithMetrics, crate::events::EventBody, crate::audit::AuditBody, crate::audit::AuditPage, crate::audit::LogEntryBody, crate::audit::LogLineBody, crate::audit::SandboxLogsV1, crate::audit::SandboxLogsV2, crate::webhooks::WebhookBody, crate::webhooks::WebhookRequest, AutoResume, PauseSandbox, NewSnapshot, SnapshotInfo,
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
         JoinSpec, VolumeMountSpec, NewVolume, VolumeChange, GrowSpec, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,

@@ -249,20 +249,21 @@ impl Proxy {
         })
     }
 
-    /// Reads the agent's `/metrics` into the API's metric item.
-    /// A sandbox agent's own view of its resources (`GET /metrics` on the agent).
-    pub async fn agent_metrics(
+    /// `GET path` on a sandbox's agent: the answer's body. The agent answers from inside the
+    /// sandbox, so its answer is hostile input: the whole exchange, body included, is bounded
+    /// in time and size.
+    async fn agent_get(
         &self,
         agent: SocketAddr,
         token: &str,
-    ) -> Result<warren_control::GuestView, ApiError> {
+        path: &str,
+        limit: usize,
+    ) -> Result<bytes::Bytes, ApiError> {
         let unavailable = |what: String| ApiError::new(StatusCode::BAD_GATEWAY, what);
-        let req = Request::get(format!("http://{agent}/metrics"))
+        let req = Request::get(format!("http://{agent}{path}"))
             .header("x-access-token", token)
             .body(Body::empty())
-            .map_err(|e| unavailable(format!("building metrics request: {e}")))?;
-        // The agent answers from inside the sandbox, so its answer is hostile input: the whole
-        // exchange, body included, is bounded in time and size.
+            .map_err(|e| unavailable(format!("building the agent request: {e}")))?;
         let exchange = async {
             let resp = self
                 .metrics_client
@@ -275,15 +276,27 @@ impl Proxy {
                     resp.status()
                 )));
             }
-            http_body_util::Limited::new(resp.into_body(), METRICS_BODY_LIMIT)
+            http_body_util::Limited::new(resp.into_body(), limit)
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
-                .map_err(|e| unavailable(format!("reading agent metrics: {e}")))
+                .map_err(|e| unavailable(format!("reading the agent's answer: {e}")))
         };
-        let body = tokio::time::timeout(Duration::from_secs(10), exchange)
+        tokio::time::timeout(Duration::from_secs(10), exchange)
             .await
-            .map_err(|_| unavailable("sandbox agent did not answer in time".into()))??;
+            .map_err(|_| unavailable("sandbox agent did not answer in time".into()))?
+    }
+
+    /// A sandbox agent's own view of its resources (`GET /metrics` on the agent).
+    pub async fn agent_metrics(
+        &self,
+        agent: SocketAddr,
+        token: &str,
+    ) -> Result<warren_control::GuestView, ApiError> {
+        let unavailable = |what: String| ApiError::new(StatusCode::BAD_GATEWAY, what);
+        let body = self
+            .agent_get(agent, token, "/metrics", METRICS_BODY_LIMIT)
+            .await?;
         let m: AgentMetrics = serde_json::from_slice(&body)
             .map_err(|e| unavailable(format!("agent metrics are malformed: {e}")))?;
         Ok(warren_control::GuestView {
@@ -315,7 +328,33 @@ impl warren_control::GuestMetrics for Proxy {
             .await
             .map_err(|e| e.message)
     }
+
+    async fn journal(
+        &self,
+        sandbox: &warren_control::Sandbox,
+        after: u64,
+        limit: usize,
+    ) -> Result<warren_proto::journal::JournalPage, String> {
+        let rt = sandbox
+            .runtime
+            .as_ref()
+            .ok_or_else(|| format!("sandbox {} is not running", sandbox.id))?;
+        let path = format!("/journal?after={after}&limit={limit}");
+        let body = self
+            .agent_get(
+                rt.agent,
+                &sandbox.envd_access_token,
+                &path,
+                JOURNAL_BODY_LIMIT,
+            )
+            .await
+            .map_err(|e| e.message)?;
+        serde_json::from_slice(&body).map_err(|e| format!("the agent's journal is malformed: {e}"))
+    }
 }
+
+/// Most bytes of one journal page (1,000 entries of at most a few KiB each).
+const JOURNAL_BODY_LIMIT: usize = 16 << 20;
 
 /// The agent's `/metrics` body (envd's field names).
 #[derive(serde::Deserialize, Default)]

@@ -35,7 +35,11 @@ pub async fn rpc(
         "MakeDir" => {
             let note: Note<MakeDirRequest> = |c, r| {
                 let path = c.resolve(&r.path).display().to_string();
-                (FILE_MKDIR, format!("made directory {path}"), vec![("path", path)])
+                (
+                    FILE_MKDIR,
+                    format!("made directory {path}"),
+                    vec![("path", path)],
+                )
             };
             blocking_unary(&state, &headers, body, ops::make_dir, Some(note)).await
         }
@@ -44,7 +48,11 @@ pub async fn rpc(
                 let from = c.resolve(&r.source).display().to_string();
                 let to = c.resolve(&r.destination).display().to_string();
                 let message = format!("moved {from} to {to}");
-                (FILE_RENAME, message, vec![("path", from), ("destination", to)])
+                (
+                    FILE_RENAME,
+                    message,
+                    vec![("path", from), ("destination", to)],
+                )
             };
             blocking_unary(&state, &headers, body, ops::move_entry, Some(note)).await
         }

@@ -161,7 +161,10 @@ pub async fn init(State(state): State<AppState>, body: axum::body::Bytes) -> Res
     state.journal.record(
         warren_proto::journal::AGENT,
         warren_proto::journal::Level::Info,
-        format!("initialised by the control plane (envd {})", crate::ENVD_VERSION),
+        format!(
+            "initialised by the control plane (envd {})",
+            crate::ENVD_VERSION
+        ),
         BTreeMap::new(),
     );
     let mut resp = StatusCode::NO_CONTENT.into_response();

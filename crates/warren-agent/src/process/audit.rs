@@ -335,7 +335,12 @@ mod tests {
         let end = page.entries.last().unwrap();
         assert_eq!(end.kind, PROCESS_END);
         assert_eq!(end.fields["exit_code"], "0");
-        assert!(end.fields["output_not_journaled_bytes"].parse::<usize>().unwrap() > 0);
+        assert!(
+            end.fields["output_not_journaled_bytes"]
+                .parse::<usize>()
+                .unwrap()
+                > 0
+        );
         let logged: usize = page
             .entries
             .iter()
