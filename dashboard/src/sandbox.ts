@@ -44,7 +44,7 @@ function records(data: unknown): HTMLElement {
           'tr',
           {},
           h('td', {}, when(text(o.timestamp ?? o.time))),
-          h('td', {}, text(o.type ?? o.level ?? o.action)),
+          h('td', {}, text(o.type ?? o.kind ?? o.level ?? o.action)),
           h('td', { class: 'mono' }, text(o.message ?? o.line ?? o.eventData ?? o.fields)),
         )
       }),
