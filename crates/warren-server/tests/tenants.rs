@@ -94,6 +94,9 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
         ),
         (Method::GET, format!("/sandboxes/{id}/metrics"), None),
         (Method::GET, format!("/events/sandboxes/{id}"), None),
+        (Method::GET, format!("/v1/sandboxes/{id}/audit"), None),
+        (Method::GET, format!("/sandboxes/{id}/logs"), None),
+        (Method::GET, format!("/v2/sandboxes/{id}/logs"), None),
         (Method::DELETE, format!("/templates/{snap_id}"), None),
         (
             Method::POST,
