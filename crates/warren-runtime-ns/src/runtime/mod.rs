@@ -8,6 +8,7 @@
 
 mod egress;
 mod persist;
+mod procwatch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -95,6 +96,8 @@ pub struct NsRuntime {
     client: reqwest::Client,
     /// Host id ranges of live, paused and saved sandboxes (`<data_dir>/ns-id-ranges`).
     ids: IdRanges,
+    /// Journals of the programs executed in each sandbox, watched from the host.
+    procs: procwatch::HostWatch,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
     /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
     _lock: HostLock,
@@ -134,6 +137,7 @@ impl NsRuntime {
         ns.lxcfs = crate::lxcfs::start(cfg.lxcfs_dir.clone()).await;
         let rt = Arc::new(Self {
             ids,
+            procs: procwatch::HostWatch::new(&cfg.cgroup_parent),
             ns,
             cfg,
             net: OnceCell::new(),
@@ -209,6 +213,9 @@ impl NsRuntime {
     ) -> Result<(Live, RuntimeSandbox), (Slot, RuntimeError)> {
         match Sandbox::reattach(&self.ns, &r.id, record.pid1) {
             Some(sandbox) => {
+                if let Some(base) = self.ids.get(&ids_holder(&r.id)) {
+                    self.procs.watch(&r.id, base, sandbox.cgroup.pids());
+                }
                 // Frozen but recorded as running: the previous server died in the middle of
                 // a pause it never acknowledged. The sandbox runs on.
                 if record.paused.is_none() && sandbox.cgroup.is_frozen() {
@@ -280,6 +287,8 @@ impl NsRuntime {
             .instrument(tracing::info_span!("sandbox.launch"))
             .await
             .map_err(|e| RuntimeError::unavailable(format!("start sandbox {}", spec.id), e))?;
+        // From before the template's start command: what it runs is the sandbox's too.
+        self.procs.watch(&spec.id, id_base, sandbox.cgroup.pids());
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();
         env.insert("E2B_SANDBOX".into(), "true".into());
         env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
@@ -395,6 +404,7 @@ impl SandboxRuntime for NsRuntime {
         if self.paused_fs.lock().await.remove(id) {
             let forgotten = self.forget_saved(id).await;
             self.release_ids(id);
+            self.procs.forget(id);
             return forgotten;
         }
         let live = self
@@ -415,6 +425,7 @@ impl SandboxRuntime for NsRuntime {
         }
         let result = result.and(self.forget_saved(id).await);
         self.release_ids(id);
+        self.procs.forget(id);
         result
     }
 
@@ -470,6 +481,15 @@ impl SandboxRuntime for NsRuntime {
             ));
         }
         self.snapshot_now(id, key).await
+    }
+
+    async fn journal(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Option<warren_proto::journal::JournalPage> {
+        self.procs.page(id, after, limit)
     }
 
     async fn snapshot_keys(&self) -> Vec<String> {
@@ -535,6 +555,7 @@ impl NsRuntime {
             Err(e) => {
                 let _ = pool.release(slot).await;
                 forget_ids(self);
+                self.procs.forget(&spec.id);
                 return Err(e);
             }
         };
