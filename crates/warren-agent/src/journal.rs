@@ -52,7 +52,7 @@ impl Journal {
     /// A journal that records (`enabled`) or drops everything (the server's audit is off).
     pub fn new(enabled: bool) -> Self {
         Self {
-            boot: uuid::Uuid::new_v4().simple().to_string(),
+            boot: boot_id(),
             enabled,
             ring: Mutex::new(Ring::default()),
         }
@@ -126,6 +126,16 @@ impl Journal {
             entries,
         }
     }
+}
+
+/// Names this run of the agent: its start time and pid. Not random on purpose: the agent
+/// starts before a microVM's kernel has entropy, and asking for random bytes then blocks.
+fn boot_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}-{:x}", std::process::id())
 }
 
 /// Cuts `s` to [`MAX_TEXT`] bytes on a character boundary, saying so.
