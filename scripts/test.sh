@@ -127,5 +127,7 @@ WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/volumes.py --sm
   --runtime vm --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/brokering.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
+WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/observability.py --smoke --data-dir /var/lib/warren \
+  --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 
 log "all tests passed"
