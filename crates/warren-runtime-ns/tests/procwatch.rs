@@ -20,7 +20,7 @@ fn config() -> Option<HostConfig> {
     common::HostTest {
         name: "procs",
         tag: "",
-        prefix: "wq",
+        prefix: "wk",
         octet: 37,
         pool_size: 2,
         private_data: false,
