@@ -7,6 +7,7 @@ mod brokering;
 mod client;
 mod connect;
 mod keys;
+mod logging;
 mod network;
 mod networks;
 mod persist;
@@ -106,6 +107,8 @@ enum Command {
         registry: serve::RegistryArgs,
         #[command(flatten)]
         net: serve::NetArgs,
+        #[command(flatten)]
+        telemetry: serve::TelemetryArgs,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -172,13 +175,6 @@ enum StoreCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -187,6 +183,18 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // The exporter, before logging starts: its layers are part of the subscriber.
+    let otel = match &cli.command {
+        Command::Serve { telemetry, .. } => match telemetry.exporter(rt.handle().clone()) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    logging::init(otel.as_deref());
     let result = rt.block_on(async move {
         match cli.command {
             Command::Serve {
@@ -202,20 +210,25 @@ fn main() -> std::process::ExitCode {
                 max_upload_mb,
                 registry,
                 net,
-            } => serve::run(serve::ServeArgs {
-                tls,
-                listen,
-                data_dir,
-                max_upload_mb,
-                runtime,
-                max_sandboxes,
-                metrics_per_sandbox,
-                webhooks_to_private_addresses,
-                domain,
-                signed_url_max_age,
-                registry,
-                net,
-            })
+                telemetry,
+            } => serve::run(
+                serve::ServeArgs {
+                    tls,
+                    listen,
+                    data_dir,
+                    max_upload_mb,
+                    runtime,
+                    max_sandboxes,
+                    metrics_per_sandbox,
+                    webhooks_to_private_addresses,
+                    domain,
+                    signed_url_max_age,
+                    registry,
+                    net,
+                    telemetry,
+                },
+                otel,
+            )
             .await
             .map(|()| 0),
             Command::Sandbox { command, client } => sandbox::run(command, client).await,

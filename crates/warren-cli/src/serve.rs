@@ -28,6 +28,38 @@ pub struct ServeArgs {
     pub registry: RegistryArgs,
     pub net: NetArgs,
     pub tls: TlsArgs,
+    pub telemetry: TelemetryArgs,
+}
+
+/// What the server tells others about itself and its sandboxes (`docs/observability.md`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TelemetryArgs {
+    /// An OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://127.0.0.1:4318): traces,
+    /// metrics and logs are posted to its /v1/traces, /v1/metrics and /v1/logs. Default:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; with neither, nothing is exported. OTEL_SERVICE_NAME and
+    /// OTEL_EXPORTER_OTLP_HEADERS are honoured.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Do not read sandboxes' journals: no audit trail, no sandbox logs, no exec spans
+    /// (to measure what the trail costs).
+    #[arg(long)]
+    pub no_audit: bool,
+}
+
+impl TelemetryArgs {
+    /// The exporter, if an endpoint is named; it sends on `runtime`.
+    pub fn exporter(
+        &self,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Option<Arc<warren_server::otel::Otel>>> {
+        use warren_server::otel::{Otel, OtelSettings};
+        let Some(settings) =
+            OtelSettings::resolve(self.otlp_endpoint.as_deref(), |k| std::env::var(k).ok())?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(Otel::start(settings, runtime)?)))
+    }
 }
 
 /// HTTPS in domain mode (`docs/networking.md`, "Ingress").
@@ -218,7 +250,10 @@ async fn runtime(
 }
 
 /// Opens the store, seeds keys, reattaches sandboxes, serves until Ctrl-C / SIGTERM.
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub async fn run(
+    args: ServeArgs,
+    otel: Option<Arc<warren_server::otel::Otel>>,
+) -> anyhow::Result<()> {
     raise_nofile();
     let domain = match &args.domain {
         Some(d) if !warren_tls::valid_domain(d) => {
@@ -253,6 +288,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config {
         max_concurrent: args.max_sandboxes,
         per_sandbox_metrics: args.metrics_per_sandbox,
+        audit: !args.telemetry.no_audit,
         domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()
@@ -264,6 +300,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("recovering sandboxes")?;
     secrets.bind(control.clone());
+    if let Some(o) = &otel {
+        o.attach(&control);
+        tracing::info!(
+            endpoint = %o.settings().endpoint,
+            service = %o.settings().service_name,
+            "exporting traces, metrics and logs over OTLP"
+        );
+    }
     // Template builds run in build sandboxes of this same runtime.
     control.set_builder(Arc::new(warren_build::Builder::new(
         runtime.clone(),
@@ -335,6 +379,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("serving")?;
     control.shutdown();
     runtime.stop().await;
+    if let Some(o) = otel {
+        // The last spans and the final metrics, sent on this runtime while it still runs.
+        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
+    }
     Ok(())
 }
 

@@ -18,6 +18,7 @@ pub mod listener;
 mod networks;
 mod normalize;
 pub mod openapi;
+pub mod otel;
 mod persistence;
 mod prometheus;
 pub mod proxy;
@@ -262,5 +263,8 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .with_state(state.clone());
     // The web dashboard's static files (no data, no key: the page calls the API itself).
     let api = uploads.merge(content).merge(dashboard::router()).merge(api);
+    // A span per API request (inside routing, which names the route); sandbox traffic never
+    // reaches it: the proxy gives traced requests a span of its own.
+    let api = api.layer(middleware::from_fn(otel::request::trace_api));
     api.layer(middleware::from_fn_with_state(state, proxy::route_or_api))
 }

@@ -388,7 +388,22 @@ pub(crate) async fn route_or_api(State(st): State<AppState>, req: Request, next:
     match st.proxy.target(req.headers(), req.uri()) {
         Err(e) => e.into_response(),
         Ok(None) => next.run(req).await,
-        Ok(Some(target)) => forward(&st, target, req).await,
+        Ok(Some(target)) => {
+            // Traced requests only; the `traceparent` itself goes on to the sandbox unchanged
+            // (the agent parents a command's span on the caller's).
+            match crate::otel::request::proxy_span(req.headers(), &target.id, target.port) {
+                Some(span) => {
+                    use tracing::Instrument;
+                    let resp = forward(&st, target, req).instrument(span.clone()).await;
+                    span.record(
+                        "http.response.status_code",
+                        i64::from(resp.status().as_u16()),
+                    );
+                    resp
+                }
+                None => forward(&st, target, req).await,
+            }
+        }
     }
 }
 

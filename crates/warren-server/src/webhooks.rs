@@ -230,8 +230,9 @@ impl warren_control::WebhookSender for HttpWebhookSender {
     }
 }
 
-/// The host's trust store (read once), which HTTPS receivers are verified against.
-fn host_roots() -> &'static [reqwest_oci::Certificate] {
+/// The host's trust store (read once), which HTTPS receivers (and OTLP collectors) are
+/// verified against.
+pub(crate) fn host_roots() -> &'static [reqwest_oci::Certificate] {
     static ROOTS: std::sync::OnceLock<Vec<reqwest_oci::Certificate>> = std::sync::OnceLock::new();
     ROOTS.get_or_init(|| {
         let found = rustls_native_certs::load_native_certs();
