@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren_procwatch::{Event, ExitStatus, ProcInfo, Tracker, Watcher};
+use warren_procwatch::{procfs, Event, ExitStatus, ProcInfo, Tracker, Watcher};
 use warren_proto::journal::{Level, AGENT, PROCESS_EXEC, PROCESS_EXIT};
 
 use crate::journal::Journal;
@@ -22,6 +22,8 @@ use crate::users::UserDb;
 /// Processes followed from exec to exit at most (exits lost to an overrun would otherwise
 /// pile up).
 const TRACKED: usize = 65_536;
+/// The argv field's bound: the journal's own on a field value (`journal::MAX_TEXT`).
+const ARGV_JSON: usize = crate::journal::MAX_TEXT;
 
 /// Starts watching in a thread of its own, when this agent is a microVM's agent.
 ///
@@ -127,10 +129,8 @@ fn exec_entry(info: &ProcInfo, user: Option<String>) -> (String, BTreeMap<String
     if let Some(ppid) = info.ppid {
         fields.insert("ppid".into(), ppid.to_string());
     }
-    fields.insert(
-        "argv".into(),
-        serde_json::to_string(&info.argv).unwrap_or_default(),
-    );
+    // Valid JSON within the journal's bound on a field (which would cut it anywhere).
+    fields.insert("argv".into(), procfs::argv_json(&info.argv, ARGV_JSON));
     if !info.argv_complete {
         // The process ended before its command line was read: only its name is known.
         fields.insert("partial".into(), "true".into());

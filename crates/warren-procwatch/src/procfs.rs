@@ -39,7 +39,7 @@ impl ProcInfo {
         let dir = proc.join(pid.to_string());
         // The command line first: it is what matters most and what goes first when the
         // process ends (the kernel drops it with the address space).
-        let argv = fs::read(dir.join("cmdline"))
+        let argv = read_capped(&dir.join("cmdline"), MAX_CMDLINE)
             .map(|b| parse_cmdline(&b))
             .unwrap_or_default();
         let status = fs::read_to_string(dir.join("status"))
@@ -72,6 +72,40 @@ impl ProcInfo {
             nspid: status.nspid,
         }
     }
+}
+
+/// Most bytes of a command line read: a process may pass megabytes of arguments, and every
+/// exec of it would cost reading them all.
+pub const MAX_CMDLINE: u64 = 32 << 10;
+
+fn read_capped(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    fs::File::open(path)?.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// `argv` as a JSON array of at most about `max` bytes: arguments that do not fit are cut,
+/// and the array then ends with `"…[cut]"`, so what is kept stays valid JSON.
+pub fn argv_json(argv: &[String], max: usize) -> String {
+    const CUT: &str = "…[cut]";
+    let mut kept: Vec<String> = Vec::new();
+    let mut used = 2;
+    for a in argv {
+        let quoted = serde_json_string(a);
+        if used + quoted.len() + 1 > max.saturating_sub(CUT.len() + 4) {
+            kept.push(serde_json_string(CUT));
+            return format!("[{}]", kept.join(","));
+        }
+        used += quoted.len() + 1;
+        kept.push(quoted);
+    }
+    format!("[{}]", kept.join(","))
+}
+
+/// `s` as a JSON string literal.
+fn serde_json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// The fields of `/proc/<pid>/status` this crate uses.
@@ -205,6 +239,25 @@ mod tests {
         assert_eq!(parse_cmdline(b"rewritten title"), vec!["rewritten title"]);
         assert!(parse_cmdline(b"").is_empty());
         assert_eq!(parse_cmdline(b"\xff\0"), vec!["\u{fffd}"]);
+    }
+
+    #[test]
+    fn argv_as_json_stays_valid_and_bounded() {
+        let argv: Vec<String> = vec!["ls".into(), "a \"quoted\"\n".into()];
+        let j = argv_json(&argv, 2048);
+        assert_eq!(serde_json::from_str::<Vec<String>>(&j).unwrap(), argv);
+        let long: Vec<String> = (0..1000).map(|i| format!("argument-{i}")).collect();
+        let j = argv_json(&long, 2048);
+        assert!(j.len() <= 2048, "{}", j.len());
+        let back: Vec<String> = serde_json::from_str(&j).unwrap();
+        assert_eq!(back.last().unwrap(), "…[cut]");
+        assert_eq!(back[..back.len() - 1], long[..back.len() - 1]);
+        // One argument longer than the bound.
+        let j = argv_json(&["x".repeat(5000)], 2048);
+        assert_eq!(
+            serde_json::from_str::<Vec<String>>(&j).unwrap(),
+            vec!["…[cut]"]
+        );
     }
 
     #[test]

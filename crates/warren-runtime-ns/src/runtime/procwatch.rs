@@ -32,6 +32,8 @@ const MAX_PAGE: usize = 1000;
 const MAX_TEXT: usize = 2048;
 /// Processes followed at most (exits lost to an overrun would otherwise pile up).
 const TRACKED: usize = 65_536;
+/// The argv field's bound (the ring's on any field).
+const ARGV_JSON: usize = MAX_TEXT;
 
 /// The journals of this runtime's sandboxes, and the thread that writes them.
 pub struct HostWatch {
@@ -341,10 +343,8 @@ fn exec_entry(
         let ppid = parent.get(depth).copied().unwrap_or(0);
         fields.insert("ppid".into(), ppid.to_string());
     }
-    fields.insert(
-        "argv".into(),
-        serde_json::to_string(&info.argv).unwrap_or_default(),
-    );
+    // Valid JSON within the journal's bound on a field (which would cut it anywhere).
+    fields.insert("argv".into(), procfs::argv_json(&info.argv, ARGV_JSON));
     if !info.argv_complete {
         // The process ended before its command line was read: only its name is known.
         fields.insert("partial".into(), "true".into());
