@@ -1,16 +1,16 @@
 //! Programs executed under the agent reach its journal (`process.exec`, `process.exit`) when
 //! it runs as a microVM's agent (`--sync-clock`), and only then: a host's agent never records
-//! the host. Watching needs root of the initial namespaces (as in a microVM); elsewhere the
+//! the host. Commands typed in a terminal are programs like any other. Watching needs root of the initial namespaces (as in a microVM); elsewhere the
 //! recording test skips, saying why.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::process::{collect, command, stream_call};
-use common::Agent;
+use common::process::{b64, client, collect, command, input, size, stream_call, unary, STREAM};
+use common::{envelope, Agent, EnvelopeStream};
 use serde_json::Value;
-use warren_proto::process::StartRequest;
+use warren_proto::process::{process_input, StartRequest};
 
 async fn journal(agent: &Agent) -> Vec<Value> {
     let page: Value = reqwest::get(agent.url("/journal?after=0&limit=1000"))
@@ -39,11 +39,7 @@ async fn run_marked(agent: &Agent, marker: &str) {
 
 #[tokio::test]
 async fn programs_run_under_a_microvm_agent_are_journaled_with_argv_and_status() {
-    if !warren_testkit::require("root", warren_testkit::is_root()) {
-        return;
-    }
-    if let Err(e) = warren_procwatch::Watcher::subscribe() {
-        warren_testkit::skip(format!("the process events connector: {e}"));
+    if !can_watch() {
         return;
     }
     let agent = Agent::start_with(&["--sync-clock"]);
@@ -91,6 +87,107 @@ async fn programs_run_under_a_microvm_agent_are_journaled_with_argv_and_status()
         assert!(exit["fields"]["duration_ms"].as_str().is_some(), "{exit}");
         assert!(exit["seq"].as_u64() > shell["seq"].as_u64());
         return;
+    }
+}
+
+/// Whether this host can watch (root of the initial namespaces), saying why not.
+fn can_watch() -> bool {
+    if !warren_testkit::require("root", warren_testkit::is_root()) {
+        return false;
+    }
+    if let Err(e) = warren_procwatch::Watcher::subscribe() {
+        warren_testkit::skip(format!("the process events connector: {e}"));
+        return false;
+    }
+    true
+}
+
+/// Waits until `agent` journals programs (it subscribes in a thread after it starts).
+async fn until_watching(agent: &Agent) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 0.. {
+        let marker = format!("procwatch-ready-{}-{i}", std::process::id());
+        run_marked(agent, &marker).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if journal(agent)
+            .await
+            .iter()
+            .any(|e| argv(e).contains(&marker))
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no process.exec recorded");
+    }
+}
+
+#[tokio::test]
+async fn what_is_typed_in_a_terminal_is_journaled_too() {
+    if !can_watch() {
+        return;
+    }
+    let agent = Agent::start_with(&["--sync-clock"]);
+    until_watching(&agent).await;
+    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
+    config.envs.insert("PS1".into(), "$ ".into());
+    let msg = StartRequest {
+        process: Some(config),
+        pty: Some(size(80, 24)),
+        ..Default::default()
+    };
+    let resp = client()
+        .post(agent.url("/process.Process/Start"))
+        .header("content-type", STREAM)
+        .body(envelope(0, &msg))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = EnvelopeStream::new(resp);
+    let (_, first) = stream.next().await.unwrap();
+    let pid = first["event"]["start"]["pid"].as_u64().unwrap().to_string();
+    let marker = format!("typed-{}", std::process::id());
+    let line = format!("/bin/echo {marker}; exit 7\n");
+    let (status, _) = unary(
+        &agent,
+        "SendInput",
+        input(
+            pid.parse().unwrap(),
+            process_input::Input::Pty(line.into_bytes()),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The terminal's output until the shell ends.
+    let mut out = String::new();
+    while let Some((flags, m)) = stream.next().await {
+        if flags != 0 {
+            break;
+        }
+        if let Some(p) = m["event"]["data"].get("pty") {
+            out.push_str(&String::from_utf8_lossy(&b64(p)));
+        }
+    }
+    assert!(out.contains(&marker), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let entries = journal(&agent).await;
+        let echo = entries
+            .iter()
+            .find(|e| e["kind"] == "process.exec" && argv(e) == ["/bin/echo", marker.as_str()]);
+        let shell_exit = entries
+            .iter()
+            .find(|e| e["kind"] == "process.exit" && e["fields"]["pid"].as_str() == Some(&pid));
+        if let (Some(echo), Some(exit)) = (echo, shell_exit) {
+            // Typed into the terminal's shell: its child.
+            assert_eq!(
+                echo["fields"]["ppid"].as_str(),
+                Some(pid.as_str()),
+                "{echo}"
+            );
+            assert_eq!(exit["fields"]["exit_code"], "7", "{exit}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "{entries:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
