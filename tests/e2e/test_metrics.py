@@ -142,8 +142,11 @@ def test_prometheus_sees_sandboxes_and_operations(server):
     runtime = os.environ.get("WARREN_E2E_RUNTIME", "ns")
     before = _scrape(server.url, **{"X-API-KEY": API_KEY})
     creates = before.get("warren_operation_duration_seconds_count{operation=create}", 0)
+    execs = before.get("warren_operation_duration_seconds_count{operation=exec}", 0)
     sbx = Sandbox.create(timeout=120)
     try:
+        sbx.commands.run("true")
+        sbx.commands.run("true")
         try:
             Sandbox.create("no-such-template-here")
         except Exception:  # noqa: BLE001 - the failure is what is counted
@@ -156,6 +159,11 @@ def test_prometheus_sees_sandboxes_and_operations(server):
         assert after["warren_operation_errors_total{kind=not_found,operation=create}"] >= 1
         assert after["warren_sandbox_limit{}"] == 40
         assert after["warren_concurrent_sandboxes{}"] >= 1
+        assert after["warren_operation_duration_seconds_count{operation=exec}"] >= execs + 2, "command starts"
+        assert after["warren_network_slots{state=in_use}"] >= 1, "the sandbox's slot"
+        assert after["warren_network_slot_target{}"] >= 0
+        assert {"warren_network_slots{state=ready}", "warren_network_slots{state=creating}",
+                "warren_network_slots{state=broken}"} <= set(after)
         assert not any(k.startswith("warren_sandbox_cpu_seconds") for k in after), "per-sandbox series are opt-in"
     finally:
         sbx.kill()

@@ -2,9 +2,11 @@
 //!
 //! - `warren_sandboxes{state,template,runtime}`: sandboxes by state, counted at the scrape;
 //! - `warren_operation_duration_seconds{operation}`: how long create, connect (with its
-//!   resume), pause, fork, snapshot and kill took, as histograms;
+//!   resume), pause, fork, snapshot and kill took, and exec (a command's start through the
+//!   proxy until the agent answered with the running process), as histograms;
 //! - `warren_operation_errors{operation,kind}`: failures by operation and error kind;
 //! - `warren_sandbox_limit`, `warren_concurrent_sandboxes`: the live-sandbox limit and use;
+//! - `warren_network_slots{state}`, `warren_network_slot_target`: the host's network slots;
 //! - opt-in ([`Config::per_sandbox_metrics`](crate::Config)), one series per running
 //!   sandbox: `warren_sandbox_cpu_seconds`, `warren_sandbox_memory_bytes` (the host's view,
 //!   from its cgroup) and its latest disk use.
@@ -51,6 +53,11 @@ pub struct SandboxCounts {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SlotLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
     operation: &'static str,
 }
@@ -90,6 +97,8 @@ pub(crate) struct Telemetry {
     sandboxes: Family<StateLabels, Gauge>,
     limit: Gauge,
     concurrent: Gauge,
+    slots: Family<SlotLabels, Gauge>,
+    slot_target: Gauge,
     cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
     memory_bytes: Family<SandboxLabels, Gauge>,
     disk_bytes: Family<SandboxLabels, Gauge>,
@@ -106,6 +115,8 @@ impl Telemetry {
         let op_errors: Family<ErrorLabels, Counter> = Family::default();
         let sandboxes: Family<StateLabels, Gauge> = Family::default();
         let (limit, concurrent) = (Gauge::default(), Gauge::default());
+        let slots: Family<SlotLabels, Gauge> = Family::default();
+        let slot_target = Gauge::default();
         let cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>> = Family::default();
         let memory_bytes: Family<SandboxLabels, Gauge> = Family::default();
         let disk_bytes: Family<SandboxLabels, Gauge> = Family::default();
@@ -134,6 +145,16 @@ impl Telemetry {
             "Live sandboxes now (running, paused in memory, starting)",
             concurrent.clone(),
         );
+        registry.register(
+            "network_slots",
+            "The host's network slots by state: ready (made ahead), in_use, creating, broken",
+            slots.clone(),
+        );
+        registry.register(
+            "network_slot_target",
+            "Network slots the pool keeps ready",
+            slot_target.clone(),
+        );
         if per_sandbox {
             registry.register(
                 "sandbox_cpu_seconds",
@@ -158,6 +179,8 @@ impl Telemetry {
             sandboxes,
             limit,
             concurrent,
+            slots,
+            slot_target,
             cpu_seconds,
             memory_bytes,
             disk_bytes,
@@ -209,6 +232,17 @@ impl Control {
         if let Some(o) = observer {
             o.ended(op, took, kind);
         }
+    }
+
+    /// Records a command start through the proxy (`process.Start` until the agent answers
+    /// with the started process): operation `exec`, failed when the agent refused or did not
+    /// answer.
+    pub fn observe_exec(&self, started: Instant, failure: Option<String>) {
+        let result = match failure {
+            None => Ok(()),
+            Some(why) => Err(ControlError::Unavailable(why)),
+        };
+        self.observe("exec", started, &result);
     }
 
     /// Has `observer` told of every operation from now on (replacing any earlier one).
@@ -288,6 +322,18 @@ impl Control {
         t.limit
             .set(i64::try_from(self.inner.config.max_concurrent).unwrap_or(i64::MAX));
         t.concurrent.set(i64::try_from(live).unwrap_or(i64::MAX));
+        if let Some(slots) = self.inner.runtime.slots() {
+            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            for (state, n) in [
+                ("ready", slots.ready),
+                ("in_use", slots.in_use),
+                ("creating", slots.creating),
+                ("broken", slots.broken),
+            ] {
+                t.slots.get_or_create(&SlotLabels { state }).set(gauge(n));
+            }
+            t.slot_target.set(gauge(slots.target));
+        }
         if per_sandbox {
             t.cpu_seconds.clear();
             t.memory_bytes.clear();

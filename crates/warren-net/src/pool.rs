@@ -399,6 +399,18 @@ impl NetPool {
         self.inner.healthy.load(Ordering::Relaxed)
     }
 
+    /// [`Self::stats`] as the runtimes report them.
+    pub fn slot_stats(&self) -> warren_runtime::SlotStats {
+        let s = self.stats();
+        warren_runtime::SlotStats {
+            ready: s.ready,
+            in_use: s.in_use,
+            creating: s.creating,
+            broken: s.broken,
+            target: s.target,
+        }
+    }
+
     pub fn stats(&self) -> PoolStats {
         let state = self.inner.lock();
         let ready = state.ready.len();

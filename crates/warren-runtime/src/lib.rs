@@ -312,6 +312,21 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// How a runtime's network slots are used now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Made ahead and waiting for a sandbox.
+    pub ready: usize,
+    /// Held by sandboxes.
+    pub in_use: usize,
+    /// Being made.
+    pub creating: usize,
+    /// Out of circulation after a failure.
+    pub broken: usize,
+    /// How many the pool keeps ready.
+    pub target: usize,
+}
+
 #[async_trait::async_trait]
 pub trait SandboxRuntime: Send + Sync + 'static {
     /// Short name of the back end (`ns`, `vm`).
@@ -447,6 +462,12 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// `None` for a sandbox that is not running here or a runtime that cannot tell.
     async fn usage(&self, id: &str) -> Option<Usage> {
         let _ = id;
+        None
+    }
+
+    /// The host's network slots (one per live sandbox, some made ahead), where the runtime
+    /// has them; for the server's gauges.
+    fn slots(&self) -> Option<SlotStats> {
         None
     }
 

@@ -453,13 +453,27 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
     let Ok(uri) = format!("http://{addr}{path}").parse::<Uri>() else {
         return ApiError::bad_request("invalid request path").into_response();
     };
+    // A command's start is timed to the agent's answer, which comes once the process runs.
+    let exec = (target.port == AGENT_PORT && path.starts_with("/process.Process/Start"))
+        .then(std::time::Instant::now);
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let outbound = outbound_request(req, &target, &route, addr, uri, upgrade);
     let resp = match send(st, &target, &route, outbound).await {
         Ok(resp) => resp,
-        Err(failed) => return failed,
+        Err(failed) => {
+            if let Some(started) = exec {
+                st.control
+                    .observe_exec(started, Some("the agent did not answer".into()));
+            }
+            return failed;
+        }
     };
+    if let Some(started) = exec {
+        let failure = (!resp.status().is_success())
+            .then(|| format!("the agent answered {}", resp.status()));
+        st.control.observe_exec(started, failure);
+    }
     respond(resp, client_upgrade, &route.cancel)
 }
 

@@ -382,6 +382,10 @@ impl SandboxRuntime for NsRuntime {
         Ok(self.pool().await?.flows(id))
     }
 
+    fn slots(&self) -> Option<warren_runtime::SlotStats> {
+        self.net.get().map(NetPool::slot_stats)
+    }
+
     async fn usage(&self, id: &str) -> Option<warren_runtime::Usage> {
         let cgroup = self.live.lock().await.get(id)?.sandbox.cgroup.clone();
         tokio::task::spawn_blocking(move || cgroup.usage())

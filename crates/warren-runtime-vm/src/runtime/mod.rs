@@ -628,6 +628,10 @@ impl SandboxRuntime for VmRuntime {
         Ok(self.pool().await?.flows(id))
     }
 
+    fn slots(&self) -> Option<warren_runtime::SlotStats> {
+        self.net.get().map(NetPool::slot_stats)
+    }
+
     /// The QEMU process's cgroup: the CPU time is what emulating or running the guest cost
     /// the host; the memory is the guest RAM it touched plus QEMU's own.
     async fn usage(&self, id: &str) -> Option<warren_runtime::Usage> {
