@@ -90,7 +90,11 @@ pub async fn run(client: &Client, args: &ClientArgs, a: AuditArgs) -> anyhow::Re
     let mut since = a.since.clone();
     loop {
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let path = format!("/v1/sandboxes/{}/audit?{}", a.id, query(&a, since.clone(), now_ms));
+        let path = format!(
+            "/v1/sandboxes/{}/audit?{}",
+            a.id,
+            query(&a, since.clone(), now_ms)
+        );
         let v: Value = client.api(Method::GET, &path, None).await?.json().await?;
         let entries = v["entries"].as_array().cloned().unwrap_or_default();
         for e in &entries {

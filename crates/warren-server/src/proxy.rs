@@ -470,8 +470,8 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
         }
     };
     if let Some(started) = exec {
-        let failure = (!resp.status().is_success())
-            .then(|| format!("the agent answered {}", resp.status()));
+        let failure =
+            (!resp.status().is_success()).then(|| format!("the agent answered {}", resp.status()));
         st.control.observe_exec(started, failure);
     }
     respond(resp, client_upgrade, &route.cancel)
