@@ -23,6 +23,7 @@ use crate::list::{self, ListQuery, Page};
 use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
 use crate::secrets::{random_id, random_secret};
 use crate::store::Store;
+use crate::telemetry::trace_sandbox;
 
 /// The code interpreter's port, a service port on every template (E2B's convention).
 pub const SERVICE_PORT: u16 = 49999;
@@ -372,44 +373,6 @@ impl Control {
         tokio::spawn(f(self.clone()))
             .await
             .map_err(|e| ControlError::Internal(format!("operation task failed: {e}")))?
-    }
-
-    /// [`Control::detached`], timed and counted as operation `op` for Prometheus (the whole
-    /// operation, also when the caller has gone), in a span `sandbox.<op>` whose parent is the
-    /// caller's (the API request's) and whose children are the operation's stages.
-    pub(crate) async fn timed<T, F>(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(Control) -> F,
-    ) -> Result<T, ControlError>
-    where
-        T: Send + 'static,
-        F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
-    {
-        let started = std::time::Instant::now();
-        let span = tracing::info_span!(
-            "sandbox.operation",
-            otel.name = operation_span(op),
-            warren.operation = op,
-            warren.sandbox.id = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let work = f(self.clone());
-        self.detached(move |c| {
-            async move {
-                let r = work.await;
-                if let Err(e) = &r {
-                    let span = tracing::Span::current();
-                    span.record("error.type", crate::telemetry::error_kind(e));
-                    span.record("otel.status_code", "ERROR");
-                }
-                c.observe(op, started, &r);
-                r
-            }
-            .instrument(span)
-        })
-        .await
     }
 
     pub async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
@@ -820,38 +783,6 @@ impl Control {
     /// Ids of running sandboxes (for the exit watcher).
     pub(crate) fn running_ids(&self) -> Vec<String> {
         lock(&self.inner.routes).keys().cloned().collect()
-    }
-}
-
-/// The span name of a timed operation (span names are static; `otel.name` sets the exported
-/// one).
-fn operation_span(op: &'static str) -> &'static str {
-    match op {
-        "create" => "sandbox.create",
-        "connect" => "sandbox.connect",
-        "kill" => "sandbox.kill",
-        "pause" => "sandbox.pause",
-        "fork" => "sandbox.fork",
-        "snapshot" => "sandbox.snapshot",
-        _ => "sandbox.operation",
-    }
-}
-
-/// Names the sandbox on the current span (the operation's, or a fork child's); a no-op
-/// outside one.
-pub(crate) fn trace_sandbox(id: &str) {
-    tracing::Span::current().record("warren.sandbox.id", id);
-}
-
-impl Control {
-    /// A stage of an operation that the runtime carries out (`runtime.create`, ...), a child
-    /// of the current span.
-    pub(crate) fn stage(&self, name: &'static str) -> tracing::Span {
-        tracing::info_span!(
-            "runtime.stage",
-            otel.name = name,
-            warren.runtime = self.inner.runtime.name()
-        )
     }
 }
 

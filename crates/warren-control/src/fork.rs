@@ -59,7 +59,7 @@ impl Control {
         count: usize,
         timeout: std::time::Duration,
     ) -> Result<Vec<ForkResult>, ControlError> {
-        crate::control::trace_sandbox(id);
+        crate::telemetry::trace_sandbox(id);
         let caps = self.inner.runtime.capabilities();
         if !caps.snapshot {
             return Err(ControlError::InvalidArgument(format!(

@@ -86,7 +86,7 @@ impl Control {
     pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
         let id = id.to_string();
         self.timed("pause", |c| async move {
-            crate::control::trace_sandbox(&id);
+            crate::telemetry::trace_sandbox(&id);
             let mode = c.pause_mode(memory)?;
             let mut sb = c.locked(&id).await?;
             c.pause_locked(&mut sb, mode).await

@@ -120,7 +120,7 @@ impl Control {
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
-        crate::control::trace_sandbox(sandbox_id);
+        crate::telemetry::trace_sandbox(sandbox_id);
         let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
         if let Some(n) = &name {
             if !valid_name(n) {

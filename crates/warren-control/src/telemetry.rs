@@ -13,6 +13,10 @@
 //!
 //! Built on `prometheus-client`, the Prometheus project's Rust client: its registry encodes
 //! the text format, so nothing here formats metrics by hand.
+//!
+//! Operations are also `tracing` spans (`sandbox.<op>`, with their runtime stages below), and
+//! an [`OperationObserver`] hears of each as it ends: the OpenTelemetry exporter in
+//! `warren-server` turns those into spans and a latency histogram.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -24,6 +28,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use tracing::Instrument;
 
 use crate::control::{lock, Control};
 use crate::{ControlError, SandboxState};
@@ -207,6 +213,44 @@ pub(crate) fn error_kind(e: &ControlError) -> &'static str {
 }
 
 impl Control {
+    /// [`Control::detached`], timed and counted as operation `op` for Prometheus (the whole
+    /// operation, also when the caller has gone), in a span `sandbox.<op>` whose parent is the
+    /// caller's (the API request's) and whose children are the operation's stages.
+    pub(crate) async fn timed<T, F>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(Control) -> F,
+    ) -> Result<T, ControlError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, ControlError>> + Send + 'static,
+    {
+        let started = std::time::Instant::now();
+        let span = tracing::info_span!(
+            "sandbox.operation",
+            otel.name = operation_span(op),
+            warren.operation = op,
+            warren.sandbox.id = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let work = f(self.clone());
+        self.detached(move |c| {
+            async move {
+                let r = work.await;
+                if let Err(e) = &r {
+                    let span = tracing::Span::current();
+                    span.record("error.type", crate::telemetry::error_kind(e));
+                    span.record("otel.status_code", "ERROR");
+                }
+                c.observe(op, started, &r);
+                r
+            }
+            .instrument(span)
+        })
+        .await
+    }
+
     /// Records how operation `op` went: its duration, and its error kind if it failed.
     pub(crate) fn observe<T>(
         &self,
@@ -366,5 +410,37 @@ impl Control {
         prometheus_client::encoding::text::encode(&mut out, &t.registry)
             .map_err(|e| ControlError::Internal(format!("encoding metrics: {e}")))?;
         Ok(out)
+    }
+}
+
+/// The span name of a timed operation (span names are static; `otel.name` sets the exported
+/// one).
+fn operation_span(op: &'static str) -> &'static str {
+    match op {
+        "create" => "sandbox.create",
+        "connect" => "sandbox.connect",
+        "kill" => "sandbox.kill",
+        "pause" => "sandbox.pause",
+        "fork" => "sandbox.fork",
+        "snapshot" => "sandbox.snapshot",
+        _ => "sandbox.operation",
+    }
+}
+
+/// Names the sandbox on the current span (the operation's, or a fork child's); a no-op
+/// outside one.
+pub(crate) fn trace_sandbox(id: &str) {
+    tracing::Span::current().record("warren.sandbox.id", id);
+}
+
+impl Control {
+    /// A stage of an operation that the runtime carries out (`runtime.create`, ...), a child
+    /// of the current span.
+    pub(crate) fn stage(&self, name: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "runtime.stage",
+            otel.name = name,
+            warren.runtime = self.inner.runtime.name()
+        )
     }
 }
