@@ -42,7 +42,7 @@ pub enum Event {
         status: ExitStatus,
     },
     /// The kernel dropped this many events for this socket (it fell behind): whatever they
-    /// were is unknown.
+    /// were is unknown. Told when the next event numbered on the same CPU arrives.
     Lost(u64),
 }
 
@@ -137,6 +137,12 @@ impl Watcher {
             self.receive(timeout, &mut out, None)?;
         }
         Ok(out)
+    }
+
+    /// Sets the socket's receive buffer (the kernel doubles it, and caps it at
+    /// `net.core.rmem_max`). [`Watcher::subscribe`] asks for 8 MiB.
+    pub fn set_receive_buffer(&self, bytes: usize) -> io::Result<()> {
+        self.sock.set_rx_buf_sz(bytes)
     }
 
     /// Counters so far.
