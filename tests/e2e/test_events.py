@@ -85,3 +85,58 @@ def test_bad_queries_say_what_is_wrong(server, api):
         r = api.get(api.base + "/events/sandboxes", params=params)
         assert r.status_code == 400 and words in r.json()["message"], (params, r.text)
     assert api.get(api.base + "/events/sandboxes/nosuchsandbox").json() == []
+
+
+def _sse(api, params, want, seconds=60):
+    """Reads the event stream until `want` events arrived: (event type, parsed data) each."""
+    import json
+    import threading
+
+    got, done = [], threading.Event()
+    r = api.get(api.base + "/events/sandboxes/stream", params=params, stream=True, timeout=seconds)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+
+    def read():
+        kind = None
+        for line in r.iter_lines(decode_unicode=True):
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                got.append((kind, json.loads(line.split(":", 1)[1])))
+                if len(got) >= want:
+                    break
+        done.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return r, got, done
+
+
+def test_events_stream_live_and_replay_from_a_time(server, api):
+    started_ms = int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000) - 1000
+    r, got, done = _sse(api, {"types": [LC + "created", LC + "killed"]}, want=2)
+    try:
+        sbx = Sandbox.create(timeout=120)
+        sid = sbx.sandbox_id
+        sbx.set_timeout(300)  # an `updated` event, filtered out
+        sbx.kill()
+        assert done.wait(30), f"stream got only {got}"
+    finally:
+        r.close()
+    mine = [(k, d) for k, d in got if d["sandboxId"] == sid]
+    assert [k for k, _ in mine] == [LC + "created", LC + "killed"], got
+    assert all(d["type"] == k and d["version"] == "v1" for k, d in mine)
+
+    # A reader that comes later replays what was kept since a time, for one sandbox.
+    r, again, done = _sse(api, {"since": started_ms, "sandboxID": sid}, want=3)
+    try:
+        assert done.wait(30), f"replay got only {again}"
+    finally:
+        r.close()
+    assert [k for k, _ in again] == [LC + "created", LC + "updated", LC + "killed"], again
+    assert {d["sandboxId"] for _, d in again} == {sid}
+
+    bad = api.get(api.base + "/events/sandboxes/stream", params={"since": "yesterday"})
+    assert bad.status_code == 400 and "since" in bad.json()["message"]
+    assert api.get(api.base + "/events/sandboxes/stream", params={"types": "sandbox.exploded"}).status_code == 400

@@ -425,6 +425,7 @@ impl Control {
                     ascending: true,
                     offset: 0,
                     limit: usize::MAX >> 1,
+                    since: q.since,
                 })
                 .await?;
             entries.extend(

@@ -133,6 +133,8 @@ pub(crate) struct Inner {
     /// How far each sandbox's journals have been read, and who is told of new entries.
     pub(crate) audit_cursors: StdMutex<crate::audit::Cursors>,
     pub(crate) audit_observer: std::sync::OnceLock<Arc<dyn crate::audit::AuditObserver>>,
+    /// Lifecycle events as they are recorded, for streams.
+    pub(crate) event_feed: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
     /// Posts webhook deliveries, once the server gives it; woken when some are queued.
@@ -194,6 +196,7 @@ impl Control {
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
                 audit_observer: std::sync::OnceLock::new(),
+                event_feed: tokio::sync::broadcast::channel(crate::events::EVENT_FEED).0,
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
                 webhook_sender: std::sync::OnceLock::new(),
                 webhook_wake: Notify::new(),

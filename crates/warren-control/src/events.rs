@@ -14,6 +14,8 @@ use crate::{ControlError, Sandbox};
 
 /// How long events are kept (E2B keeps seven days).
 pub const EVENT_RETENTION: chrono::Duration = chrono::Duration::days(7);
+/// Events a stream's reader may fall behind by before it loses the oldest.
+pub const EVENT_FEED: usize = 1024;
 /// Most events one read returns.
 pub const MAX_EVENT_PAGE: usize = 100;
 
@@ -85,6 +87,8 @@ pub struct EventQuery {
     pub limit: usize,
     /// Oldest first instead of newest first.
     pub ascending: bool,
+    /// Only events from this time on.
+    pub since: Option<DateTime<Utc>>,
 }
 
 impl Default for EventQuery {
@@ -96,6 +100,7 @@ impl Default for EventQuery {
             offset: 0,
             limit: 10,
             ascending: false,
+            since: None,
         }
     }
 }
@@ -122,6 +127,14 @@ impl Control {
                 "recording a lifecycle event");
         }
         self.queue_webhooks(&event).await;
+        // Nobody listening is not an error.
+        let _ = self.inner.event_feed.send(event);
+    }
+
+    /// Every event recorded from now on, as it is recorded (the stream of events). A
+    /// receiver that falls behind by more than [`EVENT_FEED`] events loses the oldest.
+    pub(crate) fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<SandboxEvent> {
+        self.inner.event_feed.subscribe()
     }
 
     /// Events as `query` asks (its limit capped at [`MAX_EVENT_PAGE`]).

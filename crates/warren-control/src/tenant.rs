@@ -86,6 +86,17 @@ impl Tenant {
         self.own(id).await
     }
 
+    /// Lifecycle events as they are recorded that this key may see (its team's, or all for
+    /// an admin key).
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<crate::SandboxEvent> {
+        self.control.subscribe_events()
+    }
+
+    /// Whether this key may see an event of `team`.
+    pub fn sees_team(&self, team: &str) -> bool {
+        self.scope.allows(team)
+    }
+
     /// A sandbox's audit trail (also after it ended, while the trail is kept).
     pub async fn audit(
         &self,

@@ -57,7 +57,7 @@ pub struct AuditPage {
 }
 
 /// A time in a query: RFC 3339 or Unix milliseconds.
-fn time_of(what: &str, v: &str) -> ApiResult<DateTime<Utc>> {
+pub(crate) fn time_of(what: &str, v: &str) -> ApiResult<DateTime<Utc>> {
     if let Ok(ms) = v.trim().parse::<i64>() {
         return DateTime::<Utc>::from_timestamp_millis(ms)
             .ok_or_else(|| ApiError::bad_request(format!("{what} {ms} is not a time")));

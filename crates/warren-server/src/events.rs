@@ -163,3 +163,86 @@ mod tests {
         assert!(query_of(Some("orderAsc=maybe"), None).is_err());
     }
 }
+
+/// The live stream of lifecycle events (`text/event-stream`): every event this key may see
+/// as it is recorded, each an SSE message whose `id` is the event's, `event` its type and
+/// `data` E2B's event JSON. `sandboxID` keeps one sandbox's, `types` (repeatable) some types;
+/// `since` (RFC 3339 or Unix milliseconds) first replays what was kept from then on, so a
+/// reader that reconnects loses nothing. A reader more than 1,024 events behind loses the
+/// oldest of them; a comment every 15 s keeps idle connections open.
+#[utoipa::path(
+    get, path = "/events/sandboxes/stream",
+    params(("sandboxID" = Option<String>, Query), ("types" = Option<Vec<String>>, Query),
+           ("since" = Option<String>, Query)),
+    responses((status = 200, description = "text/event-stream of EventBody"),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("api_key" = []))
+)]
+pub(crate) async fn stream(
+    Authed(me): Authed,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<
+    axum::response::Sse<
+        impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+    >,
+> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use futures::StreamExt;
+
+    let mut q = query_of(raw.as_deref(), None)?;
+    let mut since = None;
+    for (k, v) in form_urlencoded::parse(raw.as_deref().unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "sandboxID" | "sandbox_id" => q.sandbox_id = Some(v.into_owned()),
+            "since" => since = Some(crate::audit::time_of("since", &v)?),
+            _ => {}
+        }
+    }
+    // Subscribed before the replay is read, so nothing recorded in between is missed; an
+    // event both replayed and received live is sent once.
+    let live = me.subscribe_events();
+    let mut replay = Vec::new();
+    if let Some(since) = since {
+        let mut page = EventQuery {
+            since: Some(since),
+            ascending: true,
+            limit: warren_control::MAX_EVENT_PAGE,
+            ..q.clone()
+        };
+        loop {
+            let got = me.events(page.clone()).await?;
+            let done = got.len() < page.limit;
+            page.offset += got.len();
+            replay.extend(got);
+            if done {
+                break;
+            }
+        }
+    }
+    let replayed: std::collections::HashSet<String> = replay.iter().map(|e| e.id.clone()).collect();
+    let wanted = move |e: &SandboxEvent| {
+        me.sees_team(&e.team)
+            && q.sandbox_id.as_ref().is_none_or(|id| *id == e.sandbox_id)
+            && (q.kinds.is_empty() || q.kinds.contains(&e.kind))
+            && !replayed.contains(&e.id)
+    };
+    let live = futures::stream::unfold(live, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) => return Some((e, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(lost = n, "an event stream's reader fell behind");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter(move |e| std::future::ready(wanted(e)));
+    let events = futures::stream::iter(replay).chain(live).map(|e| {
+        let id = e.id.clone();
+        let kind = e.kind.type_name();
+        let body = serde_json::to_string(&EventBody::from(e)).unwrap_or_default();
+        Ok(Event::default().id(id).event(kind).data(body))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15))))
+}

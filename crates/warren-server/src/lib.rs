@@ -117,6 +117,7 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
             get(audit::sandbox_audit),
         )
         .route("/events/sandboxes", get(events::team_events))
+        .route("/events/sandboxes/stream", get(events::stream))
         .route(
             "/events/webhooks",
             post(webhooks::create).get(webhooks::list),

@@ -37,6 +37,7 @@ use crate::{
         routes::sandboxes_metrics,
         crate::prometheus::metrics,
         crate::events::team_events,
+        crate::events::stream,
         crate::audit::sandbox_audit,
         crate::audit::sandbox_logs_v1,
         crate::audit::sandbox_logs_v2,

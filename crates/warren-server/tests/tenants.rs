@@ -225,3 +225,93 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
     .await;
     assert_eq!(st, 204);
 }
+
+/// The first SSE message's `data` on an event stream opened with `key`.
+async fn first_streamed(s: &TestServer, key: &str, query: &str) -> tokio::task::JoinHandle<Value> {
+    use futures::StreamExt;
+    let resp = s
+        .client()
+        .get(s.url(&format!("/events/sandboxes/stream{query}")))
+        .header("X-API-KEY", key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    // Subscribed: the server answered once its handler had subscribed.
+    tokio::spawn(async move {
+        let mut body = resp.bytes_stream();
+        let mut text = String::new();
+        while let Some(chunk) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if let Some(line) = text.lines().find(|l| l.starts_with("data:")) {
+                return serde_json::from_str(line["data:".len()..].trim()).unwrap();
+            }
+        }
+        panic!("the stream ended without an event: {text}")
+    })
+}
+
+#[tokio::test]
+async fn an_event_stream_carries_only_the_keys_teams_events() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start_on(
+        dir,
+        Arc::new(AgentRuntime::persistence()),
+        Config::default(),
+    )
+    .await;
+    let a = s
+        .control
+        .create_team_key("a", "team-a", false)
+        .await
+        .unwrap()
+        .secret;
+    let b = s
+        .control
+        .create_team_key("b", "team-b", false)
+        .await
+        .unwrap()
+        .secret;
+    let to_b = first_streamed(&s, &b, "").await;
+    let to_a = first_streamed(&s, &a, "?types=sandbox.lifecycle.created").await;
+    let create = |key: String| {
+        let s = &s;
+        async move {
+            let (st, v) = call(
+                s,
+                &key,
+                Method::POST,
+                "/v2/sandboxes",
+                Some(json!({"templateID": "base"})),
+            )
+            .await;
+            assert_eq!(st, 201, "{v}");
+            v["sandboxID"].as_str().unwrap().to_string()
+        }
+    };
+    // Team a's sandbox first: team b's stream must skip it and carry b's own.
+    let first = create(a.clone()).await;
+    let second = create(b.clone()).await;
+    let seen_by_a = to_a.await.unwrap();
+    let seen_by_b = to_b.await.unwrap();
+    assert_eq!(seen_by_a["sandboxId"], first);
+    assert_eq!(seen_by_a["type"], "sandbox.lifecycle.created");
+    assert_eq!(
+        seen_by_b["sandboxId"], second,
+        "another team's event: {seen_by_b}"
+    );
+    let (st, _) = call(
+        &s,
+        &a,
+        Method::GET,
+        "/events/sandboxes/stream?since=yesterday",
+        None,
+    )
+    .await;
+    assert_eq!(st, 400);
+}

@@ -36,6 +36,10 @@ pub(crate) fn query(db: &mut Db, q: &EventQuery) -> Result<Vec<SandboxEvent>, St
         args.push(Box::new(team.clone()));
         filters.push(format!("team = ?{}", args.len()));
     }
+    if let Some(since) = q.since {
+        args.push(Box::new(since.timestamp_micros()));
+        filters.push(format!("at_us >= ?{}", args.len()));
+    }
     if !q.kinds.is_empty() {
         let mut marks = Vec::new();
         for k in &q.kinds {
