@@ -37,6 +37,12 @@ async fn the_api_key_and_hop_headers_never_reach_the_sandbox() {
         .header("E2b-Sandbox-Port", port.to_string())
         .header("X-API-KEY", API_KEY)
         .header("X-Custom", "kept")
+        // W3C trace context goes on unchanged: the agent parents a command's span on it.
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("tracestate", "vendor=opaque")
         .header("Connection", "x-hop")
         .header("X-Hop", "dropped")
         .send()
@@ -50,6 +56,13 @@ async fn the_api_key_and_hop_headers_never_reach_the_sandbox() {
         "{head}"
     );
     assert!(head.contains("\r\nx-custom: kept\r\n"), "{head}");
+    assert!(
+        head.contains(
+            "\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
+        ),
+        "{head}"
+    );
+    assert!(head.contains("\r\ntracestate: vendor=opaque\r\n"), "{head}");
     assert!(
         !head.contains("x-api-key"),
         "the API key reached the sandbox: {head}"
