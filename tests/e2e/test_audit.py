@@ -91,23 +91,26 @@ def test_programs_run_in_a_terminal_are_in_the_trail(server, api):
         from e2b import PtySize
 
         term = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
-        sbx.pty.send_stdin(term.pid, f"ls /etc /nonexistent-{marker}; sh -c 'exit 4'; exit 0\n".encode())
+        # A program that lives a while (one gone before the host reads /proc is journaled by
+        # its name only), named by an argument the test can find.
+        sbx.pty.send_stdin(term.pid, f"sh -c 'sleep 1; exit 2' audit-{marker}; exit 0\n".encode())
         term.wait(on_pty=lambda _d: None)
 
         def seen(g):
-            return any(f"/nonexistent-{marker}" in e["fields"].get("argv", "") for e in _of(g, "process.exec"))
+            return any(f"audit-{marker}" in e["fields"].get("argv", "") for e in _of(g, "process.exec"))
 
-        got = _until(api, sid, seen, "ls run in the terminal", kind="process")
-        ls = [e for e in _of(got, "process.exec") if f"/nonexistent-{marker}" in e["fields"]["argv"]][0]
-        argv = json.loads(ls["fields"]["argv"])
-        assert argv[-2:] == ["/etc", f"/nonexistent-{marker}"], argv
-        assert ls["fields"]["uid"] == "1000", ls
-        pid = ls["fields"]["pid"]
+        got = _until(api, sid, seen, "the program run in the terminal", kind="process")
+        sh = [e for e in _of(got, "process.exec") if f"audit-{marker}" in e["fields"]["argv"]][0]
+        argv = json.loads(sh["fields"]["argv"])
+        assert argv[-3:] == ["-c", "sleep 1; exit 2", f"audit-{marker}"], argv
+        assert sh["fields"]["uid"] == "1000", sh
+        pid = sh["fields"]["pid"]
         assert int(pid) < 100000
         exits = _until(api, sid, lambda g: any(e["fields"].get("pid") == pid for e in _of(g, "process.exit")),
-                       "ls's exit", kind="process.exit")
+                       "its exit", kind="process.exit")
         mine = [e for e in exits if e["fields"]["pid"] == pid][0]
-        assert mine["fields"].get("exit_code") == "2", mine  # ls of a missing path
+        assert mine["fields"].get("exit_code") == "2", mine
+        assert int(mine["fields"]["duration_ms"]) >= 900, mine
     finally:
         sbx.kill()
 
