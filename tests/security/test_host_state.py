@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import stat
 
+import requests
 from e2b import Sandbox
+
+from conftest import API_KEY
 
 
 def _mode(path: str) -> int:
@@ -40,5 +43,37 @@ def test_tokens_and_env_vars_are_encrypted_at_rest(server):
         assert sbx.traffic_access_token.encode() not in raw
         # And the sandbox still gets its env var.
         assert sbx.commands.run("echo $DB_PASSWORD").stdout.strip() == secret
+    finally:
+        sbx.kill()
+
+
+def test_env_values_printed_by_commands_are_masked_in_the_audit_trail(server):
+    """The audit trail keeps commands' output and argv; the values of the sandbox's and of a
+    command's environment variables must not reach it (nor the store) in the clear."""
+    secret = "sandbox-wide-secret-5b1c"
+    own = "command-own-secret-9e2d"
+    sbx = Sandbox.create(timeout=120, envs={"DB_PASSWORD": secret})
+    try:
+        out = sbx.commands.run(
+            'echo "$DB_PASSWORD $OWN"; /bin/echo "$DB_PASSWORD"', envs={"OWN": own}
+        ).stdout
+        assert secret in out and own in out
+        r = requests.get(
+            f"{server.url}/v1/sandboxes/{sbx.sandbox_id}/audit",
+            headers={"X-API-Key": API_KEY},
+            params={"kind": "process", "limit": 10000},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        trail = r.text
+        assert "[masked:DB_PASSWORD]" in trail and "[masked:OWN]" in trail, trail
+        assert secret not in trail and own not in trail
+        raw = b""
+        for name in ("warren.db", "warren.db-wal"):
+            p = os.path.join(server.data_dir, name)
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    raw += f.read()
+        assert secret.encode() not in raw and own.encode() not in raw
     finally:
         sbx.kill()

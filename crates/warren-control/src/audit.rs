@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use warren_proto::journal::{JournalEntry, JournalPage, Level};
+use warren_proto::journal::{JournalEntry, JournalPage, Level, Masker};
 
 use crate::control::{lock, Control};
 use crate::{ControlError, Sandbox, SandboxState};
@@ -126,15 +126,35 @@ impl Cursors {
     }
 }
 
-fn entry_of(sandbox: &Sandbox, e: &JournalEntry) -> AuditEntry {
+/// What must never be kept in the clear: the sandbox's environment variables' values (given at
+/// create, kept encrypted) and its tokens, wherever a process printed or passed them.
+fn masker_of(sandbox: &Sandbox) -> Masker {
+    Masker::new(
+        sandbox
+            .env_vars
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .chain([
+                ("envd access token", sandbox.envd_access_token.as_str()),
+                (
+                    "traffic access token",
+                    sandbox.traffic_access_token.as_str(),
+                ),
+            ]),
+    )
+}
+
+fn entry_of(sandbox: &Sandbox, masker: &Masker, e: &JournalEntry) -> AuditEntry {
+    let mut e = e.clone();
+    masker.mask_entry(&mut e);
     AuditEntry {
         sandbox_id: sandbox.id.clone(),
         team: sandbox.team.clone(),
         at: DateTime::<Utc>::from_timestamp_millis(e.at_ms).unwrap_or_else(Utc::now),
         kind: e.kind.clone(),
         level: e.level,
-        message: e.message.clone(),
-        fields: e.fields.clone(),
+        message: e.message,
+        fields: e.fields,
     }
 }
 
@@ -277,6 +297,7 @@ impl Control {
         Fut: std::future::Future<Output = Result<Option<JournalPage>, String>>,
     {
         let key = (sandbox.id.clone(), source);
+        let masker = masker_of(sandbox);
         for _ in 0..READ_PAGES {
             let known = lock(&self.inner.audit_cursors).by_source.get(&key).cloned();
             let after = known.as_ref().map(|(_, n)| *n).unwrap_or(0);
@@ -300,7 +321,7 @@ impl Control {
                 .map(|e| StoredAudit {
                     source: run.clone(),
                     position: e.seq,
-                    entry: entry_of(sandbox, e),
+                    entry: entry_of(sandbox, &masker, e),
                 })
                 .collect();
             if page.dropped > 0 {

@@ -105,3 +105,86 @@ pub struct JournalPage {
     pub dropped: u64,
     pub entries: Vec<JournalEntry>,
 }
+
+/// Values shorter than this are not masked: a short value (`1`, `true`, a port) would blank
+/// out ordinary text everywhere, and is no secret worth the noise.
+pub const MIN_MASKED_LEN: usize = 6;
+
+/// Masks secret values (environment variables' values, tokens) in journal text before it is
+/// kept: a command that prints `$DB_PASSWORD` must not put the password into the audit trail
+/// or the logs, which are stored in the clear and exported.
+#[derive(Debug, Clone, Default)]
+pub struct Masker {
+    /// (value, what replaces it), longest value first so a value that contains another is
+    /// masked whole.
+    values: Vec<(String, String)>,
+}
+
+impl Masker {
+    /// Masks each value (of at least [`MIN_MASKED_LEN`] bytes) as `[masked:NAME]`.
+    pub fn new<'a>(named: impl IntoIterator<Item = (&'a str, &'a str)>) -> Masker {
+        let mut values: Vec<(String, String)> = named
+            .into_iter()
+            .filter(|(_, v)| v.len() >= MIN_MASKED_LEN)
+            .map(|(name, v)| (v.to_string(), format!("[masked:{name}]")))
+            .collect();
+        values.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        values.dedup_by(|a, b| a.0 == b.0);
+        Masker { values }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// `text` with every value masked.
+    pub fn mask(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (value, with) in &self.values {
+            if out.contains(value.as_str()) {
+                out = out.replace(value.as_str(), with);
+            }
+        }
+        out
+    }
+
+    /// Masks an entry's message and every field's value.
+    pub fn mask_entry(&self, e: &mut JournalEntry) {
+        if self.is_empty() {
+            return;
+        }
+        e.message = self.mask(&e.message);
+        for v in e.fields.values_mut() {
+            *v = self.mask(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_long_values_whole_and_leaves_short_ones() {
+        let m = Masker::new([
+            ("DB_PASSWORD", "hunter2-horse"),
+            ("PREFIX", "hunter2"),
+            ("PORT", "8080"),
+        ]);
+        assert_eq!(
+            m.mask("pw=hunter2-horse p=hunter2 port 8080"),
+            "pw=[masked:DB_PASSWORD] p=[masked:PREFIX] port 8080"
+        );
+        let mut e = JournalEntry {
+            seq: 1,
+            at_ms: 0,
+            kind: PROCESS_START.into(),
+            level: Level::Info,
+            message: "echo hunter2-horse".into(),
+            fields: BTreeMap::from([("argv".into(), "[\"echo\",\"hunter2-horse\"]".into())]),
+        };
+        m.mask_entry(&mut e);
+        assert!(!e.message.contains("hunter2") && !e.fields["argv"].contains("hunter2"));
+        assert!(Masker::new([("A", "1")]).is_empty());
+    }
+}

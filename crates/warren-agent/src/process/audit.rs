@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::http::HeaderMap;
-use warren_proto::journal::{Level, PROCESS_END, PROCESS_OUTPUT, PROCESS_START};
+use warren_proto::journal::{Level, Masker, PROCESS_END, PROCESS_OUTPUT, PROCESS_START};
 use warren_proto::process::process_event::EndEvent;
 
 use crate::journal::{fields, Journal};
@@ -94,6 +94,7 @@ pub struct ProcAudit {
     started: Instant,
     started_ms: i64,
     out: Mutex<OutLog>,
+    masker: Masker,
 }
 
 /// What a start is journaled with.
@@ -106,6 +107,8 @@ pub struct StartInfo<'a> {
     pub tag: Option<&'a str>,
     pub pty: bool,
     pub trace: Option<Trace>,
+    /// The values its output and argv must not carry into the journal (its environment's).
+    pub masker: Masker,
 }
 
 impl ProcAudit {
@@ -117,7 +120,9 @@ impl ProcAudit {
         let argv_list: Vec<&str> = std::iter::once(info.cmd)
             .chain(info.args.iter().map(String::as_str))
             .collect();
-        let argv = serde_json::to_string(&argv_list).unwrap_or_default();
+        let argv = info
+            .masker
+            .mask(&serde_json::to_string(&argv_list).unwrap_or_default());
         let mut f = fields([
             ("pid", info.pid.to_string()),
             ("argv", argv.clone()),
@@ -135,7 +140,11 @@ impl ProcAudit {
         journal.record(
             PROCESS_START,
             Level::Info,
-            format!("process {} started: {}", info.pid, argv_list.join(" ")),
+            info.masker.mask(&format!(
+                "process {} started: {}",
+                info.pid,
+                argv_list.join(" ")
+            )),
             f,
         );
         Some(Arc::new(ProcAudit {
@@ -146,6 +155,7 @@ impl ProcAudit {
             started: Instant::now(),
             started_ms: chrono::Utc::now().timestamp_millis(),
             out: Mutex::new(OutLog::default()),
+            masker: info.masker,
         }))
     }
 
@@ -188,7 +198,7 @@ impl ProcAudit {
         self.journal.record(
             PROCESS_OUTPUT,
             level,
-            text.to_string(),
+            self.masker.mask(text),
             fields([("pid", self.pid.to_string()), ("stream", name.to_string())]),
         );
     }
@@ -301,9 +311,35 @@ mod tests {
                 tag: None,
                 pty: false,
                 trace: None,
+                masker: Masker::default(),
             },
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_commands_env_values_are_masked_in_argv_and_output() {
+        let j = Arc::new(Journal::default());
+        let a = ProcAudit::started(
+            &j,
+            StartInfo {
+                pid: 8,
+                cmd: "/bin/echo",
+                args: &["tok-12345678".into()],
+                cwd: "/",
+                user: "user",
+                tag: None,
+                pty: false,
+                trace: None,
+                masker: Masker::new([("API_TOKEN", "tok-12345678")]),
+            },
+        )
+        .unwrap();
+        a.output(Stream::Stdout, b"tok-12345678\n");
+        let page = j.page(0, 100);
+        let text = serde_json::to_string(&page.entries).unwrap();
+        assert!(!text.contains("tok-12345678"), "{text}");
+        assert!(text.contains("[masked:API_TOKEN]"), "{text}");
     }
 
     #[test]

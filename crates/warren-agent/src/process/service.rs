@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use nix::sys::signal::Signal as UnixSignal;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use warren_proto::journal::Masker;
 use warren_proto::process::process_event::{self, Event};
 use warren_proto::process::process_input::Input;
 use warren_proto::process::stream_input_request::Event as InputEvent;
@@ -258,6 +259,9 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
         }
     };
     let config = req.process.clone().unwrap_or_default();
+    // The sandbox-wide variables' values are masked by the control plane, which keeps them;
+    // a command's own exist only here.
+    let masker = Masker::new(config.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let audit = ProcAudit::started(
         &state.journal,
         StartInfo {
@@ -269,6 +273,7 @@ async fn start(state: AppState, headers: HeaderMap, body: Body) -> Response {
             tag: req.tag.as_deref(),
             pty,
             trace,
+            masker,
         },
     );
     let (proc, rx) = state
