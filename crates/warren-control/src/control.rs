@@ -672,7 +672,12 @@ impl Control {
     }
 
     async fn set_timeout_now(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
-        let timeout = self.timeout(Some(timeout))?;
+        // `0` ends the sandbox now (killed, or paused if it was created to pause), as on E2B.
+        let timeout = if timeout == 0 {
+            Duration::ZERO
+        } else {
+            self.timeout(Some(timeout))?
+        };
         let mut sb = self.locked(id).await?;
         if !matches!(sb.state, SandboxState::Running | SandboxState::Paused) {
             return Err(ControlError::FailedPrecondition(format!(

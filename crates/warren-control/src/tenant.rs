@@ -194,7 +194,9 @@ impl Tenant {
     }
 
     pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
-        self.control.timeout(Some(timeout))?;
+        if timeout != 0 {
+            self.control.timeout(Some(timeout))?;
+        }
         self.own(id).await?;
         self.control.set_timeout(id, timeout).await
     }

@@ -14,6 +14,7 @@ pub mod error;
 mod events;
 mod extract;
 mod ingress;
+mod legacy;
 pub mod listener;
 mod networks;
 mod normalize;
@@ -92,6 +93,22 @@ pub fn app(control: Control, config: ServerConfig) -> Router {
         .route(
             "/v2/sandboxes/{sandbox_id}/connect",
             post(routes::connect_sandbox),
+        )
+        .route(
+            "/sandboxes",
+            post(legacy::create_sandbox_v1).get(legacy::list_sandboxes_v1),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/connect",
+            post(legacy::connect_sandbox_v1),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/resume",
+            post(legacy::resume_sandbox),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/refreshes",
+            post(legacy::refresh_sandbox),
         )
         .route(
             "/sandboxes/{sandbox_id}",

@@ -17,7 +17,8 @@ use crate::volumes::{
     VolumeEntry, VolumeSnapshotInfo,
 };
 use crate::{
-    networks, persistence, routes, secrets, template_disk, template_tags, templates, volumes,
+    legacy, networks, persistence, routes, secrets, template_disk, template_tags, templates,
+    volumes,
 };
 
 #[derive(OpenApi)]
@@ -27,6 +28,11 @@ use crate::{
         routes::health,
         routes::create_sandbox,
         routes::connect_sandbox,
+        legacy::create_sandbox_v1,
+        legacy::list_sandboxes_v1,
+        legacy::connect_sandbox_v1,
+        legacy::resume_sandbox,
+        legacy::refresh_sandbox,
         routes::list_sandboxes,
         routes::get_sandbox,
         routes::kill_sandbox,
@@ -91,7 +97,8 @@ use crate::{
         ForkSandbox, ForkResultItem, LifecycleInfo, RuntimeInfo, NetworkConfig, NetworkInfo,
         NetworkUpdateBody, FlowEntry, FlowList, NewNetwork, NewMember, MemberInfo, NetworkDetail,
         JoinSpec, VolumeMountSpec, NewVolume, VolumeChange, GrowSpec, QuotaSpec, QuotaInfo, UsageInfo, VolumeAndToken,
-        VolumeEntry, VolumeSnapshotInfo, NewSecret, SecretUpdate, SecretView
+        VolumeEntry, VolumeSnapshotInfo, NewSecret, SecretUpdate, SecretView,
+        legacy::ResumeSandbox, legacy::RefreshSandbox
     )),
     modifiers(&ApiKeyAuth)
 )]
