@@ -26,7 +26,8 @@ import pytest
 import requests
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-API_KEY = "e2e-test-key-0123456789abcdef"
+# E2B's format (`e2b_` + 40 hex digits): newer SDKs refuse other keys before sending them.
+API_KEY = "e2b_0123456789abcdef0123456789abcdef01234567"
 
 
 def require(what: str, ok: bool) -> None:

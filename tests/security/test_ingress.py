@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from e2b import Sandbox
 
-from conftest import proxy_get, serve_in_sandbox
+from conftest import API_KEY, proxy_get, serve_in_sandbox
 
 SERVICE_PORT = 49999
 USER_PORT = 8000
@@ -99,7 +99,7 @@ def test_api_key_and_traffic_token_never_reach_the_sandbox(server):
         start_header_echo(sbx)
         r = proxy_get(server, sbx.sandbox_id, 8001, {
             "e2b-traffic-access-token": sbx.traffic_access_token,
-            "X-API-KEY": "e2e-test-key-0123456789abcdef",
+            "X-API-KEY": API_KEY,
             "X-Access-Token": sbx._envd_access_token,
         })
         assert r.status_code == 200

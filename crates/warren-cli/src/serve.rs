@@ -414,6 +414,12 @@ pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::f
 async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
     if let Ok(secret) = std::env::var("WARREN_API_KEY") {
         if !secret.is_empty() {
+            if !warren_control::sdk_accepts_key(&secret) {
+                tracing::warn!(
+                    "WARREN_API_KEY is not in E2B's key format (e2b_ and lowercase hex digits): \
+                     newer e2b SDKs refuse it before sending; `warren keys create` makes one"
+                );
+            }
             control
                 .seed_api_key("WARREN_API_KEY", &secret)
                 .await

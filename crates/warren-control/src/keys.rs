@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::error::ControlError;
-use crate::secrets::{random_id, random_secret};
+use crate::secrets::random_id;
 
 /// A stored API key. There is deliberately no field for the key itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,12 +100,26 @@ pub fn generate(name: &str, team: &str, admin: bool) -> Result<NewApiKey, Contro
             "invalid team {team:?}: use 1-64 lowercase letters, digits, '-' or '_'"
         )));
     }
-    // `e2b_` keeps keys looking like the ones E2B tooling expects.
-    let secret = random_secret("e2b_")?;
+    let secret = e2b_format_secret()?;
     let mut key = record_for(name, &secret)?;
     key.team = team.to_string();
     key.admin = admin;
     Ok(NewApiKey { key, secret })
+}
+
+/// A key in E2B's format, `e2b_` and 40 lowercase hex digits (160 random bits): newer SDKs
+/// check keys against `^e2b_[0-9a-f]+$` before sending them.
+fn e2b_format_secret() -> Result<String, ControlError> {
+    let bytes = crate::secrets::random_bytes::<20>()?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("e2b_{hex}"))
+}
+
+/// Whether E2B's SDKs accept `secret` as an API key (they reject other keys client-side).
+pub fn sdk_accepts_key(secret: &str) -> bool {
+    secret
+        .strip_prefix("e2b_")
+        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 fn valid_team(team: &str) -> bool {
@@ -188,6 +202,18 @@ impl crate::Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_keys_have_e2bs_format() {
+        let a = generate("k", DEFAULT_TEAM, false).unwrap().secret;
+        let b = generate("k", DEFAULT_TEAM, false).unwrap().secret;
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 44, "{a}");
+        assert!(sdk_accepts_key(&a), "{a}");
+        for bad in ["e2b_", "e2b_ABCD", "e2b_x1", "key", "e2b_Zm9v-_"] {
+            assert!(!sdk_accepts_key(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn hash_is_sha256_hex() {

@@ -17,7 +17,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 const HERE = dirname(fileURLToPath(import.meta.url))
 const WARREN_BIN = process.env.WARREN_BIN || resolve(HERE, '../../../target/release/warren')
 const DATA_DIR = process.env.WARREN_E2E_DATA_DIR || '/var/lib/warren'
-const API_KEY = 'js-smoke-key-0123456789'
+const API_KEY = 'e2b_a1b2c3d4e5f60718293a4b5c6d7e8f9012345678' // E2B's key format
 // The first start may build the base template image before listening (minutes).
 const HEALTH_DEADLINE_MS = 900_000
 

@@ -18,7 +18,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 const HERE = dirname(fileURLToPath(import.meta.url))
 const WARREN_BIN = process.env.WARREN_BIN || resolve(HERE, '../../../target/release/warren')
 const DATA_DIR = process.env.WARREN_E2E_DATA_DIR || '/var/lib/warren'
-const API_KEY = 'js-interp-key-0123456789'
+const API_KEY = 'e2b_0f1e2d3c4b5a69788796a5b4c3d2e1f001234567' // E2B's key format
 
 function freePort() {
   return new Promise((ok, fail) => {
