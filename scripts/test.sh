@@ -82,6 +82,9 @@ WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DI
 WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/security -q
 
+log "SDK version matrix (tests/compat with pinned e2b Python releases, each in its own venv)"
+./scripts/sdk-matrix.sh
+
 log "web dashboard in headless chromium (Playwright): log in, terminal, upload, pause and resume"
 # Screenshots go to target/dashboard-screenshots (docs/dashboard.md shows a few).
 WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \

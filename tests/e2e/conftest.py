@@ -149,9 +149,22 @@ def server(_registry):
     srv = Server(data_dir, mirror)
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
     srv.start()
-    # The first create may build the base template image (minutes); do it once up front.
-    from e2b import Sandbox
-    Sandbox.create(timeout=60, request_timeout=900).kill()
+    # The first create may build the base template image (minutes); do it once up front, over
+    # raw HTTP so that suites run by any SDK release (tests/compat) share this fixture.
+    try:
+        r = requests.post(
+            srv.url + "/v2/sandboxes",
+            headers={"X-API-KEY": API_KEY},
+            json={"templateID": "base", "timeout": 60},
+            timeout=900,
+        )
+        r.raise_for_status()
+        requests.delete(
+            srv.url + "/sandboxes/" + r.json()["sandboxID"], headers={"X-API-KEY": API_KEY}, timeout=60
+        )
+    except BaseException:
+        srv.stop()
+        raise
     templates_before = _template_ids(srv.url)
     volumes_before = {v["volumeID"] for v in requests.get(srv.url + "/volumes", headers={"X-API-KEY": API_KEY}, timeout=10).json()}
     yield srv

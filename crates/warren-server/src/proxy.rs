@@ -193,6 +193,12 @@ impl Proxy {
                     .and_then(|p| p.parse().ok())
                     .ok_or_else(|| ApiError::bad_request("invalid E2b-Sandbox-Port header"))?,
             };
+            // Some SDK releases (e2b 2.x before the v2 connect) send the API's own connect call
+            // with the routing headers of the sandbox it resumes; the agent has no such
+            // paths, so these go to the API.
+            if port == AGENT_PORT && is_api_sandbox_path(uri.path()) {
+                return Ok(None);
+            }
             return Ok(Some(Target {
                 id: id.to_string(),
                 port,
@@ -661,6 +667,12 @@ async fn splice(
     }
 }
 
+/// The control plane's per-sandbox routes (`/sandboxes/{id}/...`, `/v2/sandboxes/{id}/...`),
+/// which the agent's API never uses.
+fn is_api_sandbox_path(path: &str) -> bool {
+    path.starts_with("/sandboxes/") || path.starts_with("/v2/sandboxes/")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -723,5 +735,25 @@ mod tests {
             HeaderValue::from_static("49999-abc.evil.test"),
         );
         assert!(any.known_host(&h, &Uri::from_static("/")));
+    }
+
+    #[test]
+    fn api_calls_carrying_routing_headers_go_to_the_api() {
+        let p = Proxy::new(None);
+        let mut h = HeaderMap::new();
+        h.insert(SANDBOX_ID, HeaderValue::from_static("iabc"));
+        let route = |h: &HeaderMap, uri: &'static str| p.route_target(h, &Uri::from_static(uri));
+        assert_eq!(route(&h, "/sandboxes/iabc/connect").unwrap(), None);
+        assert_eq!(route(&h, "/v2/sandboxes/iabc/connect").unwrap(), None);
+        assert_eq!(
+            route(&h, "/files?path=/sandboxes/x").unwrap(),
+            Some(("iabc".into(), AGENT_PORT))
+        );
+        // A user port's own `/sandboxes/...` paths are the user's.
+        h.insert(SANDBOX_PORT, HeaderValue::from_static("8080"));
+        assert_eq!(
+            route(&h, "/sandboxes/iabc/connect").unwrap(),
+            Some(("iabc".into(), 8080))
+        );
     }
 }

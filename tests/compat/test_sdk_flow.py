@@ -1,0 +1,71 @@
+"""What every supported `e2b` release does with a sandbox, written against the calls that
+release has (1.x creates with the constructor and resumes with `Sandbox.resume`; 2.x has
+`Sandbox.create` and resumes through `connect`)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import e2b
+from e2b import Sandbox
+
+VERSION = tuple(int(p) for p in importlib.metadata.version("e2b").split(".")[:2])
+
+
+def _create(**kw) -> Sandbox:
+    if hasattr(Sandbox, "create") and VERSION >= (2, 0):
+        return Sandbox.create(**kw)
+    return Sandbox(**kw)
+
+
+def _pause(sbx: Sandbox) -> None:
+    for name in ("beta_pause", "pause"):
+        if hasattr(sbx, name):
+            getattr(sbx, name)()
+            return
+    raise AssertionError(f"e2b {VERSION} has no pause")
+
+
+def _resume(sandbox_id: str) -> Sandbox:
+    if VERSION < (2, 0) and hasattr(Sandbox, "resume"):
+        return Sandbox.resume(sandbox_id)
+    return Sandbox.connect(sandbox_id)
+
+
+def _listed_ids() -> list[str]:
+    found = Sandbox.list()
+    if hasattr(found, "next_items"):
+        found = found.next_items()
+    return [s.sandbox_id for s in found]
+
+
+def test_create_run_files_pty_list_pause_connect_kill(server):
+    sbx = _create(timeout=120, metadata={"matrix": "yes"}, envs={"MATRIX_VAR": "from-create"})
+    try:
+        assert sbx.commands.run("echo $MATRIX_VAR").stdout == "from-create\n"
+        bg = sbx.commands.run("sleep 30", background=True)
+        assert bg.pid > 0
+        bg.kill()
+        sbx.files.write("/home/user/kept.txt", "kept across pause")
+        assert sbx.files.read("/home/user/kept.txt") == "kept across pause"
+        assert any(e.name == "kept.txt" for e in sbx.files.list("/home/user"))
+
+        out = bytearray()
+        term = sbx.pty.create(e2b.PtySize(rows=24, cols=80))
+        sbx.pty.send_stdin(term.pid, b"echo pty-$((6*7)); exit\n")
+        term.wait(on_pty=lambda data: out.extend(data))
+        assert b"pty-42" in out, out
+
+        assert sbx.sandbox_id in _listed_ids()
+        info = Sandbox.get_info(sbx.sandbox_id) if hasattr(Sandbox, "get_info") else None
+        if info is not None:
+            assert info.metadata.get("matrix") == "yes"
+
+        _pause(sbx)
+        again = _resume(sbx.sandbox_id)
+        assert again.files.read("/home/user/kept.txt") == "kept across pause"
+        assert again.commands.run("echo resumed").stdout == "resumed\n"
+        again.set_timeout(60)
+    finally:
+        sbx.kill()
+    assert sbx.sandbox_id not in _listed_ids()
