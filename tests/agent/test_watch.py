@@ -81,6 +81,26 @@ def test_sdk_write_is_observed(sandbox: Sandbox, workdir: str):
         w.stop()
 
 
+def test_an_upload_is_seen_by_the_very_next_poll(sandbox: Sandbox, workdir: str):
+    """No waiting: a poll made right after a write returns has every event of that write, in
+    the order envd reports them (create, the owner set, the data)."""
+    w = sandbox.files.watch_dir(workdir, include_entry=True)
+    try:
+        sandbox.files.write(f"{workdir}/now.txt", "content")
+        events = [(e.name, e.type) for e in w.get_new_events()]
+        assert events == [("now.txt", Ev.CREATE), ("now.txt", Ev.CHMOD), ("now.txt", Ev.WRITE)], events
+        sandbox.files.write(f"{workdir}/now.txt", "rewritten")
+        again = w.get_new_events()
+        writes = [e for e in again if e.name == "now.txt" and e.type == Ev.WRITE]
+        assert writes and writes[-1].entry is not None, [(e.name, e.type) for e in again]
+        # Changes made by a command are there by the next poll too.
+        sh(sandbox, f"mkdir {q(workdir)}/made && touch {q(workdir)}/made/x")
+        assert ("made", Ev.CREATE) in [(e.name, e.type) for e in w.get_new_events()]
+        assert w.get_new_events() == []
+    finally:
+        w.stop()
+
+
 def test_events_with_entry_info(sandbox: Sandbox, workdir: str):
     w = sandbox.files.watch_dir(workdir, include_entry=True)
     try:

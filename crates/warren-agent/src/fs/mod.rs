@@ -6,3 +6,4 @@ pub mod metadata;
 pub mod ops;
 pub mod service;
 pub mod watch;
+pub mod watchers;

@@ -68,8 +68,11 @@ pub async fn rpc(
         "CreateWatcher" => unary(&headers, body, |r| create_watcher(&state, &headers, r)).await,
         "GetWatcherEvents" => {
             unary(&headers, body, |r: GetWatcherEventsRequest| {
-                let result = state.watchers.drain(&r.watcher_id);
-                std::future::ready(result.map(|events| GetWatcherEventsResponse { events }))
+                let watchers = state.watchers.clone();
+                async move {
+                    let events = watchers.drain(&r.watcher_id).await?;
+                    Ok(GetWatcherEventsResponse { events })
+                }
             })
             .await
         }

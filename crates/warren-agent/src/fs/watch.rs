@@ -10,7 +10,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -23,6 +22,8 @@ use super::entry::entry_info;
 use crate::users::UserDb;
 use warren_proto::connect::{Code, ConnectError};
 use warren_proto::server::RpcResult;
+
+pub use super::watchers::Watchers;
 
 /// Most events a polling watcher keeps between two drains; older ones are dropped first.
 pub const MAX_BUFFERED_EVENTS: usize = 10_000;
@@ -248,7 +249,40 @@ pub struct DirWatch {
     /// Events decoded but not handed out yet (one inotify event can yield several).
     pending: VecDeque<FilesystemEvent>,
     users: Option<(UserDb, Instant)>,
+    /// The flush sentinel's watch and the pipe end it reads (see [`DirWatch::flusher`]).
+    sentinel: Option<(WatchDescriptor, std::fs::File)>,
+    /// Flush sentinels seen so far.
+    flushes: u64,
     _slot: WatchSlot,
+}
+
+/// What a watch hands out: an event, or word that every event queued before a flush
+/// request has been handed out.
+// Made and consumed one at a time (never stored), so boxing the event would only add an
+// allocation per event.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Item {
+    Event(FilesystemEvent),
+    Flushed(u64),
+}
+
+/// Asks a [`DirWatch`] to catch up: a byte written here makes the kernel queue an event on the
+/// watch's own inotify instance, after every event queued before it (one instance's queue is
+/// ordered), so once the watch reports it, everything that happened before was handed out.
+pub(super) struct Flusher {
+    pipe: std::fs::File,
+}
+
+impl Flusher {
+    pub(super) fn request(&self) -> io::Result<()> {
+        use std::io::Write;
+        match (&self.pipe).write(&[1]) {
+            Ok(_) => Ok(()),
+            // The pipe is full of requests the watch has not read yet: one more is pending.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl DirWatch {
@@ -287,8 +321,55 @@ impl DirWatch {
             dirs: dirs.into_iter().collect(),
             pending: VecDeque::new(),
             users: None,
+            sentinel: None,
+            flushes: 0,
             _slot: slot,
         })
+    }
+
+    /// Sets up the flush sentinel: a pipe whose writes this watch's inotify instance sees
+    /// (through `/proc/self/fd`), so no file anywhere is involved.
+    pub(super) fn flusher(&mut self) -> io::Result<Flusher> {
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(io::Error::from)?;
+        let write = std::fs::File::from(write);
+        let read = std::fs::File::from(read);
+        use std::os::fd::AsRawFd;
+        let path = format!("/proc/self/fd/{}", write.as_raw_fd());
+        let wd = self.watches.add(&path, WatchMask::MODIFY)?;
+        self.sentinel = Some((wd, read));
+        Ok(Flusher { pipe: write })
+    }
+
+    /// The next event or flush report; an error is final, as for [`DirWatch::next`].
+    pub(super) async fn next_item(&mut self) -> RpcResult<Item> {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                return Ok(Item::Event(ev));
+            }
+            match self.stream.next().await {
+                Some(Ok(raw)) => {
+                    if self.sentinel.as_ref().is_some_and(|(wd, _)| *wd == raw.wd) {
+                        self.read_sentinel();
+                        return Ok(Item::Flushed(self.flushes));
+                    }
+                    self.handle(raw).await?
+                }
+                Some(Err(e)) => return Err(ConnectError::internal(format!("watcher error: {e}"))),
+                None => return Err(ConnectError::internal("watcher closed unexpectedly")),
+            }
+        }
+    }
+
+    /// Empties the sentinel pipe (requests coalesce: one event may stand for several).
+    fn read_sentinel(&mut self) {
+        use std::io::Read;
+        if let Some((_, pipe)) = &self.sentinel {
+            let mut buf = [0u8; 512];
+            while matches!((&*pipe).read(&mut buf), Ok(n) if n > 0) {}
+        }
+        self.flushes += 1;
     }
 
     /// The next event. An error is final: the watch is broken (e.g. the kernel queue
@@ -298,13 +379,8 @@ impl DirWatch {
     /// own (as [`subscribe`] and [`Watchers`] do) rather than in a `select!`.
     pub async fn next(&mut self) -> RpcResult<FilesystemEvent> {
         loop {
-            if let Some(ev) = self.pending.pop_front() {
+            if let Item::Event(ev) = self.next_item().await? {
                 return Ok(ev);
-            }
-            match self.stream.next().await {
-                Some(Ok(raw)) => self.handle(raw).await?,
-                Some(Err(e)) => return Err(ConnectError::internal(format!("watcher error: {e}"))),
-                None => return Err(ConnectError::internal("watcher closed unexpectedly")),
             }
         }
     }
@@ -482,107 +558,6 @@ pub async fn subscribe(opts: WatchOptions) -> RpcResult<EventFeed> {
     Ok(EventFeed { rx, task })
 }
 
-/// Buffered events of a polling watcher.
-#[derive(Default)]
-struct Buffer {
-    events: VecDeque<FilesystemEvent>,
-    /// Events dropped since the last drain because the buffer was full.
-    dropped: u64,
-    /// Why the watch stopped, reported once the buffered events are drained.
-    error: Option<ConnectError>,
-}
-
-struct Polling {
-    buffer: Arc<Mutex<Buffer>>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Polling {
-    fn drop(&mut self) {
-        // Ends the watch task, which drops the watch and closes its inotify fd.
-        self.task.abort();
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Polling watchers created by `CreateWatcher`, by id.
-#[derive(Default)]
-pub struct Watchers {
-    by_id: Mutex<HashMap<String, Polling>>,
-}
-
-impl Watchers {
-    /// Starts a polling watcher; its id is a UUID.
-    pub async fn create(&self, opts: WatchOptions) -> RpcResult<String> {
-        let mut watch = DirWatch::start(opts).await?;
-        let id = uuid::Uuid::new_v4().to_string();
-        let buffer = Arc::new(Mutex::new(Buffer::default()));
-        let sink = buffer.clone();
-        let watcher_id = id.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                match watch.next().await {
-                    Ok(ev) => {
-                        let mut b = lock(&sink);
-                        if b.events.len() >= MAX_BUFFERED_EVENTS {
-                            b.events.pop_front();
-                            if b.dropped == 0 {
-                                tracing::warn!(watcher = %watcher_id, "watcher buffer full; dropping oldest events until drained");
-                            }
-                            b.dropped += 1;
-                        }
-                        b.events.push_back(ev);
-                    }
-                    Err(e) => {
-                        tracing::warn!(watcher = %watcher_id, error = %e, "watcher stopped");
-                        lock(&sink).error = Some(e);
-                        return;
-                    }
-                }
-            }
-        });
-        lock(&self.by_id).insert(id.clone(), Polling { buffer, task });
-        Ok(id)
-    }
-
-    /// Everything buffered since the last call. Once the watch has failed and its remaining
-    /// events were handed out, every call returns the failure.
-    pub fn drain(&self, id: &str) -> RpcResult<Vec<FilesystemEvent>> {
-        let map = lock(&self.by_id);
-        let polling = map.get(id).ok_or_else(|| unknown_watcher(id))?;
-        let mut b = lock(&polling.buffer);
-        if b.dropped > 0 {
-            tracing::warn!(watcher = %id, dropped = b.dropped, "watcher events were dropped before this drain");
-            b.dropped = 0;
-        }
-        if b.events.is_empty() {
-            if let Some(e) = &b.error {
-                return Err(e.clone());
-            }
-        }
-        Ok(b.events.drain(..).collect())
-    }
-
-    /// Stops and forgets a watcher.
-    /// Stops and forgets a polling watcher. Returns once its watch is gone, so its inotify
-    /// instance and its place among [`MAX_WATCHERS`] are free for the next `CreateWatcher`.
-    pub async fn remove(&self, id: &str) -> RpcResult<()> {
-        let removed = lock(&self.by_id).remove(id);
-        let mut polling = removed.ok_or_else(|| unknown_watcher(id))?;
-        polling.task.abort();
-        // Resolves (as cancelled) once the task, and the watch it owns, have been dropped.
-        let _ = (&mut polling.task).await;
-        Ok(())
-    }
-}
-
-fn unknown_watcher(id: &str) -> ConnectError {
-    ConnectError::not_found(format!("watcher with id {id} not found"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,7 +656,7 @@ mod tests {
         let file = DirWatch::start(opts(d.join("f"))).await.err().unwrap();
         assert_eq!(file.code, Code::InvalidArgument);
         let watchers = Watchers::default();
-        assert_eq!(watchers.drain("x").unwrap_err().code, Code::NotFound);
+        assert_eq!(watchers.drain("x").await.unwrap_err().code, Code::NotFound);
         assert_eq!(watchers.remove("x").await.unwrap_err().code, Code::NotFound);
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -622,7 +622,19 @@ fn open_target(path: &Path) -> Result<(std::fs::File, bool)> {
         ),
         _ => Failure::io("error opening file", &e),
     })?;
-    let regular = file.metadata().map(|m| m.is_file()).unwrap_or(false);
+    let meta = file.metadata().ok();
+    let regular = meta.as_ref().is_some_and(|m| m.is_file());
+    if let Some(m) = meta.filter(|m| m.is_file()) {
+        // Set the owner it has, as envd sets the caller's after opening: watchers see the
+        // same CREATE, CHMOD, WRITE sequence for an upload (SDK tests count them). Refused
+        // (another user's file the caller may write), it changes nothing.
+        use std::os::unix::fs::MetadataExt;
+        let _ = nix::unistd::fchown(
+            &file,
+            Some(nix::unistd::Uid::from_raw(m.uid())),
+            Some(nix::unistd::Gid::from_raw(m.gid())),
+        );
+    }
     Ok((file, regular))
 }
 
