@@ -418,3 +418,24 @@ def test_concurrent_resumes(server):
         assert _api(server, "GET", f"/sandboxes/{sbx.sandbox_id}").json()["state"] == "running"
     finally:
         Sandbox.kill(sbx.sandbox_id)
+
+
+def test_a_filesystem_resume_is_a_new_boot(server):
+    """The boot id changes when the sandbox starts again from its files (a reboot), not when
+    its memory was kept; programs that cache per boot (systemd-style tools, SDK tests) rely
+    on it."""
+    sbx = Sandbox.create(timeout=600)
+    try:
+        read = "cat /proc/sys/kernel/random/boot_id"
+        first = sbx.commands.run(read).stdout.strip()
+        assert len(first) == 36, first
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            assert first != f.read().strip(), "the sandbox sees the host's boot id"
+        assert sbx.pause() is True
+        kept = Sandbox.connect(sbx.sandbox_id).commands.run(read).stdout.strip()
+        assert kept == first, "a memory pause and resume is not a reboot"
+        assert sbx.pause(mode="filesystem") is True
+        rebooted = Sandbox.connect(sbx.sandbox_id).commands.run(read).stdout.strip()
+        assert len(rebooted) == 36 and rebooted != first, (first, rebooted)
+    finally:
+        Sandbox.kill(sbx.sandbox_id)

@@ -219,6 +219,7 @@ async fn start(
             .collect(),
         lxcfs: cfg.lxcfs.is_some(),
     };
+    write_boot_id(dir)?;
     let Spawned {
         shim,
         shim_pid,
@@ -245,6 +246,18 @@ async fn start(
     let (pid1, result) = wait_for_ready(reports, dir).await?;
     sbx.pid1 = pid1.unwrap_or(0);
     result.map(|()| sbx)
+}
+
+/// A new boot id for this start of the sandbox (create, filesystem resume, fork), which
+/// nsinit binds over `/proc/sys/kernel/random/boot_id` ([`crate::rootfs::BOOT_ID`]): every
+/// start is a boot, as in a VM, where the host's id would never change. A frozen (memory)
+/// pause is no new start and keeps it.
+fn write_boot_id(dir: &Path) -> Result<(), LaunchError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(crate::rootfs::BOOT_ID);
+    let _ = fs::remove_file(&path);
+    fs::write(&path, format!("{}\n", uuid::Uuid::new_v4())).map_err(io("write the boot id"))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).map_err(io("chmod the boot id"))
 }
 
 /// The agent binary as sandboxes see it. Staging may copy the agent (and waits on a lock

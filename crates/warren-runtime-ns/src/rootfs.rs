@@ -167,6 +167,7 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     if cfg.lxcfs {
         bind_lxcfs(&cfg.sandbox_dir.join(crate::lxcfs::STAGED), &root);
     }
+    bind_boot_id(&cfg.sandbox_dir.join(BOOT_ID), &root);
 
     let etc = root.join("etc");
     let write = |name: &str, content: &str| {
@@ -311,6 +312,20 @@ fn bind_lxcfs(lxcfs: &Path, root: &Path) {
             if let Err(e) = bind_ro(&src, &target) {
                 eprintln!("nsinit: {e}");
             }
+        }
+    }
+}
+
+/// The file in the sandbox's directory holding this start's boot id (written by the launcher).
+pub const BOOT_ID: &str = "boot_id";
+
+/// This start's boot id, read-only over the kernel's (the host's) in the sandbox's procfs. A
+/// launcher that wrote none (an older server) leaves the kernel's; nsinit.log says why.
+fn bind_boot_id(src: &Path, root: &Path) {
+    let target = root.join("proc/sys/kernel/random/boot_id");
+    if src.exists() && target.exists() {
+        if let Err(e) = bind_ro(src, &target) {
+            eprintln!("nsinit: boot id: {e}");
         }
     }
 }
