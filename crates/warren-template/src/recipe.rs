@@ -133,6 +133,8 @@ impl Recipe {
         let packages = [
             // What sandboxes are for.
             "python3",
+            // `python` as well as `python3`, as in E2B's base image (SDK docs and tests call it).
+            "python-is-python3",
             "python3-pip",
             "python3-venv",
             "nodejs",

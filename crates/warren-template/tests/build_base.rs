@@ -234,7 +234,16 @@ fn base_image_builds_once_and_has_what_sandboxes_need() {
         0o444
     );
     image.verify_digest().expect("digest matches the manifest");
-    for package in ["python3", "nodejs", "npm", "git", "sudo", "iproute2"] {
+    for package in [
+        "python3",
+        "python-is-python3",
+        "nodejs",
+        "npm",
+        "git",
+        "curl",
+        "sudo",
+        "iproute2",
+    ] {
         assert!(
             image
                 .manifest
