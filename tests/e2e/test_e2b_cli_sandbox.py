@@ -1,0 +1,110 @@
+"""The official `e2b` CLI's sandbox commands (npm `@e2b/cli` 2.19.0) against the suite's server:
+list, info, exec (foreground with exit codes, env, cwd, user; background), metrics, logs,
+pause, resume, snapshot create/list/delete and kill, with the environment a user sets
+(`E2B_API_KEY`, `E2B_API_URL`, `E2B_SANDBOX_URL`). `sandbox create` and `connect` open an
+interactive terminal and are not driven here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+from e2b import Sandbox
+
+from conftest import API_KEY, ROOT, require
+
+CLI = os.path.join(ROOT, "tests", "e2e", "e2b-cli", "node_modules", ".bin", "e2b")
+
+
+@pytest.fixture
+def e2b(server):
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
+        # What the CLI sends does not depend on the runtime.
+        pytest.skip("the e2b CLI's wire protocol is tested with the ns runtime")
+    require("the e2b CLI (npm ci in tests/e2e/e2b-cli; Node.js >= 20.18.1)", os.path.exists(CLI))
+    env = dict(
+        os.environ,
+        E2B_API_KEY=API_KEY,
+        E2B_API_URL=server.url,
+        E2B_SANDBOX_URL=server.url,
+        E2B_ACCESS_TOKEN="sk_e2b_" + "0" * 40,
+        NO_COLOR="1",
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=600)
+
+    return run
+
+
+def _ok(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    return r.stdout
+
+
+def _json(r: subprocess.CompletedProcess):
+    out = _ok(r)
+    return json.loads(out[out.index(next(c for c in out if c in "[{")):])
+
+
+def _id(item: dict, kind: str = "sandbox") -> str:
+    """The CLI prints the SDK's objects (`sandboxId`); the API's names are `sandboxID`."""
+    return item.get(f"{kind}Id") or item[f"{kind}ID"]
+
+
+def test_sandbox_commands(e2b):
+    marker = uuid.uuid4().hex[:12]
+    sbx = Sandbox.create(timeout=300, metadata={"cli": marker})
+    sid = sbx.sandbox_id
+    try:
+        listed = _json(e2b("sandbox", "list", "--metadata", f"cli={marker}", "--format", "json"))
+        assert [_id(s) for s in listed] == [sid], listed
+        info = _json(e2b("sandbox", "info", sid, "--format", "json"))
+        assert _id(info) == sid and info["metadata"]["cli"] == marker, info
+
+        # Options go before the sandbox id; what follows it is the command, run by a shell.
+        out = _ok(e2b("sandbox", "exec", "-e", f"CLI_VAR={marker}", "-c", "/tmp", sid,
+                      'echo "$CLI_VAR $(pwd) $(id -un)"'))
+        assert f"{marker} /tmp user" in out, out
+        root = _ok(e2b("sandbox", "exec", "-u", "root", sid, "id", "-u"))
+        assert root.strip().endswith("0"), root
+        failed = e2b("sandbox", "exec", sid, "exit 7")
+        assert failed.returncode == 7, (failed.returncode, failed.stdout, failed.stderr)
+        _ok(e2b("sandbox", "exec", "-b", sid, f"sleep 1; echo bg > /tmp/{marker}"))
+        sbx.commands.run(f"for i in $(seq 100); do [ -f /tmp/{marker} ] && exit 0; sleep 0.1; done; exit 1")
+
+        # One JSON object per line, one line per sample.
+        out = _ok(e2b("sandbox", "metrics", sid, "--format", "json"))
+        samples = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert samples and samples[-1]["cpuCount"] == 2 and samples[-1]["memTotal"] > 0, out
+        logs = e2b("sandbox", "logs", sid, "--format", "json")
+        _ok(logs)
+
+        _ok(e2b("sandbox", "pause", sid))
+        paused = _json(e2b("sandbox", "list", "--state", "paused", "--metadata", f"cli={marker}",
+                           "--format", "json"))
+        assert [_id(s) for s in paused] == [sid], paused
+        _ok(e2b("sandbox", "resume", sid))
+        assert f"{marker} /home/user" in _ok(
+            e2b("sandbox", "exec", sid, f"cat /tmp/{marker} >/dev/null && echo {marker} $PWD")
+        )
+
+        snap_name = f"cli-snap-{marker}"
+        _ok(e2b("sandbox", "snapshot", "create", sid, "--name", snap_name))
+        snaps = _ok(e2b("sandbox", "snapshot", "list", "--name", snap_name, "--format", "json"))
+        assert snap_name in snaps, snaps
+        snap_ids = [_id(s, "snapshot") for s in json.loads(snaps[snaps.index("["):])]
+        assert snap_ids, snaps
+        _ok(e2b("sandbox", "snapshot", "delete", *snap_ids))
+
+        _ok(e2b("sandbox", "kill", sid))
+        gone = _json(e2b("sandbox", "list", "--metadata", f"cli={marker}", "--format", "json"))
+        assert gone == [], gone
+    finally:
+        try:
+            sbx.kill()
+        except Exception:  # noqa: BLE001 - already killed by the CLI
+            pass
