@@ -254,6 +254,8 @@ async fn start(
 /// pause is no new start and keeps it.
 fn write_boot_id(dir: &Path) -> Result<(), LaunchError> {
     use std::os::unix::fs::PermissionsExt;
+    let stage = dir.join(crate::rootfs::BOOT_ID_STAGE);
+    fs::create_dir_all(&stage).map_err(io(format!("create {}", stage.display())))?;
     let path = dir.join(crate::rootfs::BOOT_ID);
     let _ = fs::remove_file(&path);
     fs::write(&path, format!("{}\n", uuid::Uuid::new_v4())).map_err(io("write the boot id"))?;

@@ -167,7 +167,7 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     if cfg.lxcfs {
         bind_lxcfs(&cfg.sandbox_dir.join(crate::lxcfs::STAGED), &root);
     }
-    bind_boot_id(&cfg.sandbox_dir.join(BOOT_ID), &root);
+    bind_boot_id(&cfg.sandbox_dir, &root);
 
     let etc = root.join("etc");
     let write = |name: &str, content: &str| {
@@ -318,15 +318,37 @@ fn bind_lxcfs(lxcfs: &Path, root: &Path) {
 
 /// The file in the sandbox's directory holding this start's boot id (written by the launcher).
 pub const BOOT_ID: &str = "boot_id";
+/// An empty directory beside it where nsinit mounts the small tmpfs the id is bound from.
+pub const BOOT_ID_STAGE: &str = "boot-id-fs";
 
-/// This start's boot id, read-only over the kernel's (the host's) in the sandbox's procfs. A
-/// launcher that wrote none (an older server) leaves the kernel's; nsinit.log says why.
-fn bind_boot_id(src: &Path, root: &Path) {
+/// This start's boot id, read-only over the kernel's (the host's) in the sandbox's procfs. It
+/// is bound from a tmpfs of its own, not from the sandbox's directory, so the sandbox's
+/// mountinfo names no host path. A launcher that wrote none leaves the kernel's; nsinit.log
+/// says why when the bind fails.
+fn bind_boot_id(dir: &Path, root: &Path) {
     let target = root.join("proc/sys/kernel/random/boot_id");
-    if src.exists() && target.exists() {
-        if let Err(e) = bind_ro(src, &target) {
-            eprintln!("nsinit: boot id: {e}");
-        }
+    let (Ok(id), true) = (fs::read_to_string(dir.join(BOOT_ID)), target.exists()) else {
+        return;
+    };
+    let stage = dir.join(BOOT_ID_STAGE);
+    let staged = stage.join(BOOT_ID);
+    let result = mnt(
+        Some("boot-id"),
+        &stage,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=4k,mode=0755"),
+    )
+    .and_then(|()| {
+        fs::write(&staged, id).map_err(|e| format!("write {}: {e}", staged.display()))?;
+        fs::set_permissions(&staged, fs::Permissions::from_mode(0o444))
+            .map_err(|e| format!("chmod {}: {e}", staged.display()))
+    })
+    .and_then(|()| bind_ro(&staged, &target));
+    // The bind keeps the tmpfs alive; its staging mount is not needed any more.
+    let _ = umount2(&stage, MntFlags::MNT_DETACH);
+    if let Err(e) = result {
+        eprintln!("nsinit: boot id: {e}");
     }
 }
 
