@@ -7,37 +7,13 @@ interactive terminal and are not driven here."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 
-import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, ROOT, require
-
-CLI = os.path.join(ROOT, "tests", "e2e", "e2b-cli", "node_modules", ".bin", "e2b")
-
-
-@pytest.fixture
-def e2b(server):
-    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm":
-        # What the CLI sends does not depend on the runtime.
-        pytest.skip("the e2b CLI's wire protocol is tested with the ns runtime")
-    require("the e2b CLI (npm ci in tests/e2e/e2b-cli; Node.js >= 20.18.1)", os.path.exists(CLI))
-    env = dict(
-        os.environ,
-        E2B_API_KEY=API_KEY,
-        E2B_API_URL=server.url,
-        E2B_SANDBOX_URL=server.url,
-        E2B_ACCESS_TOKEN="sk_e2b_" + "0" * 40,
-        NO_COLOR="1",
-    )
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=600)
-
-    return run
+# The CLI and its environment, as the template commands' tests run it.
+from test_e2b_cli import e2b  # noqa: E402,F401 - a pytest fixture, used by name
 
 
 def _ok(r: subprocess.CompletedProcess) -> str:

@@ -16,6 +16,17 @@ def _mode(path: str) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+def _store_bytes(server) -> bytes:
+    """The store's database and write-ahead log, as bytes on the disk."""
+    raw = b""
+    for name in ("warren.db", "warren.db-wal"):
+        p = os.path.join(server.data_dir, name)
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                raw += f.read()
+    return raw
+
+
 def test_data_dir_store_and_keys_are_private(server):
     d = server.data_dir
     assert _mode(d) & 0o077 == 0, oct(_mode(d))
@@ -32,12 +43,7 @@ def test_tokens_and_env_vars_are_encrypted_at_rest(server):
     secret = "correct-horse-battery-staple-7f3a"
     sbx = Sandbox.create(timeout=120, envs={"DB_PASSWORD": secret})
     try:
-        raw = b""
-        for name in ("warren.db", "warren.db-wal"):
-            p = os.path.join(server.data_dir, name)
-            if os.path.exists(p):
-                with open(p, "rb") as f:
-                    raw += f.read()
+        raw = _store_bytes(server)
         assert secret.encode() not in raw
         assert sbx._envd_access_token.encode() not in raw
         assert sbx.traffic_access_token.encode() not in raw
@@ -68,12 +74,7 @@ def test_env_values_printed_by_commands_are_masked_in_the_audit_trail(server):
         trail = r.text
         assert "[masked:DB_PASSWORD]" in trail and "[masked:OWN]" in trail, trail
         assert secret not in trail and own not in trail
-        raw = b""
-        for name in ("warren.db", "warren.db-wal"):
-            p = os.path.join(server.data_dir, name)
-            if os.path.exists(p):
-                with open(p, "rb") as f:
-                    raw += f.read()
+        raw = _store_bytes(server)
         assert secret.encode() not in raw and own.encode() not in raw
     finally:
         sbx.kill()
