@@ -99,8 +99,17 @@ else
   echo "SKIP: the JS SDK smoke test needs Node.js >= 20.18.1 (found: $(node --version 2>/dev/null || echo none))"
 fi
 
-log "code interpreter: build the code-interpreter-v1 image (minutes the first time; cached after)"
+log "code interpreter: build the code-interpreter-v1 and code-interpreter-full images (minutes the first time; cached after)"
+# Side by side: both are mostly downloads and unpacking. The full image's log goes to a file
+# and is shown only if it fails.
+./target/release/warren template build code-interpreter-full --data-dir /var/lib/warren \
+  >target/code-interpreter-full-build.log 2>&1 &
+full_build=$!
 ./target/release/warren template build code-interpreter-v1 --data-dir /var/lib/warren
+if ! wait "$full_build"; then
+  cat target/code-interpreter-full-build.log
+  exit 1
+fi
 
 log "code-interpreter suite (e2b-code-interpreter SDK against warren serve)"
 WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \

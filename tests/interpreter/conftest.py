@@ -33,15 +33,15 @@ API_KEY = _e2e.API_KEY
 outcome_within = _e2e.outcome_within
 
 
-def _build_template(data_dir: str) -> None:
-    """`warren template build` before the server starts, its progress on the terminal."""
+def _build_template(data_dir: str, name: str = TEMPLATE) -> None:
+    """`warren template build`, its progress on the terminal."""
     binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
     # Written to the real stderr, past pytest's capture, so a first build shows its progress.
     out = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
-    out.write(f"\nbuilding (or finding) template {TEMPLATE} in {data_dir} ...\n")
+    out.write(f"\nbuilding (or finding) template {name} in {data_dir} ...\n")
     out.flush()
     subprocess.run(
-        [binary, "template", "build", TEMPLATE, "--data-dir", data_dir],
+        [binary, "template", "build", name, "--data-dir", data_dir],
         check=True, stdout=out, stderr=out,
     )
     out.close()
@@ -65,6 +65,13 @@ def server():
         srv.stop()
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def build_template(server):
+    """Builds (or finds) another catalog template in the server's data dir; the server
+    finds the image there at the first create."""
+    return lambda name: _build_template(server.data_dir, name)
 
 
 def _create():

@@ -1,7 +1,7 @@
 //! `warren template ...`: templates built through the server's API (build from a Dockerfile,
 //! list, info, logs, tags, delete, disk use, prune), and the catalog templates of this host's
-//! data dir (`base`, `code-interpreter-v1`), whose images `build <catalog name>` makes locally
-//! (that needs root and this machine, not the server).
+//! data dir (`base`, `code-interpreter-v1`, `code-interpreter-full`), whose images
+//! `build <catalog name>` makes locally (that needs root and this machine, not the server).
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
@@ -17,7 +17,8 @@ pub enum TemplateCommand {
     /// Lists the catalog templates of this host and the templates built through the server.
     List,
     /// Builds a template from a Dockerfile through the server, showing its log as it runs; a
-    /// catalog name (`base`, `code-interpreter-v1`) builds that image locally instead.
+    /// catalog name (`base`, `code-interpreter-v1`, `code-interpreter-full`) builds that image
+    /// locally instead.
     Build(BuildArgs),
     /// Shows one template: names, resources, tags and its latest build.
     Info {

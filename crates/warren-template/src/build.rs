@@ -396,6 +396,10 @@ fn mmdebstrap_command(
     for option in &recipe.dpkg_options {
         cmd.arg(format!("--dpkgopt={option}"));
     }
+    for dir in &recipe.setup_dirs {
+        // Validated as a plain absolute path (Recipe::validate); "$1" is the tree.
+        cmd.arg(format!("--setup-hook=mkdir -p \"$1{dir}\""));
+    }
     // Given a bare URL, mmdebstrap writes exactly one source line (`deb <mirror> <suite>
     // <components>`): no -updates or -security suites, which is what we want (one archive).
     cmd.arg(&recipe.suite).arg(rootfs).arg(&recipe.mirror);

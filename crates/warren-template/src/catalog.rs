@@ -7,13 +7,18 @@ use std::path::Path;
 use crate::Recipe;
 
 /// Names of the templates this host can build.
-pub const TEMPLATES: &[&str] = &["base", crate::CODE_INTERPRETER_TEMPLATE];
+pub const TEMPLATES: &[&str] = &[
+    "base",
+    crate::CODE_INTERPRETER_TEMPLATE,
+    crate::CODE_INTERPRETER_FULL_TEMPLATE,
+];
 
 /// Known templates by name.
 pub fn recipe(name: &str) -> Option<Recipe> {
     match name {
         "base" => Some(Recipe::base()),
         crate::CODE_INTERPRETER_TEMPLATE => Some(Recipe::code_interpreter()),
+        crate::CODE_INTERPRETER_FULL_TEMPLATE => Some(Recipe::code_interpreter_full()),
         _ => None,
     }
 }
@@ -74,19 +79,23 @@ pub const BUILT_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// The start command of catalog template `name`, if it has one.
 pub fn start_command(name: &str) -> Option<StartCommand> {
     match name {
-        crate::CODE_INTERPRETER_TEMPLATE => Some(StartCommand {
-            argv: crate::code_interpreter_start_argv(),
-            cwd: Some(crate::USER_HOME.to_owned()),
-            user: None,
-            env: BTreeMap::new(),
-            ready: Ready::Http {
-                port: crate::INTERP_PORT,
-                path: "/health".to_owned(),
-            },
-            // The server starts the default Python kernel before it opens its port: a few
-            // seconds on an idle host, more on a busy one.
-            ready_timeout: std::time::Duration::from_secs(90),
-        }),
+        crate::CODE_INTERPRETER_TEMPLATE | crate::CODE_INTERPRETER_FULL_TEMPLATE => {
+            Some(StartCommand {
+                argv: crate::code_interpreter_start_argv(),
+                cwd: Some(crate::USER_HOME.to_owned()),
+                // Kernels run code as root, as E2B's do (its Jupyter is a root service); commands
+                // and files keep the sandbox's default user.
+                user: Some("root".to_owned()),
+                env: BTreeMap::new(),
+                ready: Ready::Http {
+                    port: crate::INTERP_PORT,
+                    path: "/health".to_owned(),
+                },
+                // The server starts the default Python kernel before it opens its port: a few
+                // seconds on an idle host, more on a busy one.
+                ready_timeout: std::time::Duration::from_secs(90),
+            })
+        }
         _ => None,
     }
 }

@@ -1,5 +1,6 @@
-//! The `code-interpreter-v1` template: `base` plus Jupyter kernels (Python, bash, JavaScript), the usual Python data stack
-//! and Warren's code-interpreter server (port 49999), which the host starts after the agent.
+//! The `code-interpreter-v1` template: `base` plus Jupyter kernels (Python, bash, JavaScript,
+//! TypeScript), the usual Python data stack and Warren's code-interpreter server (port 49999),
+//! which the host starts after the agent.
 //!
 //! Everything comes from Debian's archive, so the image is as reproducible and as cached as
 //! `base`. The server's Python source is compiled into this crate (`include_str!`) and written
@@ -45,6 +46,8 @@ const PACKAGES: &[&str] = &[
     "python3-lxml",
     // Fonts for charts (matplotlib's default family).
     "fonts-dejavu-core",
+    // The TypeScript kernel transpiles each cell with Debian's compiler (js_runner.js).
+    "node-typescript",
 ];
 
 /// The server package: (file name, contents). Listed one by one so every file is hashed.
@@ -78,12 +81,16 @@ const SERVER_FILES: &[(&str, &str)] = &[
         include_str!("../services/code-interpreter/warren_interp/bash_kernel.py"),
     ),
     (
-        "js_kernel.py",
-        include_str!("../services/code-interpreter/warren_interp/js_kernel.py"),
+        "runner_kernel.py",
+        include_str!("../services/code-interpreter/warren_interp/runner_kernel.py"),
     ),
     (
         "js_runner.js",
         include_str!("../services/code-interpreter/warren_interp/js_runner.js"),
+    ),
+    (
+        "JavaRunner.java",
+        include_str!("../services/code-interpreter/warren_interp/JavaRunner.java"),
     ),
     (
         "supervise.py",
@@ -131,6 +138,7 @@ impl Recipe {
                         "--IPKernelApp.exec_files=['{INTERP_LIB_DIR}/warren_interp/kernel_setup.py']"
                     ),
                 ],
+                &[],
             ),
             0o644,
         ));
@@ -145,24 +153,40 @@ impl Recipe {
                     "-f",
                     "{connection_file}",
                 ],
+                &[],
             ),
             0o644,
         ));
-        recipe.post_steps.push(file(
-            "/usr/local/share/jupyter/kernels/warren-javascript/kernel.json".to_owned(),
-            &kernel_spec(
-                "JavaScript (Node.js)",
-                "javascript",
-                &[
-                    "/usr/bin/python3",
-                    &format!("{INTERP_LIB_DIR}/warren_interp/js_kernel.py"),
-                    "-f",
-                    "{connection_file}",
-                ],
-            ),
-            0o644,
-        ));
+        // JavaScript and TypeScript: one kernel program driving Node; TypeScript cells are
+        // transpiled first.
+        for (language, display_name) in [
+            ("javascript", "JavaScript (Node.js)"),
+            ("typescript", "TypeScript (Node.js)"),
+        ] {
+            recipe
+                .post_steps
+                .push(runner_kernel_spec(language, display_name));
+        }
         recipe
+    }
+}
+
+/// The kernel spec of a language that runner_kernel.py drives (JavaScript, TypeScript, Java).
+pub(crate) fn runner_kernel_spec(language: &str, display_name: &str) -> PostStep {
+    PostStep::WriteFile {
+        path: format!("/usr/local/share/jupyter/kernels/warren-{language}/kernel.json"),
+        contents: kernel_spec(
+            display_name,
+            language,
+            &[
+                "/usr/bin/python3",
+                &format!("{INTERP_LIB_DIR}/warren_interp/runner_kernel.py"),
+                "-f",
+                "{connection_file}",
+            ],
+            &[("WARREN_RUNNER_LANGUAGE", language)],
+        ),
+        mode: 0o644,
     }
 }
 
@@ -174,12 +198,22 @@ pub fn code_interpreter_start_argv() -> Vec<String> {
     ]
 }
 
-fn kernel_spec(display_name: &str, language: &str, argv: &[&str]) -> String {
+pub(crate) fn kernel_spec(
+    display_name: &str,
+    language: &str,
+    argv: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let env: serde_json::Map<String, serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+        .collect();
     let spec = serde_json::json!({
         "argv": argv,
         "display_name": display_name,
         "language": language,
         "interrupt_mode": "signal",
+        "env": env,
     });
     // A json! value always serialises.
     serde_json::to_string_pretty(&spec).unwrap_or_default() + "\n"

@@ -36,6 +36,7 @@ mod erofs;
 mod error;
 mod fsutil;
 mod interp;
+mod interp_full;
 mod manifest;
 mod pack;
 mod progress;
@@ -56,6 +57,7 @@ pub use error::{ImageError, Result};
 pub use interp::{
     code_interpreter_start_argv, CODE_INTERPRETER_TEMPLATE, INTERP_LIB_DIR, INTERP_PORT,
 };
+pub use interp_full::CODE_INTERPRETER_FULL_TEMPLATE;
 pub use manifest::{Manifest, IMAGE_FILE, MANIFEST_FILE};
 pub use pack::pack_layers;
 pub use progress::{BuildPhase, BuildProgress, SilentProgress, StderrProgress};

@@ -117,6 +117,12 @@ pub struct Recipe {
     /// `--dpkgopt` values; mmdebstrap also leaves them in the image's dpkg configuration, so
     /// path excludes keep applying to packages installed later inside a sandbox.
     pub dpkg_options: Vec<String>,
+    /// Directories made in the tree before any package is installed (an mmdebstrap setup
+    /// hook): maintainer scripts that write where the path excludes above keep dpkg out need
+    /// them (OpenJDK's update-alternatives links its man pages into /usr/share/man/man1).
+    /// Left out of the encoding when empty, so recipes without any keep their hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup_dirs: Vec<String>,
     /// Changes made by our code after mmdebstrap, in order.
     pub post_steps: Vec<PostStep>,
     /// Image data compression.
@@ -174,6 +180,7 @@ impl Recipe {
             // The archive is reached over a shared, sometimes flaky network; retrying is cheap.
             apt_options: vec!["Acquire::Retries \"3\"".to_owned()],
             dpkg_options: dpkg_options.iter().map(|o| (*o).to_owned()).collect(),
+            setup_dirs: Vec::new(),
             post_steps: base_post_steps(),
             compression: Compression::Lz4hc,
         }
@@ -247,6 +254,16 @@ impl Recipe {
                 c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
             }) {
                 return bad(format!("component {component:?} is not a valid name"));
+            }
+        }
+        for dir in &self.setup_dirs {
+            // Run by a shell (the hook): plain path characters only, and an absolute path.
+            if image_path(dir).is_err()
+                || dir
+                    .chars()
+                    .any(|c| !(c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-')))
+            {
+                return bad(format!("setup dir {dir:?} must be a plain absolute path"));
             }
         }
         for package in &self.packages {
@@ -457,6 +474,25 @@ mod tests {
         assert!(image_path("/etc//hosts").is_err());
         assert!(image_path("/etc/./hosts").is_err());
         assert_eq!(image_path("/").map(|p| p.len()).ok(), Some(0));
+    }
+
+    #[test]
+    fn setup_dirs_are_plain_paths_and_absent_from_recipes_without_them() {
+        let base = Recipe::base();
+        let encoded = serde_json::to_string(&base).expect("encodes");
+        assert!(
+            !encoded.contains("setup_dirs"),
+            "would change every existing hash"
+        );
+        let mut recipe = base.clone();
+        recipe.setup_dirs.push("/usr/share/man/man1".to_owned());
+        recipe.validate().expect("a plain path is fine");
+        assert_ne!(recipe.hash(), base.hash());
+        for bad in ["usr/share", "/x\"; rm -rf /", "/a/../b", "/$HOME"] {
+            let mut recipe = Recipe::base();
+            recipe.setup_dirs.push(bad.to_owned());
+            assert!(recipe.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

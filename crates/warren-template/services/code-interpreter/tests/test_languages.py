@@ -18,7 +18,28 @@ def test_aliases_case_and_blanks_normalise():
     assert contexts.normalise_language("Bash") == "bash"
 
 
-def test_an_unknown_language_is_refused_with_what_is_available():
-    with pytest.raises(contexts.UnsupportedLanguage, match="available: bash, javascript, python"):
+@pytest.fixture
+def kernels(tmp_path, monkeypatch):
+    """A kernel directory holding the specs code-interpreter-v1 installs."""
+    for spec in ("warren-python", "warren-bash", "warren-javascript", "warren-typescript"):
+        (tmp_path / spec).mkdir()
+    monkeypatch.setattr(contexts, "KERNEL_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_an_unknown_language_is_refused_with_what_is_available(kernels):
+    available = "available: bash, javascript, python, typescript"
+    with pytest.raises(contexts.UnsupportedLanguage, match=available):
         contexts.check_language("cobol")
     contexts.check_language("python")
+    contexts.check_language(contexts.normalise_language("ts"))
+
+
+def test_r_and_java_point_at_the_full_template_until_installed(kernels):
+    with pytest.raises(contexts.UnsupportedLanguage, match="code-interpreter-full"):
+        contexts.check_language("r")
+    (kernels / "warren-r").mkdir()
+    contexts.check_language("r")
+    with pytest.raises(contexts.UnsupportedLanguage, match="available: bash, javascript, "
+                       "python, r, typescript"):
+        contexts.check_language("java")

@@ -30,7 +30,19 @@ from jupyter_client import KernelManager
 from . import output
 
 # Language -> kernel spec name (the specs are written into the image by the recipe).
-KERNELS = {"python": "warren-python", "bash": "warren-bash", "javascript": "warren-javascript"}
+KERNELS = {
+    "python": "warren-python",
+    "bash": "warren-bash",
+    "javascript": "warren-javascript",
+    "typescript": "warren-typescript",
+    # Only in the code-interpreter-full template.
+    "r": "warren-r",
+    "java": "warren-java",
+}
+# Where the recipe writes the kernel specs: a language is available when its spec is there.
+KERNEL_DIR = "/usr/local/share/jupyter/kernels"
+# Languages whose cells run on Node.js (TypeScript is transpiled first).
+NODE_LANGUAGES = ("javascript", "typescript")
 # The SDKs' language aliases.
 ALIASES = {"js": "javascript", "ts": "typescript"}
 DEFAULT_CWD = "/home/user"
@@ -60,6 +72,17 @@ def sandbox_env():
     return {k: v for k, v in data.items() if isinstance(v, str) and ENV_NAME.match(k)}
 
 
+def _lit(value):
+    """A string literal R and Java read as `value` (JSON's escapes are a subset of theirs)."""
+    return json.dumps(value)
+
+
+def _r_setenv(items):
+    names = ", ".join(_lit(k) for k in items)
+    values = ", ".join(_lit(v) for v in items.values())
+    return f"do.call(Sys.setenv, as.list(setNames(c({values}), c({names}))))\n"
+
+
 class UnsupportedLanguage(Exception):
     pass
 
@@ -73,11 +96,21 @@ def normalise_language(language):
     return ALIASES.get(language, language)
 
 
+def available_languages():
+    """The languages whose kernels this image has (R and Java are in code-interpreter-full)."""
+    return sorted(lang for lang, spec in KERNELS.items()
+                  if os.path.isdir(os.path.join(KERNEL_DIR, spec)))
+
+
 def check_language(language):
-    if language not in KERNELS:
+    available = available_languages()
+    if language not in available:
+        hint = ""
+        if language in KERNELS:
+            hint = " (R and Java kernels are in the code-interpreter-full template)"
         raise UnsupportedLanguage(
-            f"Language {language!r} is not supported by this sandbox "
-            f"(available: {', '.join(sorted(KERNELS))})"
+            f"Language {language!r} is not supported by this sandbox{hint} "
+            f"(available: {', '.join(available)})"
         )
 
 
@@ -113,7 +146,8 @@ class Context:
         os.makedirs(self.cwd, exist_ok=True)
         km = KernelManager(kernel_name=KERNELS[self.language])
         env = _kernel_env()
-        env.update(sandbox_env())
+        sandbox = sandbox_env()
+        env.update(sandbox)
         km.start_kernel(cwd=self.cwd, env=env)
         kc = km.client()
         kc.start_channels()
@@ -125,6 +159,9 @@ class Context:
             raise
         self.km, self.kc = km, kc
         self.applied = env
+        if self.language == "java" and sandbox:
+            # Java code reads them as system properties (see _sandbox_env_code).
+            self._run_quietly(self._sandbox_env_code(sandbox, reseed=False))
 
     def stop(self):
         if self.kc is not None:
@@ -177,8 +214,17 @@ class Context:
             if reseed:
                 code += "import random as _w_random\n_w_random.seed()\ndel _w_random\n"
             return code
-        if self.language == "javascript":
+        if self.language in NODE_LANGUAGES:
             return f"Object.assign(process.env, {data});\n"
+        if self.language == "r":
+            code = _r_setenv(items)
+            if reseed:
+                code += "\nset.seed(NULL)"
+            return code
+        if self.language == "java":
+            # A JVM cannot change its own environment: E2B's Java kernels use system
+            # properties (System.getProperty), and so do we.
+            return "".join(f"System.setProperty({_lit(k)}, {_lit(v)});\n" for k, v in items.items())
         lines = []
         for k, v in items.items():
             quoted = "'" + v.replace("'", "'\\''") + "'"
@@ -210,7 +256,7 @@ class Context:
                 "try: del _w_k, _w_v\nexcept NameError: pass\n"
             )
             return set_code, restore
-        if self.language == "javascript":
+        if self.language in NODE_LANGUAGES:
             data = json.dumps(items)
             set_code = (
                 f"globalThis.__warrenEnv = {data};\n"
@@ -224,6 +270,30 @@ class Context:
                 "}\ndelete globalThis.__warrenEnvSaved;\n"
             )
             return set_code, restore
+        if self.language == "r":
+            names = ", ".join(_lit(k) for k in items)
+            set_code = (
+                f".warren_env_saved <- Sys.getenv(c({names}), unset = NA, names = TRUE)\n"
+                + _r_setenv(items)
+            )
+            restore = (
+                "for (.warren_k in names(.warren_env_saved)) {\n"
+                "  .warren_v <- .warren_env_saved[[.warren_k]]\n"
+                "  if (is.na(.warren_v)) Sys.unsetenv(.warren_k)\n"
+                "  else do.call(Sys.setenv, setNames(list(.warren_v), .warren_k))\n"
+                "}\n"
+                "rm(.warren_env_saved, .warren_k, .warren_v)\n"
+            )
+            return set_code, restore
+        if self.language == "java":
+            set_lines, restore_lines = [], []
+            for i, (k, v) in enumerate(items.items()):
+                set_lines.append(f"String __warrenEnvSaved{i} = System.setProperty({_lit(k)}, {_lit(v)});")
+                restore_lines.append(
+                    f"if (__warrenEnvSaved{i} == null) System.clearProperty({_lit(k)}); "
+                    f"else System.setProperty({_lit(k)}, __warrenEnvSaved{i});"
+                )
+            return "\n".join(set_lines), "\n".join(restore_lines)
         # bash: remember whether each variable was set and its value, then export.
         set_lines, restore_lines = [], []
         for k, v in items.items():

@@ -1,12 +1,16 @@
 'use strict'
-// The JavaScript side of the warren-javascript kernel (js_kernel.py): one long-lived Node.js
+// The JavaScript side of the warren-javascript and warren-typescript kernels (runner_kernel.py): one long-lived Node.js
 // process whose global scope is the context's state.
 //
 // Requests arrive on stdin, one JSON line each: {"code": "..."}. Code runs in this process's
 // own global context (vm.runInThisContext), so top-level `var`, `let`, `const` and functions
 // persist between executions, and `require` works as in a CommonJS module. The code's own
 // output goes to stdout/stderr as usual (the kernel streams them); the outcome goes to the
-// file descriptor named by WARREN_JS_FD as JSON lines: result, error, then done.
+// file descriptor named by WARREN_RUNNER_FD as JSON lines: result, error, then done.
+//
+// TypeScript (WARREN_JS_TYPESCRIPT=1, the warren-typescript kernel): each cell is first
+// transpiled with Debian's TypeScript compiler (types removed, no type checking, as
+// ts-node's transpile-only mode), then runs exactly as JavaScript does.
 //
 // Interrupts: the kernel's process group gets SIGINT. `breakOnSigint` turns it into an
 // exception while synchronous code runs; outside of that the no-op handler keeps the process
@@ -17,8 +21,10 @@ const util = require('util')
 const fs = require('fs')
 const readline = require('readline')
 
-const out = Number(process.env.WARREN_JS_FD)
-delete process.env.WARREN_JS_FD
+const out = Number(process.env.WARREN_RUNNER_FD)
+delete process.env.WARREN_RUNNER_FD
+const typescript = process.env.WARREN_JS_TYPESCRIPT === '1' ? require('/usr/share/nodejs/typescript') : null
+delete process.env.WARREN_JS_TYPESCRIPT
 
 function send(message) {
   fs.writeSync(out, JSON.stringify(message) + '\n')
@@ -56,10 +62,30 @@ function rewriteImports(code) {
     .replace(/^[ \t]*import\s+(['"][^'"\n]+['"])[ \t]*;?[ \t]*$/gm, 'require($1);')
 }
 
+// TypeScript to JavaScript of the same shape: ES modules' `import` lines stay (rewritten
+// below) and top-level `await` stays. Syntax errors are reported as JavaScript's would be.
+function transpile(code) {
+  const { outputText, diagnostics } = typescript.transpileModule(code, {
+    compilerOptions: {
+      target: typescript.ScriptTarget.ES2022,
+      // Imports stay as written (those used only as types vanish).
+      module: typescript.ModuleKind.ESNext,
+    },
+    reportDiagnostics: true,
+    fileName: 'cell.ts',
+  })
+  const errors = (diagnostics || []).filter((d) => d.category === typescript.DiagnosticCategory.Error)
+  if (errors.length) {
+    throw new SyntaxError(typescript.flattenDiagnosticMessageText(errors[0].messageText, '\n'))
+  }
+  return outputText
+}
+
 // Scripts cannot use `await` at the top level. Such code runs as the body of an async
 // function instead: first as one expression (so `await f()` gives its value), else as
 // statements (its declarations then stay local to that execution).
 function evaluate(code) {
+  if (typescript) code = transpile(code)
   code = rewriteImports(code)
   try {
     return vm.runInThisContext(code, options)
@@ -67,7 +93,9 @@ function evaluate(code) {
     if (!(err instanceof SyntaxError) || !/\bawait\b/.test(code)) throw err
   }
   try {
-    return vm.runInThisContext(`(async () => (${code}\n))()`, options)
+    // As one expression: without the statement's closing semicolon (TypeScript adds one).
+    const expression = code.replace(/;\s*$/, '')
+    return vm.runInThisContext(`(async () => (${expression}\n))()`, options)
   } catch (err) {
     if (!(err instanceof SyntaxError)) throw err
   }

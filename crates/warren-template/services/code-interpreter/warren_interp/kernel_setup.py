@@ -6,12 +6,19 @@ Adds two display formats that IPython does not have, so that the server can pass
 Objects are recognised through sys.modules: nothing is imported here, so a kernel that never
 touches matplotlib or pandas pays nothing for them.
 
+And, as E2B's kernels do, PIL images are shown as results: `image.show()` displays the image
+(there is no screen to open a viewer on) and `image.save(path)` displays it too. PIL is patched
+when user code first imports it, by a one-shot import hook.
+
 Everything lives inside one function that deletes itself, so the user's namespace starts clean.
 """
 
 
 def _warren_kernel_setup():
+    import importlib.abc
+    import importlib.util
     import json
+    import os
     import sys
 
     from IPython import get_ipython
@@ -62,6 +69,49 @@ def _warren_kernel_setup():
         format_type = Unicode("e2b/data")
         module, name = "pandas.core.frame", "DataFrame"
         convert = staticmethod(dataframe_data)
+
+    def patch_pil(image_module):
+        from IPython.display import display as show
+
+        def show_image(self, title=None):
+            show(self)
+
+        original_save = image_module.Image.save
+
+        def save(self, fp, format=None, **params):
+            if isinstance(fp, (str, os.PathLike)):
+                show(self)
+            return original_save(self, fp, format, **params)
+
+        image_module.Image.show = show_image
+        image_module.Image.save = save
+
+    class PilHook(importlib.abc.MetaPathFinder):
+        """Patches PIL.Image right after its first import, then leaves sys.meta_path."""
+
+        def find_spec(self, name, path, target=None):
+            if name != "PIL.Image":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                try:
+                    patch_pil(module)
+                except Exception:  # an unexpected PIL: images are simply not shown
+                    pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if "PIL.Image" in sys.modules:
+        patch_pil(sys.modules["PIL.Image"])
+    else:
+        sys.meta_path.insert(0, PilHook())
 
     display = get_ipython().display_formatter
     for formatter_class in (ChartFormatter, DataFormatter):

@@ -1,13 +1,18 @@
-"""A small Jupyter kernel for JavaScript, on ipykernel's Kernel base class.
+"""A small Jupyter kernel for JavaScript, TypeScript and Java, on ipykernel's Kernel base class.
 
-It drives one Node.js process (the base image's Node 18) running js_runner.js: code goes in on
-the runner's stdin, the code's stdout and stderr are streamed as they come, and the outcome
-(value, error, done) comes back on a separate pipe so that it never mixes with what the code
-prints. The runner keeps the state; if it dies (process.exit(), a crash) a new one is started
-and the execution that killed it reports the error.
+It drives one long-lived runner process that keeps the context's state: js_runner.js on the
+base image's Node 18 (TypeScript cells are transpiled first), or JavaRunner.java on JShell
+(code-interpreter-full). Code goes in on the runner's stdin, the code's stdout and stderr are
+streamed as they come, and the outcome (value, error, done: JSON lines) comes back on a
+separate pipe so that it never mixes with what the code prints. If the runner dies
+(process.exit(), System.exit(), a crash) a new one is started and the execution that killed it
+reports the error.
+
+The language is the kernel spec's WARREN_RUNNER_LANGUAGE.
 
 Why our own: the maintained JavaScript kernels need native ZeroMQ bindings fetched from outside
-the Debian archive; this one needs nothing beyond Node and ipykernel.
+the Debian archive, and the Java one is not in Debian; these need nothing beyond Node, a JDK
+and ipykernel.
 """
 
 import codecs
@@ -22,53 +27,81 @@ import time
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
-RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js_runner.js")
+HERE = os.path.dirname(os.path.abspath(__file__))
 INTERRUPT_GRACE_SECONDS = 3.0
 
 
+def _json_request(code):
+    return (json.dumps({"code": code}) + "\n").encode()
+
+
+def _sized_request(code):
+    # The Java runner has no JSON parser: the code's length in bytes, a newline, the code.
+    data = code.encode()
+    return b"%d\n%s" % (len(data), data)
+
+
+# language -> (argv, extra environment, request encoding, Jupyter language_info)
+RUNNERS = {
+    "javascript": (
+        ["node", os.path.join(HERE, "js_runner.js")], {}, _json_request,
+        {"name": "javascript", "mimetype": "application/javascript", "file_extension": ".js"},
+    ),
+    "typescript": (
+        ["node", os.path.join(HERE, "js_runner.js")], {"WARREN_JS_TYPESCRIPT": "1"}, _json_request,
+        {"name": "typescript", "mimetype": "text/typescript", "file_extension": ".ts"},
+    ),
+    "java": (
+        # Single-file source launch: compiled in memory at start, nothing to build.
+        ["java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "--add-modules", "jdk.jshell",
+         os.path.join(HERE, "JavaRunner.java")],
+        {}, _sized_request,
+        {"name": "java", "mimetype": "text/x-java-source", "file_extension": ".jshell"},
+    ),
+}
+LANGUAGE = os.environ.get("WARREN_RUNNER_LANGUAGE", "javascript")
+
+
 def _default_signals():
-    # ipykernel ignores SIGINT and Python ignores SIGPIPE; Node must see both as usual (it
-    # handles SIGINT itself, see js_runner.js).
+    # ipykernel ignores SIGINT and Python ignores SIGPIPE; the runner must see both as usual
+    # (Node and the JVM handle SIGINT themselves: js_runner.js, JavaRunner.java).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
-class JavaScriptKernel(Kernel):
-    implementation = "warren-javascript"
+class RunnerKernel(Kernel):
+    implementation = f"warren-{LANGUAGE}"
     implementation_version = "1.0"
-    language = "javascript"
-    language_version = "18"
-    language_info = {
-        "name": "javascript",
-        "mimetype": "application/javascript",
-        "file_extension": ".js",
-    }
-    banner = "JavaScript (Node.js)"
+    language = LANGUAGE
+    language_info = RUNNERS[LANGUAGE][3]
+    banner = LANGUAGE
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.node = None
-        self._start_node()
+        self.runner = None
+        self._start_runner()
 
-    def _start_node(self):
+    def _start_runner(self):
+        argv, extra_env, self.encode, _ = RUNNERS[LANGUAGE]
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ, WARREN_JS_FD=str(write_fd))
-        self.node = subprocess.Popen(
-            ["node", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env = dict(os.environ, WARREN_RUNNER_FD=str(write_fd), **extra_env)
+        env.pop("WARREN_RUNNER_LANGUAGE", None)
+        self.runner = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, pass_fds=(write_fd,), env=env, preexec_fn=_default_signals,
         )
         os.close(write_fd)
         self.ctrl = read_fd
         self.pending = b""
 
-    def _stop_node(self):
-        if self.node is not None:
-            self.node.kill()
-            self.node.wait()
-            for f in (self.node.stdin, self.node.stdout, self.node.stderr):
+    def _stop_runner(self):
+        if self.runner is not None:
+            self.runner.kill()
+            self.runner.wait()
+            for f in (self.runner.stdin, self.runner.stdout, self.runner.stderr):
                 f.close()
             os.close(self.ctrl)
-            self.node = None
+            self.runner = None
 
     def _stream(self, name, text):
         if text and not self._silent:
@@ -80,22 +113,22 @@ class JavaScriptKernel(Kernel):
         if not code.strip():
             return self._reply(None)
         try:
-            self.node.stdin.write((json.dumps({"code": code}) + "\n").encode())
-            self.node.stdin.flush()
+            self.runner.stdin.write(self.encode(code))
+            self.runner.stdin.flush()
         except OSError:
-            return self._node_died()
+            return self._runner_died()
         error = None
         interrupted_at = None
         decoders = {
-            self.node.stdout.fileno(): ("stdout", codecs.getincrementaldecoder("utf-8")("replace")),
-            self.node.stderr.fileno(): ("stderr", codecs.getincrementaldecoder("utf-8")("replace")),
+            self.runner.stdout.fileno(): ("stdout", codecs.getincrementaldecoder("utf-8")("replace")),
+            self.runner.stderr.fileno(): ("stderr", codecs.getincrementaldecoder("utf-8")("replace")),
         }
         while True:
             try:
                 if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_GRACE_SECONDS:
                     # Still running asynchronous work that SIGINT cannot stop: start over.
-                    self._stop_node()
-                    self._start_node()
+                    self._stop_runner()
+                    self._start_runner()
                     return self._reply(("KeyboardInterrupt", "Interrupted", ""))
                 fds = [self.ctrl, *decoders]
                 ready, _, _ = select.select(fds, [], [], 0.1)
@@ -106,7 +139,7 @@ class JavaScriptKernel(Kernel):
                         self._stream(name, decoder.decode(data))
                         continue
                     if not data:
-                        return self._node_died()
+                        return self._runner_died()
                     self.pending += data
                     while b"\n" in self.pending:
                         line, self.pending = self.pending.split(b"\n", 1)
@@ -121,9 +154,12 @@ class JavaScriptKernel(Kernel):
                             error = (message["name"], message["value"], message["traceback"])
                         elif message["type"] == "done":
                             self._drain(decoders)
+                            if error is None and interrupted_at:
+                                # Stopped without an error of its own (JShell's stop).
+                                error = ("KeyboardInterrupt", "Interrupted", "")
                             return self._reply(error)
             except KeyboardInterrupt:
-                # Node got the same SIGINT (one process group) and stops synchronous code.
+                # The runner got the same SIGINT (one process group) and stops the code.
                 interrupted_at = interrupted_at or time.monotonic()
 
     def _drain(self, decoders):
@@ -142,11 +178,13 @@ class JavaScriptKernel(Kernel):
             if not got:
                 return
 
-    def _node_died(self):
-        code = self.node.poll()
-        self._stop_node()
-        self._start_node()
-        return self._reply(("NodeExited", f"node exited with status {code}; a new one was started", ""))
+    def _runner_died(self):
+        code = self.runner.poll()
+        self._stop_runner()
+        self._start_runner()
+        return self._reply((
+            "RunnerExited", f"the {LANGUAGE} process exited with status {code}; a new one was started", "",
+        ))
 
     def _reply(self, error):
         if error is None:
@@ -159,11 +197,11 @@ class JavaScriptKernel(Kernel):
         return dict(content, status="error", execution_count=self.execution_count)
 
     def do_shutdown(self, restart):
-        self._stop_node()
+        self._stop_runner()
         return {"status": "ok", "restart": restart}
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.argv[0] = "warren-javascript-kernel"
-    IPKernelApp.launch_instance(kernel_class=JavaScriptKernel)
+    sys.argv[0] = f"warren-{LANGUAGE}-kernel"
+    IPKernelApp.launch_instance(kernel_class=RunnerKernel)

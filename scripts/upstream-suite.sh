@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs an upstream SDK project's own test suite, unmodified, against a local `warren serve`
+# (namespace runtime), as the measure of compatibility that docs/compatibility.md reports.
+# The suites are not part of this repository: point the script at a checkout of theirs.
+#
+#   scripts/upstream-suite.sh code-interpreter CHECKOUT [TEMPLATE] [PYTEST ARGS...]
+#       CHECKOUT: a clone of github.com/e2b-dev/code-interpreter; runs python/tests with
+#       E2B_TESTS_TEMPLATE=TEMPLATE (default code-interpreter-v1; code-interpreter-full has R
+#       and Java). Build the template first: warren template build TEMPLATE.
+#   scripts/upstream-suite.sh python-sdk CHECKOUT [PYTEST ARGS...]
+#       CHECKOUT: a clone of github.com/e2b-dev/E2B; runs packages/python-sdk/tests. Pass
+#       -k/--deselect for the tests that reach public addresses (this host has no internet).
+#
+# Needs root (the server's runtime), the data dir /var/lib/warren (WARREN_E2E_DATA_DIR) with
+# its images, and target/release/warren (WARREN_BIN). The client venv lives in
+# target/upstream/<suite>. Prints pytest's summary; exits with its status.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+suite=${1:?usage: scripts/upstream-suite.sh code-interpreter|python-sdk CHECKOUT ...}
+checkout=$(cd "${2:?the upstream checkout}" && pwd)
+shift 2
+
+KEY=e2b_0123456789abcdef0123456789abcdef01234567
+BIN=${WARREN_BIN:-$ROOT/target/release/warren}
+DATA_DIR=${WARREN_E2E_DATA_DIR:-/var/lib/warren}
+venv=$ROOT/target/upstream/$suite
+export E2B_TESTS_TEMPLATE=""
+
+case "$suite" in
+code-interpreter)
+  E2B_TESTS_TEMPLATE=${1:-code-interpreter-v1}
+  [ $# -gt 0 ] && shift
+  tests_dir=$checkout/python
+  packages=(e2b-code-interpreter==2.11.5 "pytest>=9" "pytest-asyncio>=1.3" pytest-xdist matplotlib)
+  ;;
+python-sdk)
+  tests_dir=$checkout/packages/python-sdk
+  packages=(e2b==2.63.0 "pytest>=9" "pytest-asyncio>=1.3" pytest-xdist pytest-timeout
+    python-dotenv pytest-dotenv attrs httpx)
+  ;;
+*)
+  echo "unknown suite $suite (code-interpreter or python-sdk)" >&2
+  exit 2
+  ;;
+esac
+
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+url=http://127.0.0.1:$port
+mkdir -p "$ROOT/target/upstream"
+WARREN_API_KEY=$KEY "$BIN" serve --listen "127.0.0.1:$port" --data-dir "$DATA_DIR" --runtime ns \
+  --max-sandboxes 40 >"$ROOT/target/upstream/serve-$suite.log" 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
+for _ in $(seq 900); do
+  curl -sf "$url/health" >/dev/null && break
+  kill -0 "$server" 2>/dev/null || { echo "warren serve exited; see target/upstream/serve-$suite.log" >&2; exit 1; }
+  sleep 1
+done
+
+cd "$tests_dir"
+E2B_API_KEY=$KEY E2B_API_URL=$url E2B_SANDBOX_URL=$url \
+  "$venv/bin/python" -m pytest tests -p no:cacheprovider -q "$@"
