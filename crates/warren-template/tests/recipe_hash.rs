@@ -16,6 +16,7 @@ fn fixture() -> Recipe {
         packages: vec!["python3".to_owned(), "git".to_owned()],
         apt_options: vec!["Acquire::Retries \"3\"".to_owned()],
         dpkg_options: vec!["path-exclude=/usr/share/man/*".to_owned()],
+        setup_dirs: Vec::new(),
         post_steps: vec![
             PostStep::Group {
                 name: "user".to_owned(),
