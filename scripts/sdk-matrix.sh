@@ -4,34 +4,38 @@
 # target/sdk-matrix, against one `warren serve` with the namespace runtime. Prints one line per
 # release and fails if any release fails.
 #
-#   scripts/sdk-matrix.sh            # the releases below
-#   scripts/sdk-matrix.sh 2.45.1     # just these
+#   scripts/sdk-matrix.sh                  # the releases below
+#   scripts/sdk-matrix.sh 2.45.1 1.11.1@domain   # just these
 #
-# Releases before 2.21 reach sandboxes only by host name (`<port>-<id>.<domain>`): they join
-# the matrix with the domain-mode harness (tests/e2e/test_domain.py), see docs/compatibility.md.
+# Releases before 2.21 reach sandboxes only by host name (`<port>-<id>.<domain>`): `@domain`
+# runs them against the server in domain mode (HTTPS on 127.0.0.1:443, E2B_DOMAIN and the
+# server's CA only; tests/compat/conftest.py), see docs/compatibility.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RELEASES=("$@")
 if [ ${#RELEASES[@]} -eq 0 ]; then
-  RELEASES=(2.45.1 2.63.0)
+  RELEASES=(2.63.0 2.45.1 2.20.3@domain 2.0.2@domain 1.11.1@domain)
 fi
 
 failed=()
-for v in "${RELEASES[@]}"; do
+for release in "${RELEASES[@]}"; do
+  v=${release%@domain}
+  domain=0
+  [ "$v" != "$release" ] && domain=1
   venv="target/sdk-matrix/e2b-$v"
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check "e2b==$v" -r tests/compat/requirements.txt
-  echo "--- e2b $v"
-  if WARREN_E2E_RUNTIME=ns WARREN_BIN="${WARREN_BIN:-$PWD/target/release/warren}" \
+  echo "--- e2b $release"
+  if WARREN_COMPAT_DOMAIN=$domain WARREN_E2E_RUNTIME=ns WARREN_BIN="${WARREN_BIN:-$PWD/target/release/warren}" \
       WARREN_E2E_DATA_DIR="${WARREN_E2E_DATA_DIR:-/var/lib/warren}" \
       "$venv/bin/python" -m pytest tests/compat -q -p no:cacheprovider; then
-    echo "e2b $v: passed"
+    echo "e2b $release: passed"
   else
-    echo "e2b $v: FAILED"
-    failed+=("$v")
+    echo "e2b $release: FAILED"
+    failed+=("$release")
   fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -67,6 +67,9 @@ def test_v1_resume_resumes_a_paused_sandbox_and_refuses_a_running_one(api):
         assert r.status_code == 409 and "already running" in r.text, r.text
         p = api.post(f"{api.base}/sandboxes/{sbx.sandbox_id}/pause", json={}, timeout=600)
         assert p.status_code == 204, p.text
+        # Only a running sandbox has a timeout to set; SDK 2.0's connect resumes when this fails.
+        t = api.post(f"{api.base}/sandboxes/{sbx.sandbox_id}/timeout", json={"timeout": 30}, timeout=30)
+        assert t.status_code == 404 and "paused" in t.text, t.text
         r = api.post(
             f"{api.base}/sandboxes/{sbx.sandbox_id}/resume",
             json={"timeout": 120, "autoPause": False},

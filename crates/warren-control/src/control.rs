@@ -679,7 +679,15 @@ impl Control {
             self.timeout(Some(timeout))?
         };
         let mut sb = self.locked(id).await?;
-        if !matches!(sb.state, SandboxState::Running | SandboxState::Paused) {
+        if sb.state == SandboxState::Paused {
+            // As on E2B, only a running sandbox has a timeout to set: a paused one is "not
+            // found" here. SDK releases that resume through `connect` rely on it (they try
+            // set_timeout first and resume only when it fails).
+            return Err(ControlError::NotFound(format!(
+                "sandbox {id} is paused: connect to it or resume it first"
+            )));
+        }
+        if sb.state != SandboxState::Running {
             return Err(ControlError::FailedPrecondition(format!(
                 "sandbox {id} is {}",
                 sb.state.as_str()
@@ -688,10 +696,7 @@ impl Control {
         let mut next = sb.clone();
         next.end_at = Utc::now() + timeout;
         self.inner.store.update_sandbox(&next).await?;
-        // A paused sandbox keeps its new end time for after its resume, but does not expire.
-        if next.state == SandboxState::Running {
-            self.schedule_end(id, next.end_at);
-        }
+        self.schedule_end(id, next.end_at);
         *sb = next;
         let end = sb
             .end_at

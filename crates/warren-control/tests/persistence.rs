@@ -163,9 +163,14 @@ async fn unsupported_modes_are_clear_400s() {
 async fn paused_sandboxes_survive_restart_and_do_not_expire() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
     let sb = c.create(base()).await.unwrap();
-    c.pause(&sb.id, None).await.unwrap();
-    // A short timeout set while paused does not end it.
+    // An end time that passes while it is paused does not end it.
     c.set_timeout(&sb.id, 1).await.unwrap();
+    c.pause(&sb.id, None).await.unwrap();
+    // A paused sandbox has no timeout to set (as on E2B: "not found" until it runs again).
+    assert!(matches!(
+        c.set_timeout(&sb.id, 1).await,
+        Err(ControlError::NotFound(_))
+    ));
     c.shutdown();
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
