@@ -402,7 +402,8 @@ def test_killed_kernel_recovers(fresh):
     assert fresh.run_code("1 + 1").text == "2"
     # Killed from outside while idle: the next execution still works.
     pid = fresh.run_code("import os; os.getpid()").text
-    fresh.commands.run(f"kill -9 {pid}")
+    # Kernels run as root (as on E2B), so killing one takes root.
+    fresh.commands.run(f"kill -9 {pid}", user="root")
     assert fresh.run_code("2 + 2").text == "4"
 
 
