@@ -3,13 +3,15 @@
 # (namespace runtime), as the measure of compatibility that docs/compatibility.md reports.
 # The suites are not part of this repository: point the script at a checkout of theirs.
 #
-#   scripts/upstream-suite.sh code-interpreter CHECKOUT [TEMPLATE] [PYTEST ARGS...]
+#   scripts/upstream-suite.sh code-interpreter CHECKOUT [TEMPLATE] [PYTEST ARGS (default: tests)]
 #       CHECKOUT: a clone of github.com/e2b-dev/code-interpreter; runs python/tests with
 #       E2B_TESTS_TEMPLATE=TEMPLATE (default code-interpreter-v1; code-interpreter-full has R
 #       and Java). Build the template first: warren template build TEMPLATE.
-#   scripts/upstream-suite.sh python-sdk CHECKOUT [PYTEST ARGS...]
-#       CHECKOUT: a clone of github.com/e2b-dev/E2B; runs packages/python-sdk/tests. Pass
-#       -k/--deselect for the tests that reach public addresses (this host has no internet).
+#   scripts/upstream-suite.sh python-sdk CHECKOUT [PYTEST ARGS (default: tests)]
+#       CHECKOUT: a clone of github.com/e2b-dev/E2B at the tag of the SDK release under test
+#       (@e2b/python-sdk@$E2B_SDK_VERSION, default 2.45.1: the suite tests that release's
+#       code); runs packages/python-sdk/tests. Pass --ignore/--deselect for the tests that
+#       reach public addresses (this host has no internet; docs/compatibility.md lists them).
 #
 # Needs root (the server's runtime), the data dir /var/lib/warren (WARREN_E2E_DATA_DIR) with
 # its images, and target/release/warren (WARREN_BIN). The client venv lives in
@@ -37,7 +39,7 @@ code-interpreter)
   ;;
 python-sdk)
   tests_dir=$checkout/packages/python-sdk
-  packages=(e2b==2.63.0 "pytest>=9" "pytest-asyncio>=1.3" pytest-xdist pytest-timeout
+  packages=("e2b==${E2B_SDK_VERSION:-2.45.1}" "pytest>=9" "pytest-asyncio>=1.3" pytest-xdist pytest-timeout
     python-dotenv pytest-dotenv attrs httpx)
   ;;
 *)
@@ -64,4 +66,4 @@ done
 
 cd "$tests_dir"
 E2B_API_KEY=$KEY E2B_API_URL=$url E2B_SANDBOX_URL=$url \
-  "$venv/bin/python" -m pytest tests -p no:cacheprovider -q "$@"
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q "${@:-tests}"
