@@ -36,6 +36,8 @@ def e2b(server):
     def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([CLI, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
+    # For the interactive commands, which want a terminal of their own.
+    run.argv, run.env = [CLI], env
     return run
 
 
