@@ -5,6 +5,8 @@
   sudo .venv/bin/python benches/run.py --scenario create --scenario idle
   sudo .venv/bin/python benches/run.py --smoke                 # tiny counts; asserts numbers come out
   sudo .venv/bin/python benches/run.py --scenario idle --max-idle --max-idle-cap 1000
+  sudo .venv/bin/python benches/run.py --compare               # and against the previous run
+  .venv/bin/python benches/run.py --compare-files OLD/results.json NEW/results.json
 
 Starts its own `warren serve` (as root) on a free loopback port with --data-dir (default
 /var/lib/warren, which must hold or will build the base image), runs the scenarios, and writes
@@ -31,6 +33,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from harness import compare  # noqa: E402
 from harness.common import API_KEY, REPO_ROOT, Results, Server, cgroup_layout, meminfo  # noqa: E402
 from harness.report import table, write_all  # noqa: E402
 from harness.common import Metric, percentile, time_calls  # noqa: E402
@@ -108,6 +111,22 @@ def machine() -> str:
             f"cgroups {cgroup_layout()}")
 
 
+def print_comparison(current: dict, previous_path: str | None, threshold: float,
+                     write_to: str | None = None) -> int:
+    """Prints (and writes) the comparison table; regressions are listed, not fatal: one noisy
+    run on a shared host is not a verdict."""
+    previous = compare.load(previous_path) if previous_path else None
+    text, regressions = compare.compare(current, previous, threshold)
+    head = f"compared with {previous_path}" if previous_path else "no previous results file to compare with"
+    print(f"\n{head}\n\n{text}\n")
+    for r in regressions:
+        print(f"REGRESSION (worse than the previous run by more than {threshold:.0%}): {r}")
+    if write_to:
+        with open(write_to, "w") as f:
+            f.write(f"# Comparison\n\n{head}\n\n{text}\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
@@ -126,8 +145,19 @@ def main() -> int:
     ap.add_argument("--vm-memory-mb", type=int,
                     help="--runtime vm: guest RAM of every VM (default 512; the pause scenario "
                          "touches up to 1 GiB when the guest has 1536)")
+    ap.add_argument("--compare", action="store_true",
+                    help="after the run, print every metric beside its baseline and the previous "
+                         "results file (--previous, default the newest under benches/results)")
+    ap.add_argument("--previous", help="results.json to compare with (implies --compare)")
+    ap.add_argument("--compare-files", nargs=2, metavar=("OLD", "NEW"),
+                    help="compare two results.json files and exit (no run, no root needed)")
+    ap.add_argument("--threshold", type=float, default=0.10,
+                    help="--compare: a ratio worse by more than this fraction is a regression")
     args = ap.parse_args()
     names = args.scenario or list(SCENARIOS)
+    if args.compare_files:
+        old, new = args.compare_files
+        return print_comparison(compare.load(new), old, args.threshold)
 
     # The vm runtime's raw QEMU restore baseline is measured by its own benchmark:
     # `cargo run --release -p warren-runtime-vm --example vm_bench`.
@@ -198,6 +228,10 @@ def main() -> int:
         for n in notes:
             print(f"- {sc}: {n}")
     print(f"\nwrote {out}/results.json, results.md, latency.png ({meta['duration_s']} s)")
+    if args.compare or args.previous:
+        previous = args.previous or compare.previous_results(os.path.join(REPO_ROOT, "benches", "results"), out)
+        print_comparison(compare.load(os.path.join(out, "results.json")), previous, args.threshold,
+                         os.path.join(out, "compare.md"))
     if empty:
         print(f"FAILED: no numbers from: {', '.join(empty)}", file=sys.stderr)
         return 1

@@ -112,7 +112,8 @@ log "code-interpreter smoke test with the official JS SDK (@e2b/code-interpreter
 (cd tests/interpreter/js && npm ci --no-audit --no-fund --loglevel=error \
   && WARREN_BIN="$PWD/../../../target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren node --test)
 
-log "benchmark smoke run"
+log "benchmark smoke run (and the unit tests of benches/run.py --compare)"
+.venv/bin/python -m pytest tests/benches -q
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 cargo run --release --locked -q -p warren-runtime-ns --example ns_bench -- --smoke
 cargo run --release --locked -q -p warren-runtime-vm --example vm_bench -- --smoke
