@@ -12,6 +12,13 @@
 #       (@e2b/python-sdk@$E2B_SDK_VERSION, default 2.45.1: the suite tests that release's
 #       code); runs packages/python-sdk/tests. Pass --ignore/--deselect for the tests that
 #       reach public addresses (this host has no internet; docs/compatibility.md lists them).
+#   scripts/upstream-suite.sh js-sdk CHECKOUT [VITEST ARGS]
+#       CHECKOUT: a clone of github.com/e2b-dev/E2B at tag e2b@<release> (the suite tests that
+#       release's source, which it imports directly); runs packages/js-sdk/tests/sandbox with
+#       vitest, without the tests that reach public addresses (network, internet access,
+#       egress proxy). Its dependencies (the SDK's own, vitest, msw, dotenv,
+#       error-stack-parser-es) are installed into target/upstream/js-sdk, and
+#       CHECKOUT/packages/js-sdk/node_modules is linked there.
 #
 # Needs root (the server's runtime), the data dir /var/lib/warren (WARREN_E2E_DATA_DIR) with
 # its images, and target/release/warren (WARREN_BIN). The client venv lives in
@@ -42,14 +49,45 @@ python-sdk)
   packages=("e2b==${E2B_SDK_VERSION:-2.45.1}" "pytest>=9" "pytest-asyncio>=1.3" pytest-xdist pytest-timeout
     python-dotenv pytest-dotenv attrs httpx)
   ;;
+js-sdk)
+  tests_dir=$checkout/packages/js-sdk
+  deps=$ROOT/target/upstream/js-sdk
+  mkdir -p "$deps"
+  node -e '
+    const [src, out] = process.argv.slice(1)
+    const p = require(src)
+    const dev = Object.fromEntries(Object.entries(p.devDependencies || {})
+      .filter(([k]) => ["vitest", "msw", "dotenv", "@types/node", "error-stack-parser-es"].includes(k)))
+    require("fs").writeFileSync(out, JSON.stringify({ private: true, type: "module",
+      dependencies: { ...p.dependencies, ...dev } }, null, 2))
+  ' "$tests_dir/package.json" "$deps/package.json"
+  (cd "$deps" && npm install --no-audit --no-fund --loglevel=error)
+  [ -e "$tests_dir/node_modules" ] || ln -s "$deps/node_modules" "$tests_dir/node_modules"
+  cat >"$deps/vitest.config.mts" <<CONFIG
+import { defineConfig } from 'vitest/config'
+export default defineConfig({
+  test: {
+    root: '$tests_dir',
+    include: ['tests/sandbox/**/*.test.ts'],
+    exclude: ['tests/sandbox/network.test.ts', 'tests/sandbox/internetAccess.test.ts',
+      'tests/sandbox/egressProxy.test.ts'],
+    isolate: true, globals: false, testTimeout: 60_000, environment: 'node',
+    setupFiles: ['tests/globalFetchFallback.setup.ts'],
+    deps: { interopDefault: true },
+  },
+})
+CONFIG
+  ;;
 *)
-  echo "unknown suite $suite (code-interpreter or python-sdk)" >&2
+  echo "unknown suite $suite (code-interpreter, python-sdk or js-sdk)" >&2
   exit 2
   ;;
 esac
 
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
+if [ "$suite" != js-sdk ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
+fi
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
@@ -65,5 +103,9 @@ for _ in $(seq 900); do
 done
 
 cd "$tests_dir"
-E2B_API_KEY=$KEY E2B_API_URL=$url E2B_SANDBOX_URL=$url \
+export E2B_API_KEY=$KEY E2B_API_URL=$url E2B_SANDBOX_URL=$url
+if [ "$suite" = js-sdk ]; then
+  "$deps/node_modules/.bin/vitest" run --config "$deps/vitest.config.mts" "$@"
+else
   "$venv/bin/python" -m pytest -p no:cacheprovider -q "${@:-tests}"
+fi
