@@ -68,6 +68,8 @@ class Server:
     def start(self) -> None:
         binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
         env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG="info")
+        self.log.flush()
+        started_at = os.path.getsize(self.log.name)
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
              "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "ns"), "--max-sandboxes", "40",
@@ -78,7 +80,10 @@ class Server:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"warren serve exited with {self.proc.returncode}; see {self.data_dir}/serve.log")
+                raise RuntimeError(
+                    f"warren serve exited with {self.proc.returncode}; the end of {self.data_dir}/serve.log:\n"
+                    + self._log_since(started_at)
+                )
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -86,6 +91,13 @@ class Server:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"warren serve {' '.join(self.extra_args)} did not become healthy")
+
+    def _log_since(self, offset: int, limit: int = 4000) -> str:
+        """What this start wrote to serve.log (its last `limit` characters): the reason a
+        start failed, shown where the failure is reported (a CI log has no data dir)."""
+        with open(self.log.name, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")[-limit:]
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
