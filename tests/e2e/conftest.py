@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 import pytest
 import requests
@@ -55,6 +56,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerExited(RuntimeError):
+    """`warren serve` ended before it answered /health."""
+
+
 class Server:
     def __init__(self, data_dir: str, extra_args: tuple[str, ...] = ()):
         self.data_dir = data_dir
@@ -80,7 +85,7 @@ class Server:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
+                raise ServerExited(
                     f"warren serve exited with {self.proc.returncode}; the end of {self.data_dir}/serve.log:\n"
                     + self._log_since(started_at)
                 )
@@ -160,7 +165,15 @@ def server(_registry):
     )
     srv = Server(data_dir, mirror)
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
-    srv.start()
+    try:
+        srv.start()
+    except ServerExited as first:
+        # Once, and loudly: the step before this suite may still be releasing what a server
+        # takes at start (CI runs the microVM agent suite just before). The log of the failed
+        # start is kept in the warning summary; a second failure fails the suite.
+        warnings.warn(f"warren serve failed its first start; starting it again. {first}")
+        time.sleep(5)
+        srv.start()
     # The first create may build the base template image (minutes); do it once up front, over
     # raw HTTP so that suites run by any SDK release (tests/compat) share this fixture.
     try:
