@@ -13,6 +13,7 @@ WARREN_REQUIRE_ALL=1: a test that needs something this host lacks fails instead 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,8 +62,9 @@ class ServerExited(RuntimeError):
 
 
 class Server:
-    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = ()):
+    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = (), runtime: str | None = None):
         self.data_dir = data_dir
+        self.runtime = runtime or os.environ.get("WARREN_E2E_RUNTIME", "ns")
         # More `warren serve` flags, for suites that test one (after the defaults below).
         self.extra_args = tuple(extra_args)
         self.port = _free_port()
@@ -77,7 +79,7 @@ class Server:
         started_at = os.path.getsize(self.log.name)
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-             "--runtime", os.environ.get("WARREN_E2E_RUNTIME", "ns"), "--max-sandboxes", "40",
+             "--runtime", self.runtime, "--max-sandboxes", "40",
              *self.extra_args],
             env=env, stdout=self.log, stderr=self.log,
         )
@@ -151,6 +153,19 @@ def registry(_registry):
     return _registry
 
 
+def _end_sandboxes_of(srv: Server) -> None:
+    """Starts `srv` (on a data dir of another runtime's leftovers), kills every running or
+    paused sandbox its key sees, and stops it."""
+    srv.start()
+    try:
+        h = {"X-API-KEY": API_KEY}
+        listed = requests.get(srv.url + "/v2/sandboxes?state=running,paused&limit=100", headers=h, timeout=30)
+        for s in listed.json():
+            requests.delete(f"{srv.url}/sandboxes/{s['sandboxID']}", headers=h, timeout=60)
+    finally:
+        srv.stop()
+
+
 @pytest.fixture(scope="session")
 def server(_registry):
     require("root (the server's runtimes create namespaces, cgroups and network slots)", os.geteuid() == 0)
@@ -168,11 +183,17 @@ def server(_registry):
     try:
         srv.start()
     except ServerExited as first:
-        # Once, and loudly: the step before this suite may still be releasing what a server
-        # takes at start (CI runs the microVM agent suite just before). The log of the failed
-        # start is kept in the warning summary; a second failure fails the suite.
+        # A reused data dir may hold sandboxes of the other runtime, left by a run of the vm
+        # suite that was cut off: the server refuses to start over them and names the runtime
+        # that must end them, which is done here as an operator would. Any other failure is
+        # retried once, loudly (the step before this suite may still be releasing what a
+        # server takes at start): the failed start's log stays in the warning summary.
         warnings.warn(f"warren serve failed its first start; starting it again. {first}")
-        time.sleep(5)
+        other = re.search(r"start it with --runtime (\w+) to keep them", str(first))
+        if other:
+            _end_sandboxes_of(Server(data_dir, mirror, runtime=other.group(1)))
+        else:
+            time.sleep(5)
         srv.start()
     # The first create may build the base template image (minutes); do it once up front, over
     # raw HTTP so that suites run by any SDK release (tests/compat) share this fixture.
