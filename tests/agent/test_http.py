@@ -101,6 +101,23 @@ def test_download_gzip_negotiation(agent: Agent, sbx: Sandbox, workdir: str):
         assert raw == expected
 
 
+def test_download_compresses_only_what_shrinks(agent: Agent, sbx: Sandbox, workdir: str):
+    """Accept-Encoding: gzip allows compression; a large file that would not shrink (random
+    bytes) comes as it is, with its length, and a large text file still comes gzipped."""
+    noise, text = f"{workdir}/noise.bin", f"{workdir}/text.txt"
+    sbx.commands.run(f"head -c 2097152 /dev/urandom > {q(noise)} && seq 1 300000 > {q(text)}")
+    r = requests.get(files_url(agent), params={"path": noise}, headers={"Accept-Encoding": "gzip"}, timeout=30)
+    assert r.status_code == 200
+    assert "content-encoding" not in r.headers, r.headers
+    assert r.headers["content-length"] == str(2 * 1024 * 1024)
+    assert r.content == bytes(sbx.files.read(noise, format="bytes"))
+    r = requests.get(
+        files_url(agent), params={"path": text}, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=30
+    )
+    assert r.headers.get("content-encoding") == "gzip"
+    assert gzip.decompress(r.raw.read(decode_content=False)) == "".join(f"{i}\n" for i in range(1, 300001)).encode()
+
+
 def test_download_identity_when_not_accepted(agent: Agent, sbx: Sandbox, workdir: str):
     path = f"{workdir}/id.txt"
     sbx.commands.run(f"printf plain > {q(path)}")

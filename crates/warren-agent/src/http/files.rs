@@ -210,19 +210,37 @@ async fn serve_file(
     if let (RangeOutcome::Unsatisfiable, Some(len)) = (range, len) {
         return Ok(range_not_satisfiable(len));
     }
-    let file = tokio::fs::File::from_std(file);
-
     // Like upstream, a Range request is always answered in identity so byte offsets mean
-    // something; Accept-Encoding is advisory.
+    // something. Accept-Encoding is advisory: what would not shrink goes as it is, at disk
+    // speed and with its length, instead of through one core's compressor.
     if coding == Coding::Gzip && !wants_range {
-        return gzip_body(builder, file);
+        let (file, worth) = tokio::task::spawn_blocking(move || {
+            let worth = super::compressible::worth_compressing(&file, len);
+            (file, worth)
+        })
+        .await
+        .map_err(internal)?;
+        let file = tokio::fs::File::from_std(file);
+        if worth {
+            return gzip_body(builder, file);
+        }
+        return match len {
+            Some(len) => sized_body(builder, file, len, range).await,
+            None => unsized_body(builder, file),
+        };
     }
+    let file = tokio::fs::File::from_std(file);
     match len {
         Some(len) => sized_body(builder, file, len, range).await,
-        None => builder
-            .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
-            .map_err(internal),
+        None => unsized_body(builder, file),
     }
+}
+
+/// A file of unknown length, streamed to its end.
+fn unsized_body(builder: axum::http::response::Builder, file: tokio::fs::File) -> Result<Response> {
+    builder
+        .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
+        .map_err(internal)
 }
 
 /// Opens `path` with the caller's identity, so the kernel decides what the caller may read

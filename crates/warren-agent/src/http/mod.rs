@@ -1,5 +1,6 @@
 //! The agent's plain HTTP endpoints (everything that is not Connect-RPC).
 
+mod compressible;
 pub mod files;
 mod headers;
 pub mod manage;
