@@ -269,6 +269,36 @@ def test_upload_bad_gzip_is_400(agent: Agent, workdir: str):
     assert_json_error(r, 400)
 
 
+def test_upload_refused_mid_form_answers_instead_of_breaking_the_pipe(agent: Agent, workdir: str):
+    """A form whose first file cannot be written (the user may not create it) is refused with
+    a JSON 403 while the client still streams the rest of the body: the agent reads the rest
+    off, so the client sees the answer, not a broken pipe."""
+    boundary = "warren-test-boundary"
+
+    def body():
+        yield (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/root/nope/a.txt\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\nx\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{workdir}/b.bin\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        for _ in range(8):
+            yield b"y" * 65536
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    with requests.Session() as http:
+        r = http.post(
+            files_url(agent),
+            params={"username": "user"},
+            data=body(),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+            timeout=30,
+        )
+        assert_json_error(r, 403)
+        # The same connection still serves the next request.
+        assert http.get(f"{agent.url}/health", timeout=10).status_code in (200, 204)
+
+
 def test_upload_octet_stream_without_path_is_400(agent: Agent):
     r = requests.post(
         files_url(agent),

@@ -7,9 +7,12 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use async_compression::tokio::bufread::{GzipDecoder, GzipEncoder};
 use axum::body::{Body, Bytes};
+use bytes::BytesMut;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -33,8 +36,12 @@ use crate::paths;
 use crate::state::AppState;
 use crate::users::User;
 
-/// Read and write granularity; also the gzip buffer size.
+/// The gzip coder's buffer size.
 const CHUNK: usize = 64 * 1024;
+/// Read and write granularity of plain transfers: each read or write of a `tokio::fs::File`
+/// is a hand-off to a blocking thread, so larger pieces mean fewer of them (64 KiB pieces cost
+/// a 256 MiB download or upload about 4,000 hand-offs; 1 MiB pieces, 256).
+const STREAM_CHUNK: usize = 1024 * 1024;
 
 /// Query parameters of both endpoints. Kept as strings so each can be validated with a proper
 /// JSON error (and so `path`/`username` keep the exact spelling that was signed).
@@ -239,7 +246,10 @@ async fn serve_file(
 /// A file of unknown length, streamed to its end.
 fn unsized_body(builder: axum::http::response::Builder, file: tokio::fs::File) -> Result<Response> {
     builder
-        .body(Body::from_stream(ReaderStream::with_capacity(file, CHUNK)))
+        .body(Body::from_stream(ReaderStream::with_capacity(
+            file,
+            STREAM_CHUNK,
+        )))
         .map_err(internal)
 }
 
@@ -346,7 +356,7 @@ async fn sized_body(
         .header(header::CONTENT_LENGTH, count)
         .body(Body::from_stream(ReaderStream::with_capacity(
             file.take(count),
-            CHUNK,
+            STREAM_CHUNK,
         )))
         .map_err(internal)
 }
@@ -377,24 +387,48 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let mut body = Some(body);
-    match receive(&state, query, &headers, &mut body).await {
+    let body = SharedBody::new(body);
+    match receive(&state, query, &headers, body.clone()).await {
         Ok(entries) => (StatusCode::OK, Json(entries)).into_response(),
         Err(f) => {
             tracing::debug!(status = %f.status, message = %f.message, "upload failed");
             let mut resp = f.into_response();
-            // Rejected before the body was read: read it off (if small) so the client's
-            // connection stays usable, else tell it the connection closes.
-            if let Some(unread) = body {
-                if !warren_proto::server::drain(unread).await {
-                    resp.headers_mut().insert(
-                        header::CONNECTION,
-                        axum::http::HeaderValue::from_static("close"),
-                    );
-                }
+            // Rejected before the whole body was read (a bad query, a part that cannot be
+            // written, a broken gzip stream): read the rest off (if small), so the client sees
+            // this answer instead of a broken pipe and its connection stays usable; else tell
+            // it the connection closes.
+            if !warren_proto::server::drain(Body::from_stream(body)).await {
+                resp.headers_mut().insert(
+                    header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
             }
             resp
         }
+    }
+}
+
+/// The request body as a stream that the handler can still read off after the form parser
+/// or the gzip decoder (each holding a clone) stopped reading it at an error.
+#[derive(Clone)]
+struct SharedBody(Arc<std::sync::Mutex<BoxStream<'static, io::Result<Bytes>>>>);
+
+impl SharedBody {
+    fn new(body: Body) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(
+            body.into_data_stream().map_err(io::Error::other).boxed(),
+        )))
+    }
+}
+
+impl Stream for SharedBody {
+    type Item = io::Result<Bytes>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll_next_unpin(cx)
     }
 }
 
@@ -402,7 +436,7 @@ async fn receive(
     state: &AppState,
     query: std::result::Result<Query<FilesQuery>, QueryRejection>,
     headers: &HeaderMap,
-    body: &mut Option<Body>,
+    body: SharedBody,
 ) -> Result<Vec<EntryInfo>> {
     let caller = authenticate(state, query, headers, Operation::Write)?;
     let gzip = request_is_gzip(headers)?;
@@ -423,7 +457,7 @@ async fn receive(
         metadata,
         gzip,
     };
-    let source = body_stream(body.take().unwrap_or_default(), gzip);
+    let source = body_stream(body, gzip);
 
     if media == "application/octet-stream" {
         let raw = caller.query.path.as_deref().ok_or_else(|| {
@@ -517,8 +551,7 @@ fn request_is_gzip(headers: &HeaderMap) -> Result<bool> {
 
 /// The request body as a stream of chunks, inflated on the fly when gzip-encoded
 /// (concatenated gzip members are accepted, as Go's reader does).
-fn body_stream(body: Body, gzip: bool) -> BoxStream<'static, io::Result<Bytes>> {
-    let raw = body.into_data_stream().map_err(io::Error::other);
+fn body_stream(raw: SharedBody, gzip: bool) -> BoxStream<'static, io::Result<Bytes>> {
     if !gzip {
         return raw.boxed();
     }
@@ -552,13 +585,23 @@ impl Sink {
                 .map_err(internal)??
         };
         let mut file = tokio::fs::File::from_std(file);
+        // The body arrives in pieces of a few KiB; they are gathered into writes of
+        // STREAM_CHUNK. tokio writes behind: the next piece is received while one is written.
+        let mut pending = BytesMut::new();
         let mut chunk = first;
         while let Some(bytes) = chunk {
-            file.write_all(&bytes)
-                .await
-                .map_err(|e| write_failure(&e))?;
+            pending.extend_from_slice(&bytes);
+            if pending.len() >= STREAM_CHUNK {
+                file.write_all(&pending)
+                    .await
+                    .map_err(|e| write_failure(&e))?;
+                pending.clear();
+            }
             chunk = self.next_chunk(&mut source).await?;
         }
+        file.write_all(&pending)
+            .await
+            .map_err(|e| write_failure(&e))?;
         // tokio writes in the background: errors of the last write only surface here.
         file.flush().await.map_err(|e| write_failure(&e))?;
         let file = file.into_std().await;
