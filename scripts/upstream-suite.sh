@@ -102,6 +102,43 @@ for _ in $(seq 900); do
   sleep 1
 done
 
+# The suites reach some sandbox ports at public host names (getHost(): <port>-<id>.e2b.app in
+# URL mode). Name lookups other than loopback are refused in the client processes themselves,
+# so no such name is ever resolved: those tests fail at once instead.
+guard=$ROOT/target/upstream/guard
+mkdir -p "$guard"
+cat >"$guard/sitecustomize.py" <<'PY'
+import socket
+
+_getaddrinfo = socket.getaddrinfo
+
+
+def _loopback_only(host, *args, **kwargs):
+    name = host.decode() if isinstance(host, bytes) else host
+    if name in (None, "localhost", "::1") or str(name).startswith("127."):
+        return _getaddrinfo(host, *args, **kwargs)
+    raise socket.gaierror(socket.EAI_NONAME, f"{name}: not resolved (this run reaches loopback only)")
+
+
+socket.getaddrinfo = _loopback_only
+PY
+cat >"$guard/loopback-only.cjs" <<'JS'
+const dns = require('node:dns')
+const allowed = (h) => h === 'localhost' || h === '::1' || /^127\./.test(h)
+const refuse = (h) => Object.assign(new Error(`getaddrinfo ENOTFOUND ${h} (this run reaches loopback only)`),
+  { code: 'ENOTFOUND', hostname: h })
+const lookup = dns.lookup
+dns.lookup = function (host, options, callback) {
+  if (typeof options === 'function') { callback = options; options = {} }
+  if (allowed(host)) return lookup.call(dns, host, options, callback)
+  process.nextTick(callback, refuse(host))
+}
+const plookup = dns.promises.lookup
+dns.promises.lookup = (host, options) => allowed(host) ? plookup(host, options) : Promise.reject(refuse(host))
+JS
+export PYTHONPATH=$guard${PYTHONPATH:+:$PYTHONPATH}
+export NODE_OPTIONS="--require $guard/loopback-only.cjs${NODE_OPTIONS:+ $NODE_OPTIONS}"
+
 cd "$tests_dir"
 export E2B_API_KEY=$KEY E2B_API_URL=$url E2B_SANDBOX_URL=$url
 if [ "$suite" = js-sdk ]; then

@@ -78,15 +78,24 @@ mod tests {
             .cycle()
             .take(1 << 20)
             .collect();
-        assert!(worth_compressing(&file_with(&text), Some(text.len() as u64)));
+        assert!(worth_compressing(
+            &file_with(&text),
+            Some(text.len() as u64)
+        ));
         let random = noise(1 << 20);
-        assert!(!worth_compressing(&file_with(&random), Some(random.len() as u64)));
+        assert!(!worth_compressing(
+            &file_with(&random),
+            Some(random.len() as u64)
+        ));
     }
 
     #[test]
     fn small_and_unsized_files_are_always_compressed() {
         let random = noise(64 * 1024);
-        assert!(worth_compressing(&file_with(&random), Some(random.len() as u64)));
+        assert!(worth_compressing(
+            &file_with(&random),
+            Some(random.len() as u64)
+        ));
         assert!(worth_compressing(&file_with(&random), None));
     }
 

@@ -12,12 +12,12 @@ use std::task::{Context, Poll};
 
 use async_compression::tokio::bufread::{GzipDecoder, GzipEncoder};
 use axum::body::{Body, Bytes};
-use bytes::BytesMut;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::BytesMut;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
