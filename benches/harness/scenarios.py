@@ -216,12 +216,28 @@ def scenario_command(ctx: Ctx) -> None:
 
     res.add(Metric(S, "baseline: local spawn bash -c true", "ms", time_calls(local("true"), n, warm)))
     res.add(Metric(S, "baseline: local spawn printing 1 MB", "ms", time_calls(local(ONE_MB_CMD), n_mb, warm)))
+    # What the SDK's command costs without the platform: the same login shell (`bash -l -c`,
+    # the SDK's wrapper) of the same rootfs, its profile files included, as the same user,
+    # spawned locally. The host's own login shell is no baseline: its profile is the host's.
+    login = "baseline: local spawn bash -l -c true in the base rootfs (chroot, uid 1000)"
+    # Timed by a shell inside the rootfs around each spawn, so neither `chroot` nor Python's
+    # own spawn is in the figure: only fork, exec, the login shell's start and its exit.
+    loop = (f"for i in $(seq {n + warm}); do s=$EPOCHREALTIME; /bin/bash -l -c true; "
+            "e=$EPOCHREALTIME; echo \"$s $e\"; done")
+    with mounted_rootfs(ctx.data_dir) as root:
+        env = {"HOME": "/home/user", "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash",
+               "LANG": "C.UTF-8", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        out = subprocess.run(["chroot", "--userspec=1000:1000", root, "/bin/bash", "-c", loop],
+                             check=True, capture_output=True, text=True, env=env, cwd="/").stdout
+    spans = [(float(b) - float(a)) * 1000.0 for a, b in (line.split() for line in out.splitlines())]
+    res.add(Metric(S, login, "ms", spans[warm:]))
 
     sbx = sdk_create(ctx)
     try:
-        res.add(Metric(S, "SDK commands.run('true')", "ms",
-                       time_calls(lambda: sbx.commands.run("true"), n, warm),
-                       baseline="baseline: local spawn bash -c true"))
+        run_true = time_calls(lambda: sbx.commands.run("true"), n, warm)
+        res.add(Metric(S, "SDK commands.run('true')", "ms", run_true, baseline="baseline: local spawn bash -c true"))
+        res.add(Metric(S, "SDK commands.run('true'), against the login shell", "ms", run_true, baseline=login,
+                       plot=False, note="the same samples as the row above"))
 
         def big() -> None:
             out = sbx.commands.run(ONE_MB_CMD).stdout
