@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 
+import pytest
 import requests
 from e2b import Sandbox
 
@@ -218,3 +219,47 @@ def test_warren_top_shows_each_sandbox_and_its_use(server):
     finally:
         busy.kill()
         idle.kill()
+
+
+def _prepared(server) -> dict:
+    """The server's sandboxes prepared ahead, from its Prometheus text."""
+    text = requests.get(f"{server.url}/metrics", headers={"X-API-KEY": API_KEY}, timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('warren_prepared_sandboxes{state="ready"}'):
+            out["ready"] = int(float(line.split()[-1]))
+        elif line.startswith("warren_prepared_sandbox_target "):
+            out["target"] = int(float(line.split()[-1]))
+        elif line.startswith("warren_prepared_sandbox_memory_bytes "):
+            out["memory_bytes"] = int(float(line.split()[-1]))
+    return out
+
+
+def test_creates_claim_sandboxes_prepared_ahead(server):
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") != "ns":
+        pytest.skip("only the ns runtime prepares sandboxes ahead (the vm runtime keeps warm QEMUs)")
+    Sandbox.create(timeout=120).kill()
+    def ready():
+        pool = _prepared(server)
+        return pool if pool.get("ready", 0) >= 1 else None
+
+    pool = _until("a sandbox prepared after a create", ready)
+    assert pool["target"] >= 1 and pool["memory_bytes"] > 0, pool
+    server.log.flush()
+    with open(server.log.name, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        offset = f.tell()
+    sbx = Sandbox.create(envs={"FROM_CREATE": "yes"}, timeout=120)
+    try:
+        out = sbx.commands.run("hostname; echo $FROM_CREATE; echo $E2B_SANDBOX_ID").stdout.split()
+        assert out == [sbx.sandbox_id, "yes", sbx.sandbox_id]
+        with open(server.log.name, "rb") as f:
+            f.seek(offset)
+            claimed = [line for line in f.read().decode(errors="replace").splitlines()
+                       if "prepared sandbox claimed" in line]
+        assert any(sbx.sandbox_id in line for line in claimed), claimed
+        info = Sandbox.get_info(sbx.sandbox_id)
+        m = _until("a first sample", sbx.get_metrics)[-1]
+        assert m.mem_total == info.memory_mb * MIB, "the create's memory limit, applied at the claim"
+    finally:
+        sbx.kill()

@@ -757,6 +757,9 @@ impl Control {
             )));
         }
         self.inner.store.delete_template(&t.id).await?;
+        for key in &images {
+            self.inner.runtime.forget_template(key).await;
+        }
         if let Some(builder) = self.inner.builds.builder.get() {
             for key in images {
                 if let Err(e) = builder.remove_image(&key).await {

@@ -21,7 +21,7 @@ pub use crate::config::Config;
 use crate::error::ControlError;
 use crate::list::{self, ListQuery, Page};
 use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
-use crate::secrets::{random_id, random_secret};
+use crate::secrets::random_secret;
 use crate::store::Store;
 use crate::telemetry::trace_sandbox;
 
@@ -487,9 +487,20 @@ impl Control {
         let cfg = &self.inner.config;
         let timeout = plan.timeout;
         let volumes = self.mount_sources(&plan.volume_mounts).await?;
+        // A sandbox the runtime started ahead, where it has one: the create only claims it.
+        let prepared = if plan.from_snapshot.is_none() && volumes.is_empty() {
+            self.inner.runtime.prepared_id(&plan.template).await
+        } else {
+            None
+        };
+        let id = match prepared {
+            Some(id) => id,
+            None => warren_runtime::new_sandbox_id()
+                .map_err(|e| ControlError::Internal(e.to_string()))?,
+        };
         let now = Utc::now();
         let sandbox = Sandbox {
-            id: random_id("i", 20)?,
+            id,
             template: plan.template,
             state: SandboxState::Pending,
             failure: None,

@@ -7,6 +7,9 @@
 //! - `warren_operation_errors{operation,kind}`: failures by operation and error kind;
 //! - `warren_sandbox_limit`, `warren_concurrent_sandboxes`: the live-sandbox limit and use;
 //! - `warren_network_slots{state}`, `warren_network_slot_target`: the host's network slots;
+//! - `warren_prepared_sandboxes{state}`, `warren_prepared_sandbox_target`,
+//!   `warren_prepared_sandbox_memory_bytes`: sandboxes started ahead of creates (the ns
+//!   runtime), how many demand asks for, and what the waiting ones cost in memory;
 //! - opt-in ([`Config::per_sandbox_metrics`](crate::Config)), one series per running
 //!   sandbox: `warren_sandbox_cpu_seconds`, `warren_sandbox_memory_bytes` (the host's view,
 //!   from its cgroup) and its latest disk use.
@@ -105,6 +108,9 @@ pub(crate) struct Telemetry {
     concurrent: Gauge,
     slots: Family<SlotLabels, Gauge>,
     slot_target: Gauge,
+    prepared: Family<SlotLabels, Gauge>,
+    prepared_target: Gauge,
+    prepared_memory: Gauge,
     cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
     memory_bytes: Family<SandboxLabels, Gauge>,
     disk_bytes: Family<SandboxLabels, Gauge>,
@@ -123,6 +129,8 @@ impl Telemetry {
         let (limit, concurrent) = (Gauge::default(), Gauge::default());
         let slots: Family<SlotLabels, Gauge> = Family::default();
         let slot_target = Gauge::default();
+        let prepared: Family<SlotLabels, Gauge> = Family::default();
+        let (prepared_target, prepared_memory) = (Gauge::default(), Gauge::default());
         let cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>> = Family::default();
         let memory_bytes: Family<SandboxLabels, Gauge> = Family::default();
         let disk_bytes: Family<SandboxLabels, Gauge> = Family::default();
@@ -161,6 +169,21 @@ impl Telemetry {
             "Network slots the pool keeps ready",
             slot_target.clone(),
         );
+        registry.register(
+            "prepared_sandboxes",
+            "Sandboxes started ahead of creates: ready (waiting), reserved (handed to a create)",
+            prepared.clone(),
+        );
+        registry.register(
+            "prepared_sandbox_target",
+            "Sandboxes the runtime keeps prepared now (recent demand, within its cap)",
+            prepared_target.clone(),
+        );
+        registry.register(
+            "prepared_sandbox_memory_bytes",
+            "Memory the waiting prepared sandboxes use: the pool's idle cost",
+            prepared_memory.clone(),
+        );
         if per_sandbox {
             registry.register(
                 "sandbox_cpu_seconds",
@@ -187,6 +210,9 @@ impl Telemetry {
             concurrent,
             slots,
             slot_target,
+            prepared,
+            prepared_target,
+            prepared_memory,
             cpu_seconds,
             memory_bytes,
             disk_bytes,
@@ -377,6 +403,17 @@ impl Control {
                 t.slots.get_or_create(&SlotLabels { state }).set(gauge(n));
             }
             t.slot_target.set(gauge(slots.target));
+        }
+        if let Some(p) = self.inner.runtime.prepared() {
+            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            for (state, n) in [("ready", p.ready), ("reserved", p.reserved)] {
+                t.prepared
+                    .get_or_create(&SlotLabels { state })
+                    .set(gauge(n));
+            }
+            t.prepared_target.set(gauge(p.target));
+            t.prepared_memory
+                .set(i64::try_from(p.memory_bytes).unwrap_or(i64::MAX));
         }
         if per_sandbox {
             t.cpu_seconds.clear();

@@ -74,16 +74,16 @@ pub async fn wait_and_init(
     agent: SocketAddr,
     args: &InitArgs<'_>,
 ) -> Result<(), RuntimeError> {
-    let InitArgs {
-        env_vars,
-        access_token,
-        current_token,
-        signed_url_max_age,
-        timeout,
-        launch,
-        ca_bundle,
-        volume_mounts,
-    } = *args;
+    wait_healthy(client, agent, args.timeout).await?;
+    init(client, agent, args).await
+}
+
+/// Polls `GET /health` until the agent answers 204, for at most `timeout`.
+pub async fn wait_healthy(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    timeout: Duration,
+) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
     let health = format!("http://{agent}/health");
     loop {
@@ -93,7 +93,7 @@ pub async fn wait_and_init(
             .send()
             .await
         {
-            Ok(r) if r.status().as_u16() == 204 => break,
+            Ok(r) if r.status().as_u16() == 204 => return Ok(()),
             _ if Instant::now() > deadline => {
                 return Err(RuntimeError::unavailable_now(format!(
                     "agent at {agent} did not become ready"
@@ -102,6 +102,24 @@ pub async fn wait_and_init(
             _ => tokio::time::sleep(Duration::from_millis(2)).await,
         }
     }
+}
+
+/// Sends `POST /init` with `args` to an agent that answers.
+pub async fn init(
+    client: &reqwest::Client,
+    agent: SocketAddr,
+    args: &InitArgs<'_>,
+) -> Result<(), RuntimeError> {
+    let InitArgs {
+        env_vars,
+        access_token,
+        current_token,
+        signed_url_max_age,
+        timeout: _,
+        launch,
+        ca_bundle,
+        volume_mounts,
+    } = *args;
     let body = Init {
         env_vars,
         access_token,

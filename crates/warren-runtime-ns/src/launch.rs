@@ -187,6 +187,20 @@ async fn prepare_writable(spec: &LaunchSpec, dir: &Path) -> Result<(), LaunchErr
     Ok(())
 }
 
+/// Gives a started sandbox's writable layer (still empty: a prepared sandbox) the size its
+/// create asks for. The size is the tmpfs's own, so the sandbox's copy of the mount sees it.
+pub fn resize_writable(dir: &Path, bytes: u64) -> Result<(), LaunchError> {
+    let opts = format!("size={}", bytes.max(1 << 20));
+    mount(
+        None::<&str>,
+        &dir.join("rw"),
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(nix_io("resize the writable layer"))
+}
+
 /// How long nsinit may take for each of its two steps (creating its user namespace; building
 /// the sandbox up to the agent's exec).
 const NSINIT_STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -309,15 +323,17 @@ fn spawn_nsinit(
     // calls (fcntl, dup2, setns, unshare) on descriptors that stay open until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
+            // Join the network namespace while still privileged on the host; nsinit creates
+            // the user namespace itself. First: the namespace's descriptor may have one of the
+            // fixed numbers the pipe ends move to below (a process with few open descriptors
+            // hands out 3 and 4), and would be gone after the move.
+            if libc::setns(nfd, libc::CLONE_NEWNET) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             // Move the pipe ends to fixed numbers, via high numbers so neither clobbers the other.
             let a = libc::fcntl(sr, libc::F_DUPFD_CLOEXEC, 10);
             let b = libc::fcntl(sw, libc::F_DUPFD_CLOEXEC, 10);
             if a < 0 || b < 0 || libc::dup2(a, SYNC_FD) < 0 || libc::dup2(b, STATUS_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Join the network namespace while still privileged on the host; nsinit creates
-            // the user namespace itself.
-            if libc::setns(nfd, libc::CLONE_NEWNET) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

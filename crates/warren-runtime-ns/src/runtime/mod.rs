@@ -8,9 +8,11 @@
 
 mod egress;
 mod persist;
+mod prepared;
 mod procwatch;
+mod start;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,8 +20,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use tracing::Instrument;
-use warren_host::cgroup::Limits;
-use warren_host::{agent, hardening, headroom, valid_id, HostConfig, HostLock, Templates};
+use warren_host::{hardening, headroom, valid_id, HostConfig, HostLock, Templates};
 use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
@@ -28,7 +29,7 @@ use warren_runtime::{
 
 use crate::config::Confinement;
 use crate::idrange::IdRanges;
-use crate::launch::{self, LaunchSpec, NsConfig, Sandbox};
+use crate::launch::{self, NsConfig, Sandbox};
 
 /// The launcher's settings for this host's configuration.
 pub fn ns_config(cfg: &HostConfig) -> NsConfig {
@@ -98,6 +99,8 @@ pub struct NsRuntime {
     ids: IdRanges,
     /// Journals of the programs executed in each sandbox, watched from the host.
     procs: procwatch::HostWatch,
+    /// Sandboxes started ahead of creates (see `prepared`).
+    prepared: prepared::Pool,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
     /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
     _lock: HostLock,
@@ -145,9 +148,11 @@ impl NsRuntime {
             live: Mutex::new(HashMap::new()),
             paused_fs: Mutex::new(HashSet::new()),
             client,
+            prepared: prepared::Pool::default(),
             _lock: lock,
         });
         tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
+        rt.start_pool();
         Ok(rt)
     }
 
@@ -171,6 +176,7 @@ impl NsRuntime {
     /// slots and rules, cgroups, state). For decommissioning a host and for tests; a server
     /// that merely restarts must not call it.
     pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
+        self.stop_pool().await;
         let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
         for id in ids {
             self.kill(&id).await?;
@@ -249,83 +255,6 @@ impl NsRuntime {
             )),
         }
     }
-
-    async fn start_sandbox(
-        &self,
-        spec: &CreateSpec,
-        slot: &Slot,
-        image_root: PathBuf,
-        seed: Option<PathBuf>,
-        id_base: u32,
-    ) -> Result<Sandbox, RuntimeError> {
-        let template_launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
-            .map_err(|e| warren_host::image_error(&spec.template, e))?;
-        let launch_spec = LaunchSpec {
-            id: spec.id.clone(),
-            image_root,
-            netns: slot.netns_path(),
-            resolv_conf: slot.resolv_conf().to_string(),
-            limits: Limits {
-                cpu_millis: Some(spec.cpu_count.max(1) * 1000),
-                memory_bytes: Some(u64::from(spec.memory_mb.max(64)) << 20),
-                pids: Some(4096),
-            },
-            writable_bytes: u64::from(spec.disk_mb.max(64)) << 20,
-            agent_args: vec![
-                "--listen".into(),
-                "0.0.0.0:49983".into(),
-                "--default-user".into(),
-                template_launch.default_user.clone(),
-            ],
-            seed,
-            id_base,
-            access_token: spec.access_token.clone(),
-            nested_namespaces: false,
-            volumes: spec.volumes.clone(),
-        };
-        let sandbox = launch::launch(&self.ns, &launch_spec)
-            .instrument(tracing::info_span!("sandbox.launch"))
-            .await
-            .map_err(|e| RuntimeError::unavailable(format!("start sandbox {}", spec.id), e))?;
-        // From before the template's start command: what it runs is the sandbox's too.
-        self.procs.watch(&spec.id, id_base, sandbox.cgroup.pids());
-        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
-        env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
-        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
-        let agent = SocketAddr::V4(slot.agent_endpoint());
-        // The agent has required the token since it started (nsinit handed it over).
-        let init = agent::InitArgs {
-            env_vars: &env,
-            access_token: spec.access_token.as_deref(),
-            current_token: spec.access_token.as_deref(),
-            signed_url_max_age: self.cfg.signed_url_max_age,
-            timeout: self.cfg.ready_timeout,
-            launch: &template_launch,
-            ca_bundle: self.cfg.ca_bundle(),
-            volume_mounts: &[],
-        };
-        if let Err(e) = agent::wait_and_init(&self.client, agent, &init).await {
-            let why = sandbox.exit_status();
-            let _ = sandbox.destroy().await;
-            let what = match why {
-                Some(w) => format!("sandbox {} did not get ready ({w})", spec.id),
-                None => format!("sandbox {} did not get ready", spec.id),
-            };
-            return Err(RuntimeError::unavailable(what, e));
-        }
-        // Templates with a service (the code interpreter) start it now; create waits for it.
-        if let Some(cmd) = &template_launch.start {
-            if let Err(e) =
-                agent::run_start_command(&self.client, agent, spec.access_token.as_deref(), cmd)
-                    .await
-            {
-                let _ = sandbox.destroy().await;
-                return Err(e);
-            }
-        }
-        Ok(sandbox)
-    }
 }
 
 #[async_trait::async_trait]
@@ -336,6 +265,26 @@ impl SandboxRuntime for NsRuntime {
 
     async fn prepare_template(&self, name: &str) -> Result<(), RuntimeError> {
         self.template_root(name).await.map(|_| ())
+    }
+
+    async fn set_warm_pool(&self, template: &str, size: usize) -> Result<(), RuntimeError> {
+        self.set_prepared_target(template, size).await
+    }
+
+    async fn prepared_id(&self, template: &str) -> Option<String> {
+        self.reserve_prepared(template)
+    }
+
+    fn prepared(&self) -> Option<warren_runtime::PreparedStats> {
+        Some(self.prepared_stats())
+    }
+
+    async fn stop(&self) {
+        self.stop_pool().await;
+    }
+
+    async fn forget_template(&self, name: &str) {
+        self.forget_prepared(name).await;
     }
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {
@@ -526,7 +475,21 @@ impl NsRuntime {
                 spec.id
             )));
         }
+        // Sandboxes prepared ahead have empty layers and no volumes.
+        let poolable = seed.is_none() && spec.volumes.is_empty();
+        if let Some(p) = poolable.then(|| self.take_reserved(&spec.id)).flatten() {
+            let _in_flight = self.note_create(&spec);
+            match self.claim(&spec, p).await {
+                Ok(out) => return Ok(out),
+                // Discarded; a sandbox started now takes its place.
+                Err(e) => {
+                    tracing::warn!(sandbox = %spec.id, error = %warren_runtime::chain(&e), "could not claim the prepared sandbox")
+                }
+            }
+        }
         let image_root = self.template_root(&spec.template).await?;
+        // Counted once the template is known to exist: demand prepares sandboxes of it.
+        let _in_flight = poolable.then(|| self.note_create(&spec));
         let pool = self.pool().await?;
         // A sandbox resumed from its files keeps its range; anything else gets a new one.
         let fresh_ids = self.ids.get(&ids_holder(&spec.id)).is_none();

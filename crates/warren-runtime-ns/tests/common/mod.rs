@@ -77,6 +77,9 @@ impl HostTest<'_> {
             .unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
         cfg.net.pool_size = self.pool_size;
+        // Tests that count what a runtime holds would also see sandboxes prepared ahead;
+        // the pool's own tests (tests/prepared.rs) turn it on.
+        cfg.prepared_max = 0;
         Some(cfg)
     }
 }

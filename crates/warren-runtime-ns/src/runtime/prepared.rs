@@ -1,0 +1,582 @@
+//! Sandboxes prepared ahead of creates, so that a create only claims one.
+//!
+//! A prepared sandbox is started in full under its future id (a fresh id, never shown to
+//! anyone before its create): its own host id range, cgroup, network slot, empty writable
+//! layer, boot id, and nsinit with the agent answering on the slot and waiting for `/init`.
+//! Its agent requires a token only the runtime knows. A create claims it
+//! ([`warren_runtime::SandboxRuntime::prepared_id`], then `create` with that id): the
+//! runtime applies the create's limits, disk size and egress policy, and its `/init` gives
+//! the agent the tenant's env vars and token in place of the runtime's. Nothing of one tenant
+//! can reach another through the pool: a prepared sandbox is used once and killed with its
+//! tenant, like any other.
+//!
+//! How many wait per template follows demand: the peak number of creates of that template in
+//! flight at once over the last two minutes, plus one, within [`HostConfig::prepared_max`]
+//! and an eighth of the host's available memory (see [`PER_SANDBOX`]). Refills run one at a
+//! time and only while no create is in flight, so they never compete with the creates they
+//! serve. A server restart discards them: they have no record, so the next start's cleanup
+//! removes them, and their ids are never handed out again.
+//!
+//! [`HostConfig::prepared_max`]: warren_host::HostConfig::prepared_max
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use warren_host::cgroup::Limits;
+use warren_net::{Slot, SlotPolicy};
+use warren_runtime::{CreateSpec, PreparedStats, RuntimeError, RuntimeSandbox};
+
+use super::start::{limits_of, writable_of, Start};
+use super::{ids_holder, tagged, Live, NsRuntime, Record};
+use crate::launch::{self, Sandbox};
+
+/// How long a create may take to claim the sandbox it reserved before it is discarded.
+const RESERVATION: Duration = Duration::from_secs(60);
+/// Demand is the peak of creates in flight per bucket of this length...
+const BUCKET: Duration = Duration::from_secs(10);
+/// ...over this window.
+const WINDOW: Duration = Duration::from_secs(120);
+/// What a waiting sandbox is counted at against the host's memory (it uses a few MiB: see
+/// [`PreparedStats::memory_bytes`]; the rest is room for its first moments of work).
+const PER_SANDBOX: u64 = 32 << 20;
+
+/// One sandbox started ahead.
+pub(super) struct Prepared {
+    id: String,
+    template: String,
+    sandbox: Sandbox,
+    slot: Slot,
+    /// The token its agent requires until its claim's `/init` replaces it.
+    token: String,
+    limits: Limits,
+    writable_bytes: u64,
+}
+
+/// The limits and disk size the pool of a template starts its sandboxes with: those of the
+/// template's latest create.
+#[derive(Clone, Copy)]
+struct Shape {
+    limits: Limits,
+    writable_bytes: u64,
+}
+
+#[derive(Default)]
+struct State {
+    ready: HashMap<String, VecDeque<Prepared>>,
+    /// Handed out by `prepared_id`, not claimed yet.
+    reserved: HashMap<String, (Instant, Prepared)>,
+    /// Per template: creates in flight now, and the peak per bucket.
+    in_flight: HashMap<String, usize>,
+    peaks: HashMap<String, VecDeque<(Instant, usize)>>,
+    /// Fixed targets (`set_warm_pool`), which replace demand.
+    fixed: HashMap<String, usize>,
+    shapes: HashMap<String, Shape>,
+    /// Found ended while waiting; the refill task removes them.
+    dead: Vec<Prepared>,
+}
+
+impl State {
+    fn demand(&self, template: &str) -> usize {
+        if let Some(n) = self.fixed.get(template) {
+            return *n;
+        }
+        let peak = self.peaks.get(template).map_or(0, |b| {
+            b.iter()
+                .filter(|(at, _)| at.elapsed() < WINDOW)
+                .map(|(_, n)| *n)
+                .max()
+                .unwrap_or(0)
+        });
+        if peak == 0 {
+            0
+        } else {
+            peak + 1
+        }
+    }
+
+    fn creating(&self) -> usize {
+        self.in_flight.values().sum()
+    }
+}
+
+/// The pool's state and its refill task.
+#[derive(Default)]
+pub(super) struct Pool {
+    state: Mutex<State>,
+    wake: Arc<tokio::sync::Notify>,
+    stopping: AtomicBool,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A create of one template in flight, counted for demand until it ends.
+pub(super) struct InFlight<'a> {
+    pool: &'a Pool,
+    template: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = lock(&self.pool.state).in_flight.get_mut(&self.template) {
+            *n = n.saturating_sub(1);
+        }
+        // Refills wait for creates to end.
+        self.pool.wake.notify_one();
+    }
+}
+
+/// What the refill task does next.
+enum Step {
+    Discard(Vec<Prepared>),
+    Fill(String, Shape),
+    Wait,
+}
+
+impl NsRuntime {
+    /// Starts the pool's refill task.
+    pub(super) fn start_pool(self: &Arc<Self>) {
+        let task = tokio::spawn(tend(Arc::downgrade(self)));
+        *lock(&self.prepared.task) = Some(task);
+    }
+
+    /// Counts a create of `spec`'s template for demand and keeps its shape for refills.
+    pub(super) fn note_create(&self, spec: &CreateSpec) -> InFlight<'_> {
+        let mut st = lock(&self.prepared.state);
+        let n = st.in_flight.entry(spec.template.clone()).or_default();
+        *n += 1;
+        let now_in_flight = *n;
+        let peaks = st.peaks.entry(spec.template.clone()).or_default();
+        match peaks.back_mut() {
+            Some((at, peak)) if at.elapsed() < BUCKET => *peak = (*peak).max(now_in_flight),
+            _ => peaks.push_back((Instant::now(), now_in_flight)),
+        }
+        while peaks.front().is_some_and(|(at, _)| at.elapsed() >= WINDOW) {
+            peaks.pop_front();
+        }
+        st.shapes.insert(
+            spec.template.clone(),
+            Shape {
+                limits: limits_of(spec),
+                writable_bytes: writable_of(spec),
+            },
+        );
+        drop(st);
+        self.prepared.wake.notify_one();
+        InFlight {
+            pool: &self.prepared,
+            template: spec.template.clone(),
+        }
+    }
+
+    /// [`warren_runtime::SandboxRuntime::prepared_id`].
+    pub(super) fn reserve_prepared(&self, template: &str) -> Option<String> {
+        let mut st = lock(&self.prepared.state);
+        let queue = st.ready.get_mut(template)?;
+        let mut dead = Vec::new();
+        let found = loop {
+            let Some(p) = queue.pop_front() else {
+                break None;
+            };
+            if p.sandbox.is_running() {
+                break Some(p);
+            }
+            dead.push(p);
+        };
+        if let Some(p) = found.as_ref() {
+            tracing::debug!(sandbox = %p.id, template, "prepared sandbox reserved");
+        }
+        let id = found.map(|p| {
+            let id = p.id.clone();
+            st.reserved.insert(id.clone(), (Instant::now(), p));
+            id
+        });
+        if !dead.is_empty() {
+            tracing::warn!(
+                template,
+                n = dead.len(),
+                "prepared sandboxes ended while waiting"
+            );
+            st.dead.extend(dead);
+        }
+        drop(st);
+        self.prepared.wake.notify_one();
+        id
+    }
+
+    /// The sandbox reserved as `id`, if any (the create claims it).
+    pub(super) fn take_reserved(&self, id: &str) -> Option<Prepared> {
+        lock(&self.prepared.state)
+            .reserved
+            .remove(id)
+            .map(|(_, p)| p)
+    }
+
+    /// Hands prepared sandbox `p` to `spec`'s tenant. On failure `p` is gone entirely.
+    pub(super) async fn claim(
+        &self,
+        spec: &CreateSpec,
+        p: Prepared,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let Prepared {
+            id,
+            template,
+            sandbox,
+            mut slot,
+            token,
+            limits,
+            writable_bytes,
+        } = p;
+        let result = async {
+            let want = limits_of(spec);
+            if want != limits {
+                sandbox
+                    .cgroup
+                    .apply(want)
+                    .map_err(RuntimeError::io("apply the sandbox's limits"))?;
+            }
+            let want = writable_of(spec);
+            if want != writable_bytes {
+                launch::resize_writable(&sandbox.dir, want)
+                    .map_err(|e| super::launch_error("size the writable layer", e))?;
+            }
+            // Before the tenant can run anything.
+            let policy = warren_host::egress::slot_policy(&spec.egress_policy());
+            if !policy.is_open() {
+                self.pool()
+                    .await?
+                    .set_policy(&mut slot, &policy)
+                    .await
+                    .map_err(|e| RuntimeError::unavailable("apply the egress policy", e))?;
+            }
+            self.hand_over(spec, &sandbox, &slot, Some(&token)).await
+        }
+        .await;
+        if let Err(e) = result {
+            self.discard(Prepared {
+                id,
+                template,
+                sandbox,
+                slot,
+                token,
+                limits,
+                writable_bytes,
+            })
+            .await;
+            return Err(e);
+        }
+        let record = Record::running(sandbox.pid1, &slot, Some(spec.template.clone()));
+        let out = RuntimeSandbox {
+            id: spec.id.clone(),
+            agent: SocketAddr::V4(slot.agent_endpoint()),
+            record: tagged(&record)?,
+        };
+        tracing::info!(sandbox = %id, template, "prepared sandbox claimed");
+        self.live.lock().await.insert(
+            id,
+            Live {
+                sandbox,
+                slot,
+                template: Some(spec.template.clone()),
+            },
+        );
+        Ok(out)
+    }
+
+    /// Kills a prepared sandbox and frees all it held.
+    async fn discard(&self, p: Prepared) {
+        if let Err(e) = p.sandbox.destroy().await {
+            tracing::warn!(sandbox = %p.id, error = %e, "could not remove a prepared sandbox");
+        }
+        if let Some(pool) = self.net.get() {
+            pool.forget_flows(&p.id);
+            if let Err(e) = pool.release(p.slot).await {
+                tracing::warn!(sandbox = %p.id, error = %e, "could not release the network slot");
+            }
+        }
+        self.release_ids(&p.id);
+        self.procs.forget(&p.id);
+    }
+
+    /// Starts one sandbox of `template` shaped as `shape`, ready for a claim.
+    async fn prepare_one(&self, template: &str, shape: Shape) -> Result<Prepared, RuntimeError> {
+        let image_root = self.template_root(template).await?;
+        let pool = self.pool().await?;
+        let id = warren_runtime::new_sandbox_id()?;
+        let id_base = self.assign_ids(&id)?;
+        let slot = match pool.acquire(&SlotPolicy::default()).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.release_ids(&id);
+                return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
+            }
+        };
+        pool.set_owner(&slot, &id);
+        let token = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let started = self
+            .launch_one(Start {
+                id: &id,
+                template,
+                limits: shape.limits,
+                writable_bytes: shape.writable_bytes,
+                slot: &slot,
+                image_root,
+                seed: None,
+                id_base,
+                token: Some(&token),
+                volumes: &[],
+            })
+            .await;
+        let sandbox = match started {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = pool.release(slot).await;
+                self.release_ids(&id);
+                self.procs.forget(&id);
+                return Err(e);
+            }
+        };
+        let p = Prepared {
+            id,
+            template: template.to_string(),
+            sandbox,
+            slot,
+            token,
+            limits: shape.limits,
+            writable_bytes: shape.writable_bytes,
+        };
+        let agent = SocketAddr::V4(p.slot.agent_endpoint());
+        if let Err(e) =
+            warren_host::agent::wait_healthy(&self.client, agent, self.cfg.ready_timeout).await
+        {
+            self.discard(p).await;
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// How many sandboxes may wait, across templates: the configured cap, within an eighth
+    /// of the host's available memory.
+    fn prepared_cap(&self) -> usize {
+        let by_memory = available_memory().map_or(usize::MAX, |m| {
+            usize::try_from(m / 8 / PER_SANDBOX).unwrap_or(usize::MAX)
+        });
+        self.cfg.prepared_max.min(by_memory)
+    }
+
+    /// What the refill task does next.
+    fn next_step(&self) -> Step {
+        let cap = self.prepared_cap();
+        let mut st = lock(&self.prepared.state);
+        if !st.dead.is_empty() {
+            return Step::Discard(std::mem::take(&mut st.dead));
+        }
+        let expired: Vec<String> = st
+            .reserved
+            .iter()
+            .filter(|(_, (at, _))| at.elapsed() >= RESERVATION)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !expired.is_empty() {
+            let gone = expired
+                .iter()
+                .filter_map(|id| st.reserved.remove(id).map(|(_, p)| p))
+                .collect();
+            return Step::Discard(gone);
+        }
+        let mut templates: Vec<String> = st.ready.keys().cloned().collect();
+        templates.extend(st.shapes.keys().cloned());
+        templates.sort();
+        templates.dedup();
+        let total: usize = st.ready.values().map(VecDeque::len).sum();
+        // Over the target (demand fell, or the cap did): the newest go first.
+        for t in &templates {
+            let target = st.demand(t).min(cap);
+            let queue = st.ready.entry(t.clone()).or_default();
+            if queue.len() > target {
+                let extra: Vec<Prepared> = queue.drain(target..).collect();
+                return Step::Discard(extra);
+            }
+        }
+        if st.creating() > 0 {
+            return Step::Wait;
+        }
+        for t in &templates {
+            let target = st.demand(t).min(cap);
+            let have = st.ready.get(t).map_or(0, VecDeque::len);
+            if have < target && total < cap {
+                if let Some(shape) = st.shapes.get(t).copied() {
+                    return Step::Fill(t.clone(), shape);
+                }
+            }
+        }
+        Step::Wait
+    }
+
+    /// [`warren_runtime::SandboxRuntime::set_warm_pool`]: a fixed number for `template`.
+    pub(super) async fn set_prepared_target(
+        &self,
+        template: &str,
+        size: usize,
+    ) -> Result<(), RuntimeError> {
+        self.template_root(template).await?;
+        let mut st = lock(&self.prepared.state);
+        st.fixed.insert(template.to_string(), size);
+        st.shapes.entry(template.to_string()).or_insert(Shape {
+            limits: Limits {
+                cpu_millis: Some(1000),
+                memory_bytes: Some(512 << 20),
+                pids: Some(4096),
+            },
+            writable_bytes: 1 << 30,
+        });
+        drop(st);
+        self.prepared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Template image `template` is going away: its prepared sandboxes go now, and demand
+    /// for it is forgotten.
+    pub(super) async fn forget_prepared(&self, template: &str) {
+        let gone: Vec<Prepared> = {
+            let mut st = lock(&self.prepared.state);
+            st.fixed.remove(template);
+            st.shapes.remove(template);
+            st.peaks.remove(template);
+            st.ready.remove(template).map(Vec::from).unwrap_or_default()
+        };
+        for p in gone {
+            self.discard(p).await;
+        }
+    }
+
+    /// Stops refills and discards every prepared sandbox (server exit, shutdown).
+    pub(super) async fn stop_pool(&self) {
+        self.prepared.stopping.store(true, Ordering::SeqCst);
+        self.prepared.wake.notify_one();
+        let task = lock(&self.prepared.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let all: Vec<Prepared> = {
+            let mut st = lock(&self.prepared.state);
+            let mut all: Vec<Prepared> = st.ready.drain().flat_map(|(_, q)| q).collect();
+            all.extend(st.reserved.drain().map(|(_, (_, p))| p));
+            all
+        };
+        for p in all {
+            self.discard(p).await;
+        }
+    }
+
+    /// For the server's gauges: counts, target and the waiting ones' memory.
+    pub(super) fn prepared_stats(&self) -> PreparedStats {
+        let cap = self.prepared_cap();
+        let st = lock(&self.prepared.state);
+        let mut templates: Vec<&String> = st.ready.keys().chain(st.shapes.keys()).collect();
+        templates.sort();
+        templates.dedup();
+        PreparedStats {
+            ready: st.ready.values().map(VecDeque::len).sum(),
+            reserved: st.reserved.len(),
+            target: templates
+                .iter()
+                .map(|t| st.demand(t))
+                .sum::<usize>()
+                .min(cap),
+            memory_bytes: st
+                .ready
+                .values()
+                .flatten()
+                .filter_map(|p| p.sandbox.cgroup.usage().memory_bytes)
+                .sum(),
+        }
+    }
+
+    /// The ids of the prepared sandboxes of `template` (tests check they never surface).
+    pub fn prepared_ids(&self, template: &str) -> Vec<String> {
+        lock(&self.prepared.state)
+            .ready
+            .get(template)
+            .map(|q| q.iter().map(|p| p.id.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `id` holds a host id range (tests check discarded ones are freed).
+    pub fn holds_ids(&self, id: &str) -> bool {
+        self.ids.get(&ids_holder(id)).is_some()
+    }
+}
+
+/// The refill task: discards what is over the target or expired, and starts one sandbox at a
+/// time where a template has fewer than its target while no create is in flight.
+async fn tend(rt: Weak<NsRuntime>) {
+    loop {
+        let wake = {
+            let Some(rt) = rt.upgrade() else { return };
+            if rt.prepared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            match rt.next_step() {
+                Step::Discard(ps) => {
+                    for p in ps {
+                        rt.discard(p).await;
+                    }
+                    continue;
+                }
+                Step::Fill(template, shape) => {
+                    match rt.prepare_one(&template, shape).await {
+                        Ok(p) if rt.prepared.stopping.load(Ordering::SeqCst) => {
+                            rt.discard(p).await;
+                            return;
+                        }
+                        Ok(p) => {
+                            tracing::debug!(sandbox = %p.id, template, "sandbox prepared");
+                            lock(&rt.prepared.state)
+                                .ready
+                                .entry(template)
+                                .or_default()
+                                .push_back(p);
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(template, error = %warren_runtime::chain(&e), "could not prepare a sandbox");
+                        }
+                    }
+                    // Not again at once: what failed (a full host, a broken image) rarely
+                    // mends within the second. A create still wakes us.
+                    (rt.prepared.wake.clone(), Duration::from_secs(10))
+                }
+                Step::Wait => (rt.prepared.wake.clone(), Duration::from_secs(1)),
+            }
+        };
+        // Woken by creates (starting or ending) and reservations; the tick expires the rest.
+        tokio::select! {
+            _ = wake.0.notified() => {}
+            _ = tokio::time::sleep(wake.1) => {}
+        }
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
