@@ -10,12 +10,13 @@
 //! can reach another through the pool: a prepared sandbox is used once and killed with its
 //! tenant, like any other.
 //!
-//! How many wait per template follows demand: the peak number of creates of that template in
-//! flight at once over the last two minutes, plus one, within [`HostConfig::prepared_max`]
-//! and an eighth of the host's available memory (see [`PER_SANDBOX`]). Refills run one at a
-//! time and only while no create is in flight, so they never compete with the creates they
-//! serve. A server restart discards them: they have no record, so the next start's cleanup
-//! removes them, and their ids are never handed out again.
+//! How many wait per template follows demand: the most creates of that template that arrived
+//! within one second, or were in flight at once, over the last two minutes, plus one, within
+//! [`HostConfig::prepared_max`] and an eighth of the host's available memory (see
+//! [`PER_SANDBOX`]). Refills run one at a time and never while a create is in flight; while
+//! some are left they also wait for creates to be quiet for [`QUIET`], so the answer and the
+//! caller's first command come first. A server restart discards them: they have no record,
+//! so the next start's cleanup removes them, and their ids are never handed out again.
 //!
 //! [`HostConfig::prepared_max`]: warren_host::HostConfig::prepared_max
 
@@ -35,10 +36,14 @@ use crate::launch::{self, Sandbox};
 
 /// How long a create may take to claim the sandbox it reserved before it is discarded.
 const RESERVATION: Duration = Duration::from_secs(60);
-/// Demand is the peak of creates in flight per bucket of this length...
-const BUCKET: Duration = Duration::from_secs(10);
+/// Demand is counted per bucket of this length (creates that arrived in it, and the most in
+/// flight at once)...
+const BUCKET: Duration = Duration::from_secs(1);
 /// ...over this window.
 const WINDOW: Duration = Duration::from_secs(120);
+/// Refills start only after creates have been quiet this long: a create's answer, its record
+/// and the first command its caller sends right after come first.
+const QUIET: Duration = Duration::from_millis(30);
 /// What a waiting sandbox is counted at against the host's memory (it uses a few MiB: see
 /// [`PreparedStats::memory_bytes`]; the rest is room for its first moments of work).
 const PER_SANDBOX: u64 = 32 << 20;
@@ -63,19 +68,29 @@ struct Shape {
     writable_bytes: u64,
 }
 
+/// One bucket of demand for a template.
+struct Bucket {
+    start: Instant,
+    arrived: usize,
+    in_flight: usize,
+}
+
 #[derive(Default)]
 struct State {
     ready: HashMap<String, VecDeque<Prepared>>,
     /// Handed out by `prepared_id`, not claimed yet.
     reserved: HashMap<String, (Instant, Prepared)>,
-    /// Per template: creates in flight now, and the peak per bucket.
+    /// Per template: creates in flight now, and per bucket the larger of the creates that
+    /// arrived in it and the most in flight at once.
     in_flight: HashMap<String, usize>,
-    peaks: HashMap<String, VecDeque<(Instant, usize)>>,
+    peaks: HashMap<String, VecDeque<Bucket>>,
     /// Fixed targets (`set_warm_pool`), which replace demand.
     fixed: HashMap<String, usize>,
     shapes: HashMap<String, Shape>,
     /// Found ended while waiting; the refill task removes them.
     dead: Vec<Prepared>,
+    /// When the latest create ended.
+    last_end: Option<Instant>,
 }
 
 impl State {
@@ -85,8 +100,8 @@ impl State {
         }
         let peak = self.peaks.get(template).map_or(0, |b| {
             b.iter()
-                .filter(|(at, _)| at.elapsed() < WINDOW)
-                .map(|(_, n)| *n)
+                .filter(|b| b.start.elapsed() < WINDOW)
+                .map(|b| b.arrived.max(b.in_flight))
                 .max()
                 .unwrap_or(0)
         });
@@ -123,9 +138,12 @@ pub(super) struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(n) = lock(&self.pool.state).in_flight.get_mut(&self.template) {
+        let mut st = lock(&self.pool.state);
+        if let Some(n) = st.in_flight.get_mut(&self.template) {
             *n = n.saturating_sub(1);
         }
+        st.last_end = Some(Instant::now());
+        drop(st);
         // Refills wait for creates to end.
         self.pool.wake.notify_one();
     }
@@ -135,7 +153,8 @@ impl Drop for InFlight<'_> {
 enum Step {
     Discard(Vec<Prepared>),
     Fill(String, Shape),
-    Wait,
+    /// Until woken, or at most this long.
+    Wait(Duration),
 }
 
 impl NsRuntime {
@@ -153,10 +172,17 @@ impl NsRuntime {
         let now_in_flight = *n;
         let peaks = st.peaks.entry(spec.template.clone()).or_default();
         match peaks.back_mut() {
-            Some((at, peak)) if at.elapsed() < BUCKET => *peak = (*peak).max(now_in_flight),
-            _ => peaks.push_back((Instant::now(), now_in_flight)),
+            Some(b) if b.start.elapsed() < BUCKET => {
+                b.arrived += 1;
+                b.in_flight = b.in_flight.max(now_in_flight);
+            }
+            _ => peaks.push_back(Bucket {
+                start: Instant::now(),
+                arrived: 1,
+                in_flight: now_in_flight,
+            }),
         }
-        while peaks.front().is_some_and(|(at, _)| at.elapsed() >= WINDOW) {
+        while peaks.front().is_some_and(|b| b.start.elapsed() >= WINDOW) {
             peaks.pop_front();
         }
         st.shapes.insert(
@@ -408,18 +434,28 @@ impl NsRuntime {
             }
         }
         if st.creating() > 0 {
-            return Step::Wait;
+            return Step::Wait(Duration::from_secs(1));
         }
+        let quiet = st.last_end.and_then(|t| QUIET.checked_sub(t.elapsed()));
+        let mut later = None;
         for t in &templates {
             let target = st.demand(t).min(cap);
             let have = st.ready.get(t).map_or(0, VecDeque::len);
             if have < target && total < cap {
-                if let Some(shape) = st.shapes.get(t).copied() {
-                    return Step::Fill(t.clone(), shape);
+                let Some(shape) = st.shapes.get(t).copied() else {
+                    continue;
+                };
+                // An empty pool cannot wait: the next create would start from scratch.
+                match quiet {
+                    Some(q) if have > 0 => later = Some(q),
+                    _ => return Step::Fill(t.clone(), shape),
                 }
             }
         }
-        Step::Wait
+        if let Some(q) = later {
+            return Step::Wait(q);
+        }
+        Step::Wait(Duration::from_secs(1))
     }
 
     /// [`warren_runtime::SandboxRuntime::set_warm_pool`]: a fixed number for `template`.
@@ -556,7 +592,7 @@ async fn tend(rt: Weak<NsRuntime>) {
                     // mends within the second. A create still wakes us.
                     (rt.prepared.wake.clone(), Duration::from_secs(10))
                 }
-                Step::Wait => (rt.prepared.wake.clone(), Duration::from_secs(1)),
+                Step::Wait(limit) => (rt.prepared.wake.clone(), limit),
             }
         };
         // Woken by creates (starting or ending) and reservations; the tick expires the rest.
