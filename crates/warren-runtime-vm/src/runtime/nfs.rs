@@ -80,7 +80,11 @@ pub fn key_file(data_dir: &Path) -> std::io::Result<PathBuf> {
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))?;
-    let tmp = data_dir.join(format!("nfs.key.{}", std::process::id()));
+    // Unique per call, not only per process: runtimes started side by side in one process
+    // (tests do) would otherwise remove or clobber each other's file before it is linked.
+    static MAKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MAKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = data_dir.join(format!("nfs.key.{}.{n}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -314,5 +318,26 @@ mod tests {
         assert_eq!(std::fs::read(&k).unwrap(), first);
         std::fs::write(&k, b"short").unwrap();
         assert!(key_file(d.path()).is_err());
+    }
+
+    #[test]
+    fn makers_racing_in_one_process_all_get_the_one_key() {
+        for _ in 0..20 {
+            let d = tempfile::tempdir().unwrap();
+            let makers: Vec<_> = (0..8)
+                .map(|_| {
+                    let dir = d.path().to_path_buf();
+                    std::thread::spawn(move || key_file(&dir))
+                })
+                .collect();
+            let paths: Vec<PathBuf> = makers
+                .into_iter()
+                .map(|t| t.join().unwrap().expect("every maker gets the key"))
+                .collect();
+            assert!(paths.iter().all(|p| *p == d.path().join("nfs.key")));
+            assert_eq!(std::fs::read(&paths[0]).unwrap().len(), 32);
+            // No temporary file is left behind.
+            assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+        }
     }
 }
