@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::run_as;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -301,24 +303,4 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
     second.kill(&claimed).await.expect("kill");
     second.shutdown().await.expect("shutdown");
     common::cleanup(&cfg);
-}
-
-/// `common::run` with another token ("" for none).
-async fn run_as(agent: std::net::SocketAddr, token: &str, cmd: &str) -> (i64, String) {
-    let argv = ["/bin/bash", "-l", "-c", cmd].map(String::from);
-    let ran = warren_host::agent::run(
-        &reqwest::Client::new(),
-        agent,
-        (!token.is_empty()).then_some(token),
-        None,
-        &argv,
-        None,
-        1 << 20,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{cmd}: {e:?}"));
-    (
-        ran.exit_code,
-        String::from_utf8_lossy(&ran.output).into_owned(),
-    )
 }

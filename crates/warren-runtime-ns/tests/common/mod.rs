@@ -453,11 +453,16 @@ pub fn limits() -> Limits {
 /// Runs `cmd` in a login shell through the sandbox's agent (as the host reaches it, with the
 /// tests' access token `tok`) and returns its exit code and output.
 pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
+    run_as(agent, "tok", cmd).await
+}
+
+/// [`run`] with another access token ("" for none).
+pub async fn run_as(agent: std::net::SocketAddr, token: &str, cmd: &str) -> (i64, String) {
     let argv = ["/bin/bash", "-l", "-c", cmd].map(String::from);
     let ran = warren_host::agent::run(
         &reqwest::Client::new(),
         agent,
-        Some("tok"),
+        (!token.is_empty()).then_some(token),
         None,
         &argv,
         None,
