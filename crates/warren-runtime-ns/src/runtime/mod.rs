@@ -526,21 +526,8 @@ impl NsRuntime {
                 return Err(e);
             }
         };
-        let record = Record::running(sandbox.pid1, &slot, Some(spec.template.clone()));
-        let out = RuntimeSandbox {
-            id: spec.id.clone(),
-            agent: SocketAddr::V4(slot.agent_endpoint()),
-            record: tagged(&record)?,
-        };
-        self.live.lock().await.insert(
-            spec.id,
-            Live {
-                sandbox,
-                slot,
-                template: Some(spec.template.clone()),
-            },
-        );
-        Ok(out)
+        self.register_running(spec.id, &spec.template, sandbox, slot)
+            .await
     }
 
     /// Takes back the sandboxes of an earlier run (see [`SandboxRuntime::reattach`]).

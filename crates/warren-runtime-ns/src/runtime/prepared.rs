@@ -31,7 +31,7 @@ use warren_net::{Slot, SlotPolicy};
 use warren_runtime::{CreateSpec, PreparedStats, RuntimeError, RuntimeSandbox};
 
 use super::start::{limits_of, writable_of, Start};
-use super::{ids_holder, tagged, Live, NsRuntime, Record};
+use super::{ids_holder, NsRuntime};
 use crate::launch::{self, Sandbox};
 
 /// How long a create may take to claim the sandbox it reserved before it is discarded.
@@ -296,22 +296,9 @@ impl NsRuntime {
             .await;
             return Err(e);
         }
-        let record = Record::running(sandbox.pid1, &slot, Some(spec.template.clone()));
-        let out = RuntimeSandbox {
-            id: spec.id.clone(),
-            agent: SocketAddr::V4(slot.agent_endpoint()),
-            record: tagged(&record)?,
-        };
         tracing::info!(sandbox = %id, template, "prepared sandbox claimed");
-        self.live.lock().await.insert(
-            id,
-            Live {
-                sandbox,
-                slot,
-                template: Some(spec.template.clone()),
-            },
-        );
-        Ok(out)
+        self.register_running(id, &spec.template, sandbox, slot)
+            .await
     }
 
     /// Kills a prepared sandbox and frees all it held.

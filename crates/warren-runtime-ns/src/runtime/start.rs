@@ -9,9 +9,9 @@ use tracing::Instrument;
 use warren_host::agent;
 use warren_host::cgroup::Limits;
 use warren_net::Slot;
-use warren_runtime::{CreateSpec, RuntimeError, VolumeMount};
+use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox, VolumeMount};
 
-use super::NsRuntime;
+use super::{tagged, Live, NsRuntime, Record};
 use crate::launch::{self, LaunchSpec, Sandbox};
 
 /// What one sandbox is started with.
@@ -153,5 +153,32 @@ impl NsRuntime {
                 Err(e)
             }
         }
+    }
+
+    /// Records a sandbox that now runs for its tenant as live; returns what the control plane
+    /// keeps of it.
+    pub(super) async fn register_running(
+        &self,
+        id: String,
+        template: &str,
+        sandbox: Sandbox,
+        slot: Slot,
+    ) -> Result<RuntimeSandbox, RuntimeError> {
+        let record = Record::running(sandbox.pid1, &slot, Some(template.to_string()));
+        let out = RuntimeSandbox {
+            id: id.clone(),
+            agent: SocketAddr::V4(slot.agent_endpoint()),
+            record: tagged(&record)?,
+        };
+        let template = Some(template.to_string());
+        self.live.lock().await.insert(
+            id,
+            Live {
+                sandbox,
+                slot,
+                template,
+            },
+        );
+        Ok(out)
     }
 }
