@@ -11,7 +11,9 @@
 //! * `raw-jailed`: the same, QEMU jailed as an unprivileged user as the runtime runs it (the
 //!   jail's cost is `raw-jailed` minus `raw`);
 //!
-//! and the PSS and RSS per idle VM with 20 VMs running. Under TCG unless KVM is truly usable.
+//! and the PSS and RSS per idle VM with 20 VMs running, and where the time of one create goes
+//! (medians at concurrency 1, stage by stage: the runtime's own stage times for `fork` and
+//! `warm`, the restore's for `raw`). Under TCG unless KVM is truly usable.
 //!
 //! ```text
 //! sudo flock /tmp/warren-host-tests.lock target/release/examples/vm_bench [--smoke]
@@ -20,18 +22,187 @@
 //! Own state directory, slot prefix and addresses; the base image comes from
 //! `WARREN_DATA_DIR` (default /var/lib/warren).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 use warren_host::HostConfig;
 use warren_runtime::{CreateSpec, SandboxRuntime};
-use warren_runtime_vm::snapshot::{self, ForkSpec, Pending, Snapshot};
-use warren_runtime_vm::{VmRuntime, VmSettings};
+use warren_runtime_vm::snapshot::{self, ForkSpec, Pending, RestoreTimes, Snapshot};
+use warren_runtime_vm::{VmRuntime, VmSettings, STAGES_TARGET};
+
+/// The runtime's stage times of each create, by sandbox id (its `STAGES_TARGET` events).
+static STAGES: Mutex<Option<HashMap<String, BTreeMap<String, f64>>>> = Mutex::new(None);
+/// Concurrency-1 creates through the runtime: (path, sandbox id, create ms, total ms).
+static CREATES: Mutex<Vec<(&'static str, String, f64, f64)>> = Mutex::new(Vec::new());
+/// Concurrency-1 raw restores: (path, the restore's stages, total ms).
+static RAWS: Mutex<Vec<(&'static str, RestoreTimes, f64)>> = Mutex::new(Vec::new());
+
+/// Collects the runtime's stage events into [`STAGES`].
+struct StageLog;
+
+#[derive(Default)]
+struct Fields {
+    sandbox: String,
+    ms: BTreeMap<String, f64>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.ms.insert(field.name().to_string(), value);
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "sandbox" {
+            self.sandbox = value.to_string();
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "sandbox" {
+            self.sandbox = format!("{value:?}").trim_matches('"').to_string();
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for StageLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() != STAGES_TARGET {
+            return;
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if let Ok(mut all) = STAGES.lock() {
+            all.get_or_insert_with(HashMap::new).insert(f.sandbox, f.ms);
+        }
+    }
+}
+
+/// A stage's time from the runtime's stages, the create's time and the total, in ms.
+type RuntimeStage<'a> = &'a dyn Fn(&BTreeMap<String, f64>, f64, f64) -> f64;
+/// A stage's time from a raw restore's stages and its total, in ms.
+type RawStage<'a> = &'a dyn Fn(&RestoreTimes, f64) -> f64;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    pct(&mut v, 50.0)
+}
+
+/// The stage table: medians at concurrency 1 of each path's stages, in ms.
+fn report_stages() {
+    let stages = STAGES
+        .lock()
+        .ok()
+        .and_then(|s| s.clone())
+        .unwrap_or_default();
+    let creates = CREATES.lock().map(|c| c.clone()).unwrap_or_default();
+    let raws = RAWS.lock().map(|r| r.clone()).unwrap_or_default();
+    // (stage, fork, warm, raw, raw-jailed); NaN where a path has no such stage.
+    let mut rows: Vec<(&str, [f64; 4])> = Vec::new();
+    let runtime = |path: &str, f: RuntimeStage| {
+        median(
+            creates
+                .iter()
+                .filter(|(p, ..)| *p == path)
+                .filter_map(|(_, id, create, total)| Some(f(stages.get(id)?, *create, *total)))
+                .collect(),
+        )
+    };
+    let raw = |path: &str, f: RawStage| {
+        median(
+            raws.iter()
+                .filter(|(p, ..)| *p == path)
+                .map(|(_, t, total)| f(t, *total))
+                .collect(),
+        )
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let field = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+    let both = |name: &'static str, rt: RuntimeStage, rw: RawStage| {
+        (
+            name,
+            [
+                runtime("fork", rt),
+                runtime("warm", rt),
+                raw("raw", rw),
+                raw("raw-jailed", rw),
+            ],
+        )
+    };
+    rows.push(both(
+        "slot, cgroup and the rest before QEMU (ours)",
+        &|m, _, _| field(m, "waiting_ms") - field(m, "prepare_ms") - field(m, "qemu_start_ms"),
+        &|_, _| f64::NAN,
+    ));
+    rows.push(both(
+        "fork directory and disk overlay",
+        &|m, _, _| field(m, "prepare_ms"),
+        &|t, _| ms(t.prepare),
+    ));
+    rows.push(both(
+        "QEMU start (exec until QMP answers)",
+        &|m, _, _| field(m, "qemu_start_ms"),
+        &|t, _| ms(t.qemu_start),
+    ));
+    rows.push(both(
+        "state load (migrate-incoming)",
+        &|m, _, _| field(m, "load_ms"),
+        &|t, _| ms(t.load),
+    ));
+    rows.push(both(
+        "resume (cont until running)",
+        &|m, _, _| field(m, "resume_ms"),
+        &|t, _| ms(t.resume),
+    ));
+    rows.push(both(
+        "first guest instructions until the agent answers",
+        &|m, _, _| field(m, "agent_ms"),
+        &|_, _| f64::NAN,
+    ));
+    rows.push(both(
+        "agent /init (ours)",
+        &|m, _, _| field(m, "init_ms"),
+        &|_, _| f64::NAN,
+    ));
+    rows.push(both(
+        "first command (/bin/true)",
+        &|_, create, total| total - create,
+        &|_, _| f64::NAN,
+    ));
+    rows.push(both(
+        "agent answers and runs the first command",
+        &|m, create, total| field(m, "agent_ms") + (total - create),
+        &|t, total| total - ms(t.prepare + t.qemu_start + t.load + t.resume),
+    ));
+    rows.push(both("total", &|_, _, total| total, &|_, total| total));
+    println!(
+        "\nwhere the time goes, concurrency 1 (medians, ms; - where a path has no such stage):"
+    );
+    println!(
+        "{:<50} {:>8} {:>8} {:>8} {:>10}",
+        "stage", "fork", "warm", "raw", "raw-jailed"
+    );
+    for (name, v) in rows {
+        let cell = |x: f64| {
+            if x.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{x:.1}")
+            }
+        };
+        println!(
+            "{name:<50} {:>8} {:>8} {:>8} {:>10}",
+            cell(v[0]),
+            cell(v[1]),
+            cell(v[2]),
+            cell(v[3])
+        );
+    }
+}
 
 struct Counts {
     seq: usize,
@@ -204,12 +375,19 @@ where
     out
 }
 
-async fn runtime_create(rt: &Arc<VmRuntime>, id: String) -> Result<f64, String> {
+/// One create through `rt` until its first command; at concurrency 1 its times are kept
+/// under `path` for the stage table.
+async fn runtime_create(
+    rt: &Arc<VmRuntime>,
+    id: String,
+    path: Option<&'static str>,
+) -> Result<f64, String> {
     let t = Instant::now();
     let s = rt
         .create(spec(id.clone()))
         .await
         .map_err(|e| e.to_string())?;
+    let created = t.elapsed().as_secs_f64() * 1000.0;
     let agent = s.agent;
     let r = tokio::task::spawn_blocking(move || {
         first_command(agent, Instant::now() + Duration::from_secs(60))
@@ -232,6 +410,9 @@ async fn runtime_create(rt: &Arc<VmRuntime>, id: String) -> Result<f64, String> 
         ));
     }
     let ms = t.elapsed().as_secs_f64() * 1000.0;
+    if let (Some(path), Ok(mut c)) = (path, CREATES.lock()) {
+        c.push((path, id.clone(), created, ms));
+    }
     rt.kill(&id).await.map_err(|e| e.to_string())?;
     Ok(ms)
 }
@@ -248,6 +429,7 @@ async fn raw_restore(
     net: &BenchNet,
     dir: PathBuf,
     run_as: Option<(u32, u32)>,
+    path: Option<&'static str>,
 ) -> Result<f64, String> {
     let t = Instant::now();
     let spec = ForkSpec {
@@ -261,7 +443,8 @@ async fn raw_restore(
     let pending = Pending::spawn(snap, &spec)
         .await
         .map_err(|e| e.to_string())?;
-    let (mut child, _qmp, _files) = pending.complete().await.map_err(|e| e.to_string())?;
+    let restored = pending.complete().await.map_err(|e| e.to_string())?;
+    let (mut child, times) = (restored.child, restored.times);
     let running = t.elapsed().as_secs_f64() * 1000.0;
     let r = first_command_in(net.path()).await;
     eprintln!(
@@ -269,6 +452,9 @@ async fn raw_restore(
         t.elapsed().as_secs_f64() * 1000.0
     );
     let ms = t.elapsed().as_secs_f64() * 1000.0;
+    if let (Some(path), Ok(mut raws), true) = (path, RAWS.lock(), r.is_ok()) {
+        raws.push((path, times, ms));
+    }
     let _ = child.start_kill();
     let _ = child.wait().await;
     snapshot::remove_vm_dir(&dir);
@@ -307,6 +493,15 @@ fn smaps(pid: u32) -> (u64, u64) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let smoke = std::env::args().any(|a| a == "--smoke");
+    // The runtime's stage events only (it logs nothing else here).
+    tracing_subscriber::registry()
+        .with(
+            StageLog.with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(STAGES_TARGET, tracing::Level::DEBUG),
+            ),
+        )
+        .init();
     let counts = if smoke {
         Counts {
             seq: 2,
@@ -348,7 +543,11 @@ async fn main() -> anyhow::Result<()> {
         for c in [1, conc] {
             eprintln!("fork, concurrency {c}");
             let rounds = if c == 1 { counts.seq } else { counts.batches };
-            let ms = measure(c, rounds, |i| runtime_create(&rt, format!("bf{c}x{i}"))).await;
+            let path = (c == 1).then_some("fork");
+            let ms = measure(c, rounds, |i| {
+                runtime_create(&rt, format!("bf{c}x{i}"), path)
+            })
+            .await;
             results.push(("fork".into(), c, ms));
         }
 
@@ -359,14 +558,16 @@ async fn main() -> anyhow::Result<()> {
             let rounds = if c == 1 { counts.seq } else { counts.batches };
             let ms = measure(c, rounds, |i| {
                 let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("raw{i}")));
-                async move { raw_restore(snap, net, dir, None).await }
+                let path = (c == 1).then_some("raw");
+                async move { raw_restore(snap, net, dir, None, path).await }
             })
             .await;
             results.push(("raw".into(), c, ms));
             let ms = measure(c, rounds, |i| {
                 let (snap, net, dir) = (&snap, &nets[i % c], work.join(format!("jail{i}")));
                 let user = 300_200 + (i % c) as u32;
-                async move { raw_restore(snap, net, dir, Some((user, user))).await }
+                let path = (c == 1).then_some("raw-jailed");
+                async move { raw_restore(snap, net, dir, Some((user, user)), path).await }
             })
             .await;
             results.push(("raw-jailed".into(), c, ms));
@@ -439,7 +640,11 @@ async fn main() -> anyhow::Result<()> {
         for r in 0..rounds {
             // A full pool: refills running beside the measured create would compete for CPU.
             wait_warm(&rt2, conc).await;
-            let ms = measure(c, 1, |i| runtime_create(&rt2, format!("bw{c}x{r}x{i}"))).await;
+            let path = (c == 1).then_some("warm");
+            let ms = measure(c, 1, |i| {
+                runtime_create(&rt2, format!("bw{c}x{r}x{i}"), path)
+            })
+            .await;
             all.extend(ms);
         }
         results.push(("warm".into(), c, all));
@@ -456,6 +661,7 @@ async fn main() -> anyhow::Result<()> {
     for (name, c, ms) in results {
         report(&name, c, ms);
     }
+    report_stages();
     let n = idle_n.max(1) as f64;
     println!(
         "idle: {idle_n} VMs of {mem_mb} MiB: PSS {:.1} MiB per VM, RSS {:.1} MiB per VM",

@@ -25,9 +25,10 @@ pub mod kernel;
 mod pidfd;
 pub mod qemu;
 pub mod qmp;
+mod restore;
 mod runtime;
 pub mod snapshot;
 
 pub use accel::{detect as detect_accelerator, Accel, Detection};
 pub use error::{Error, Result};
-pub use runtime::{uids, VmRuntime, VmSettings};
+pub use runtime::{uids, VmRuntime, VmSettings, STAGES_TARGET};

@@ -25,7 +25,7 @@ use crate::qmp::Qmp;
 use warren_host::durable::blocking;
 
 /// How long a VM booting from a disk-only checkpoint may take until its agent listens.
-const COLD_BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const COLD_BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The console line the agent prints once it listens.
 const AGENT_READY: &str = "agent listening";
@@ -126,7 +126,7 @@ impl Snapshot {
 
     /// Memory in `mem` + `state` (mapped copy-on-write by the VMs restored from it), as
     /// opposed to a `mapped-ram` file read back into each VM's own memory.
-    fn shared_memory(&self) -> bool {
+    pub(crate) fn shared_memory(&self) -> bool {
         self.mem().exists() && self.state().exists()
     }
 
@@ -545,7 +545,7 @@ where
     .await
 }
 
-async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {
+pub(crate) async fn set_ignore_shared(qmp: &Qmp) -> Result<()> {
     set_capability(qmp, "x-ignore-shared", true).await
 }
 
@@ -560,7 +560,7 @@ pub(crate) async fn set_capability(qmp: &Qmp, capability: &str, on: bool) -> Res
 }
 
 /// Waits until the console shows the agent listening; fails when QEMU exits first.
-async fn wait_console(
+pub(crate) async fn wait_console(
     files: &VmFiles,
     child: &mut tokio::process::Child,
     timeout: Duration,
@@ -568,175 +568,7 @@ async fn wait_console(
     crate::console::wait_for(files, child, AGENT_READY, timeout).await
 }
 
-/// A fork whose QEMU runs and waits for its incoming state.
-pub struct Pending {
-    pub child: tokio::process::Child,
-    pub qmp: Qmp,
-    pub files: VmFiles,
-    snapshot: Snapshot,
-}
-
-/// Where a fork lives and how it is started.
-#[derive(Debug, Clone)]
-pub struct ForkSpec {
-    pub qemu: PathBuf,
-    pub dir: PathBuf,
-    pub tap: Option<String>,
-    pub netns: Option<PathBuf>,
-    pub run_as: Option<(u32, u32)>,
-    /// Where to hard-link the snapshot's disk (same filesystem) so that the fork's overlay
-    /// refers to a file of its own: deleting the snapshot then never takes the backing file
-    /// away from a running fork, whose disk is read again when it is checkpointed.
-    pub backing_link: Option<PathBuf>,
-}
-
-/// Written into every fork's directory: what it was restored from, so that a later
-/// checkpoint (also by a restarted server) can start QEMU with the same command line.
-pub const SOURCE_META: &str = "source.json";
-
-impl Pending {
-    /// Creates the fork's disk overlay and starts its QEMU waiting for an incoming snapshot.
-    pub async fn spawn(snapshot: &Snapshot, spec: &ForkSpec) -> Result<Self> {
-        let files = VmFiles::new(&spec.dir);
-        let disk = spec.dir.join("disk.qcow2");
-        // Directories, a mount, a link and small writes: together on the blocking pool.
-        let backing = {
-            let (files, disk, snapshot, spec) =
-                (files.clone(), disk.clone(), snapshot.clone(), spec.clone());
-            blocking(move || {
-                // The guest writes the console: its logs get a small filesystem of their own.
-                files.create(spec.run_as.map(|_| LOG_CAP_BYTES))?;
-                let _ = std::fs::remove_file(&disk);
-                let meta = serde_json::to_vec(&snapshot.meta)
-                    .map_err(|e| Error::Invalid(e.to_string()))?;
-                let source = spec.dir.join(SOURCE_META);
-                std::fs::write(&source, meta).map_err(Error::io("write", &source))?;
-                Ok::<_, Error>(match &spec.backing_link {
-                    Some(link) => {
-                        let _ = std::fs::remove_file(link);
-                        if let Some(parent) = link.parent() {
-                            std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
-                        }
-                        std::fs::hard_link(snapshot.disk(), link)
-                            .map_err(Error::io("link", link))?;
-                        link.clone()
-                    }
-                    None => snapshot.disk(),
-                })
-            })
-            .await?
-        };
-        create_overlay(&backing, snapshot.disk_format(), &disk).await?;
-        let mut cfg = snapshot.config(
-            disk.clone(),
-            "qcow2",
-            &files,
-            spec.tap.clone(),
-            false,
-            &spec.qemu,
-        );
-        let mut read = vec![backing];
-        if !snapshot.shared_memory() {
-            // The VM's RAM is its own, anonymous: it boots (a disk-only checkpoint) or reads
-            // back its saved pages; untouched pages stay the kernel's shared zero page.
-            cfg.mem_file = None;
-            cfg.incoming = snapshot.has_memory();
-            if cfg.incoming {
-                read.push(snapshot.saved_ram());
-            }
-        } else {
-            read.extend([snapshot.mem(), snapshot.state()]);
-        }
-        if let Some(user) = spec.run_as {
-            // The overlay stays root's (0600): QEMU writes it through the jail's id-mapped
-            // mount, and writes a checkpoint's memory into `out/`.
-            let write = vec![disk.clone(), files.out.clone()];
-            let bytes = virtual_size(&disk);
-            cfg.jail = Some(qemu_jail(
-                &cfg,
-                user,
-                files.root.clone(),
-                read,
-                write,
-                bytes,
-            ));
-        }
-        let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
-        let qmp = connect_spawned(&mut child, &files).await?;
-        Ok(Self {
-            child,
-            qmp,
-            files,
-            snapshot: snapshot.clone(),
-        })
-    }
-
-    /// The snapshot this fork is restored from.
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
-    }
-
-    /// Loads the snapshot's device state and runs the VM (or, from a disk-only checkpoint,
-    /// waits until the booting guest's agent listens).
-    pub async fn complete(mut self) -> Result<(tokio::process::Child, Qmp, VmFiles)> {
-        if !self.snapshot.has_memory() {
-            if let Err(e) = wait_console(&self.files, &mut self.child, COLD_BOOT_TIMEOUT).await {
-                let _ = self.child.start_kill();
-                let _ = self.child.wait().await;
-                return Err(e);
-            }
-            return Ok((self.child, self.qmp, self.files));
-        }
-        let mut events = self.qmp.events();
-        let result = async {
-            let from = if self.snapshot.shared_memory() {
-                set_ignore_shared(&self.qmp).await?;
-                self.snapshot.state()
-            } else {
-                set_capability(&self.qmp, "mapped-ram", true).await?;
-                self.snapshot.saved_ram()
-            };
-            self.qmp
-                .execute(
-                    "migrate-incoming",
-                    json!({ "uri": format!("file:{}", from.display()) }),
-                )
-                .await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            // The load ends with a MIGRATION event (`completed`), `cont` with RESUME; each
-            // state is read after subscribing, so no change between the two is missed.
-            let mut recheck = crate::qmp::RECHECK_FIRST;
-            loop {
-                match self.qmp.status().await?.as_str() {
-                    "running" => return Ok(()),
-                    "paused" | "prelaunch" | "postmigrate" => {
-                        self.qmp.execute("cont", json!({})).await?;
-                    }
-                    _ if tokio::time::Instant::now() > deadline => {
-                        return Err(Error::QmpTimeout("incoming migration".into()))
-                    }
-                    _ => {
-                        crate::qmp::next_event(
-                            &mut events,
-                            &["MIGRATION", "RESUME", "STOP"],
-                            deadline,
-                            recheck,
-                        )
-                        .await;
-                        recheck = (recheck * 2).min(crate::qmp::RECHECK_MAX);
-                    }
-                }
-            }
-        }
-        .await;
-        if let Err(e) = result {
-            let _ = self.child.start_kill();
-            let _ = self.child.wait().await;
-            return Err(self.files.died(e.to_string()));
-        }
-        Ok((self.child, self.qmp, self.files))
-    }
-}
+pub use crate::restore::{ForkSpec, Pending, RestoreTimes, Restored, SOURCE_META};
 
 /// A qcow2 overlay at `disk` on top of `backing` (`raw` or `qcow2`).
 pub(crate) async fn create_overlay(backing: &Path, format: &str, disk: &Path) -> Result<()> {

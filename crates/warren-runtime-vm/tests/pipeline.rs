@@ -38,7 +38,8 @@ async fn boot_snapshot_and_independent_forks() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let waiting = t.elapsed();
-        let (child, qmp, _files) = pending.complete().await.unwrap_or_else(|e| panic!("{e}"));
+        let restored = pending.complete().await.unwrap_or_else(|e| panic!("{e}"));
+        let (child, qmp) = (restored.child, restored.qmp);
         let running = t.elapsed();
         assert_eq!(qmp.status().await.unwrap(), "running");
         let status =

@@ -128,6 +128,18 @@ async fn forks_run_commands_independently_and_clean_up() {
         Err(RuntimeError::NotFound(_))
     ));
     rt.kill("forkb").await.expect("kill");
+
+    // A deleted template's warm QEMU goes with it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while rt.warm_count("base").await < 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rt.warm_count("base").await, 1, "the warm pool refilled");
+    assert_eq!(vm_dirs(&cfg), 1, "the warm QEMU's directory");
+    rt.forget_template("base").await;
+    assert_eq!(rt.warm_count("base").await, 0);
+    assert_eq!(vm_dirs(&cfg), 0, "forgetting removes the warm QEMU's files");
+
     rt.shutdown().await.expect("shutdown");
     assert!(!Path::new(&format!("/run/netns/{}-0", cfg.net.prefix)).exists());
     common::cleanup(&cfg);

@@ -4,13 +4,51 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 use warren_host::agent;
 use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox};
 
 use super::{failed, machine, nfs, slot_failed, Machine, Record, VmRuntime, Warm};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{RestoreTimes, Snapshot};
+
+/// The target of the debug event that gives each create's stages (`vm_bench` collects it).
+pub const STAGES_TARGET: &str = "warren_runtime_vm::stages";
+
+/// Where the time of one create went, logged at debug level under [`STAGES_TARGET`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Stages {
+    /// Served by a QEMU started ahead (its `prepare` and `qemu_start` were not the create's).
+    warm: bool,
+    /// From the create's start until a QEMU waiting for its state was at hand.
+    waiting: Duration,
+    restore: RestoreTimes,
+    /// From the VM running until its agent answered (the guest's first instructions after
+    /// the restore, translated afresh under TCG, and the agent's reply).
+    agent: Duration,
+    /// The agent's `/init` (and a template service's readiness).
+    init: Duration,
+}
+
+impl Stages {
+    fn log(&self, sandbox: &str) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            target: STAGES_TARGET,
+            sandbox,
+            warm = self.warm,
+            waiting_ms = ms(self.waiting),
+            prepare_ms = ms(self.restore.prepare),
+            qemu_start_ms = ms(self.restore.qemu_start),
+            load_ms = ms(self.restore.load),
+            resume_ms = ms(self.restore.resume),
+            agent_ms = ms(self.agent),
+            init_ms = ms(self.init),
+            "VM create stages"
+        );
+    }
+}
 
 impl VmRuntime {
     /// Starts one QEMU of `template` waiting for its snapshot, in a fresh slot.
@@ -68,8 +106,8 @@ impl VmRuntime {
         &self,
         spec: &CreateSpec,
         checkpoint: Option<&Snapshot>,
-    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
-        let started = std::time::Instant::now();
+    ) -> Result<(Arc<Machine>, SocketAddr, Stages), RuntimeError> {
+        let started = Instant::now();
         if let Some(snap) = checkpoint {
             let warm = self
                 .start_pending(snap, &spec.egress_policy())
@@ -84,7 +122,9 @@ impl VmRuntime {
         let snap = self.snapshot(&spec.template, size).await?;
         // Only a size that has a snapshot: a refill never boots one under its lock.
         self.set_warm_size(&spec.template, size);
-        let warm = match self.take_warm(&spec.template, size).await {
+        let taken = self.take_warm(&spec.template, size).await;
+        let from_warm = taken.is_some();
+        let warm = match taken {
             Some(mut w) => {
                 let pool = self.pool().await?;
                 let policy = spec.egress_policy();
@@ -101,9 +141,16 @@ impl VmRuntime {
             }
         };
         self.spawn_refill(&spec.template);
-        self.complete(spec, warm, started)
+        let (m, agent, mut stages) = self
+            .complete(spec, warm, started)
             .instrument(tracing::info_span!("vm.restore"))
-            .await
+            .await?;
+        if from_warm {
+            stages.warm = true;
+            stages.restore.prepare = Duration::ZERO;
+            stages.restore.qemu_start = Duration::ZERO;
+        }
+        Ok((m, agent, stages))
     }
 
     /// Loads the state into a waiting QEMU and watches it.
@@ -111,8 +158,8 @@ impl VmRuntime {
         &self,
         spec: &CreateSpec,
         warm: Warm,
-        started: std::time::Instant,
-    ) -> Result<(Arc<Machine>, SocketAddr), RuntimeError> {
+        started: Instant,
+    ) -> Result<(Arc<Machine>, SocketAddr, Stages), RuntimeError> {
         let Warm {
             pending,
             slot,
@@ -157,8 +204,8 @@ impl VmRuntime {
                 Err(e)
             }
         };
-        let (child, qmp, _files) = match restored {
-            Ok(r) => r,
+        let (child, qmp, restore) = match restored {
+            Ok(r) => (r.child, r.qmp, r.times),
             Err(e) => {
                 let m = Machine {
                     name,
@@ -200,8 +247,14 @@ impl VmRuntime {
             run_as,
             allow_internet_access: spec.allow_internet_access,
         });
-        Ok((m, agent))
+        let stages = Stages {
+            waiting,
+            restore,
+            ..Stages::default()
+        };
+        Ok((m, agent, stages))
     }
+
     /// Restores a VM for `spec` (from `checkpoint`, else its template), registers it and
     /// initialises its agent (`current_token`: the token that agent still wants, if it was
     /// restored from another sandbox's memory).
@@ -211,7 +264,8 @@ impl VmRuntime {
         checkpoint: Option<&Snapshot>,
         current_token: Option<&str>,
     ) -> Result<RuntimeSandbox, RuntimeError> {
-        let (m, agent) = self.fork(&spec, checkpoint).await?;
+        let (m, agent, mut stages) = self.fork(&spec, checkpoint).await?;
+        let running = Instant::now();
         m.own_flows(self.net.get(), &spec.id);
         // Registered before /init so that a QEMU dying now is torn down by its watcher.
         self.live.lock().await.insert(spec.id.clone(), m.clone());
@@ -233,7 +287,15 @@ impl VmRuntime {
                 ca_bundle: self.cfg.ca_bundle(),
                 volume_mounts: &mounts,
             };
-            agent::wait_and_init(&self.client, agent, &init).await?;
+            // `wait_and_init`, in two steps to time them.
+            stages.agent = async {
+                agent::wait_healthy(&self.client, agent, self.cfg.ready_timeout).await?;
+                let answered = running.elapsed();
+                agent::init(&self.client, agent, &init).await?;
+                Ok::<_, RuntimeError>(answered)
+            }
+            .instrument(tracing::info_span!("agent.init"))
+            .await?;
             // A VM restored with memory (every fork of the template snapshot, which was
             // taken with the service ready; a resume; a snapshot's child) has the template's
             // service running already; one booted from a disk-only checkpoint starts it.
@@ -258,6 +320,8 @@ impl VmRuntime {
             };
             return Err(RuntimeError::unavailable(what, e));
         }
+        stages.init = running.elapsed() - stages.agent;
+        stages.log(&spec.id);
         let record = Record::running(&m);
         Ok(RuntimeSandbox {
             id: spec.id,

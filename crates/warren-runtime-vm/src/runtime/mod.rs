@@ -17,6 +17,8 @@ mod snapshots;
 pub mod uids;
 mod warm;
 
+pub use fork::STAGES_TARGET;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -584,6 +586,10 @@ impl SandboxRuntime for VmRuntime {
 
     async fn stop(&self) {
         self.stop_warm().await;
+    }
+
+    async fn forget_template(&self, name: &str) {
+        self.forget_warm(name).await;
     }
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {

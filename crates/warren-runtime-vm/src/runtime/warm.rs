@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use super::{Size, VmRuntime, Warm};
 
 impl VmRuntime {
-    /// Tops the warm pool of `template` up to its target.
     /// How many warm QEMUs `template` should have.
     pub(super) fn warm_target(&self, template: &str) -> usize {
         self.warm_targets
@@ -107,6 +106,25 @@ impl VmRuntime {
                 return Some(w);
             }
             tracing::warn!(vm = %w.name, "a warm VM died while waiting; discarding it");
+            self.discard_warm(w).await;
+        }
+    }
+
+    /// Drops what the warm pool keeps of `template` (its template was deleted): its waiting
+    /// QEMUs, its target and its size.
+    pub(super) async fn forget_warm(&self, template: &str) {
+        // After a refill under way, which would otherwise add one more.
+        let _refill = self.refilling.lock().await;
+        self.warm_targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(template);
+        self.warm_sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(template);
+        let gone = self.warm.lock().await.remove(template).unwrap_or_default();
+        for w in gone {
             self.discard_warm(w).await;
         }
     }
