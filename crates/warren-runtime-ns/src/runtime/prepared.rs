@@ -13,9 +13,11 @@
 //! How many wait per template follows demand: the most creates of that template that arrived
 //! within one second, or were in flight at once, over the last two minutes, plus one, within
 //! [`HostConfig::prepared_max`] and an eighth of the host's available memory (see
-//! [`PER_SANDBOX`]). Refills run one at a time and never while a create is in flight; while
-//! some are left they also wait for creates to be quiet for [`QUIET`], so the answer and the
-//! caller's first command come first. A server restart discards them: they have no record,
+//! [`PER_SANDBOX`]). Refills run one at a time; while some are left they wait until no create
+//! is in flight and creates have been quiet for [`QUIET`], so the answer and the caller's
+//! first command come first. A pool running dry (fewer than [`LOW`]) refills at once: the
+//! next create would otherwise start a sandbox from scratch, which costs it far more than
+//! sharing the CPU with a refill. A server restart discards them: they have no record,
 //! so the next start's cleanup removes them, and their ids are never handed out again.
 //!
 //! [`HostConfig::prepared_max`]: warren_host::HostConfig::prepared_max
@@ -44,6 +46,10 @@ const WINDOW: Duration = Duration::from_secs(120);
 /// Refills start only after creates have been quiet this long: a create's answer, its record
 /// and the first command its caller sends right after come first.
 const QUIET: Duration = Duration::from_millis(30);
+
+/// With fewer than this many waiting for a template, refills do not wait for quiet: creates
+/// back to back (one in flight at a time) would find the pool empty every other time.
+const LOW: usize = 2;
 /// What a waiting sandbox is counted at against the host's memory (it uses a few MiB: see
 /// [`PreparedStats::memory_bytes`]; the rest is room for its first moments of work).
 const PER_SANDBOX: u64 = 32 << 20;
@@ -420,10 +426,12 @@ impl NsRuntime {
                 return Step::Discard(extra);
             }
         }
-        if st.creating() > 0 {
-            return Step::Wait(Duration::from_secs(1));
-        }
-        let quiet = st.last_end.and_then(|t| QUIET.checked_sub(t.elapsed()));
+        // Creates in flight, or ended less than `QUIET` ago: not yet, unless a pool is empty.
+        let wait = if st.creating() > 0 {
+            Some(Duration::from_secs(1))
+        } else {
+            st.last_end.and_then(|t| QUIET.checked_sub(t.elapsed()))
+        };
         let mut later = None;
         for t in &templates {
             let target = st.demand(t).min(cap);
@@ -432,10 +440,9 @@ impl NsRuntime {
                 let Some(shape) = st.shapes.get(t).copied() else {
                     continue;
                 };
-                // An empty pool cannot wait: the next create would start from scratch.
-                match quiet {
-                    Some(q) if have > 0 => later = Some(q),
-                    _ => return Step::Fill(t.clone(), shape),
+                match refill_now(have, wait) {
+                    Ok(()) => return Step::Fill(t.clone(), shape),
+                    Err(w) => later = Some(later.map_or(w, |l: Duration| l.min(w))),
                 }
             }
         }
@@ -590,6 +597,16 @@ async fn tend(rt: Weak<NsRuntime>) {
     }
 }
 
+/// Whether a template with `have` sandboxes waiting is refilled now, when refills would
+/// otherwise wait `wait` (creates in flight, or not quiet yet); `Err`: ask again after that.
+/// A pool running dry cannot wait: the next creates would start from scratch.
+fn refill_now(have: usize, wait: Option<Duration>) -> Result<(), Duration> {
+    match wait {
+        Some(w) if have >= LOW => Err(w),
+        _ => Ok(()),
+    }
+}
+
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
 fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -602,4 +619,22 @@ fn available_memory() -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refills_wait_for_quiet_only_while_the_pool_has_some_to_spare() {
+        let busy = Some(Duration::from_millis(20));
+        assert_eq!(refill_now(0, busy), Ok(()), "an empty pool refills at once");
+        assert_eq!(
+            refill_now(1, busy),
+            Ok(()),
+            "one left: refilled beside the create"
+        );
+        assert_eq!(refill_now(LOW, busy), Err(Duration::from_millis(20)));
+        assert_eq!(refill_now(10, None), Ok(()), "quiet: refilled");
+    }
 }
