@@ -193,10 +193,16 @@ def scenario_create(ctx: Ctx) -> None:
                 # seen: the runtime sizes what it prepares ahead by recent demand.
                 out, _ = burst(once, conc, conc)
                 kill_many(ctx, [s for _, s in out])
+            client_cpu: List[float] = []
+            host_cpu: List[float] = []
             for rep in range(reps if conc > 1 else 1):
                 wait_for_prepared(ctx, conc)
                 count = n1 if conc == 1 else conc
+                before = CpuClock()
                 out, errs = burst(once, count, conc)
+                client, host = before.spent()
+                client_cpu.append(client / count)
+                host_cpu.append(host / count)
                 samples += [d for d, _ in out]
                 failures += len(errs)
                 attempts += count
@@ -208,6 +214,17 @@ def scenario_create(ctx: Ctx) -> None:
                 res.note(S, f"{label} concurrency {conc}: {note}")
             res.add(Metric(S, f"{label} create + run('true'), concurrency {conc}", "ms", samples,
                            baseline=bw, note=note))
+            # Where the CPU goes: this process's (the client's) and the whole host's, per create.
+            # With `CPUS` cores, a burst whose cores are busy throughout takes about
+            # count * host CPU / CPUS: when its p99 is there, only less CPU per create helps,
+            # and the client's share is no server's to cut.
+            res.add(Metric(S, f"{label} client CPU per create, concurrency {conc}", "ms",
+                           client_cpu, plot=False))
+            res.add(Metric(S, f"{label} host CPU per create (all processes), concurrency {conc}",
+                           "ms", host_cpu, plot=False))
+            if conc > 1:
+                res.add(Metric(S, f"{label} burst of {conc}: host CPU / {CPUS} cores", "ms",
+                               [c * conc / CPUS for c in host_cpu], plot=False))
     pool = prepared_pool(ctx)
     if pool and pool.get("ready"):
         wait_for_prepared(ctx, levels[-1][0])
@@ -216,6 +233,45 @@ def scenario_create(ctx: Ctx) -> None:
                        [pool["ready"]]))
         res.add(Metric(S, "idle memory of one prepared sandbox (cgroup charge)", "MiB",
                        [pool["memory_bytes"] / pool["ready"] / MIB]))
+
+
+CPUS = os.cpu_count() or 1
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+class CpuClock:
+    """CPU spent since its creation: this process's (all threads, and children it waited for)
+    and the host's (every core's busy time from /proc/stat), in milliseconds. Both count in
+    clock ticks (10 ms), so one figure is only as good as the span it covers."""
+
+    def __init__(self) -> None:
+        self.client, self.host = self._now()
+
+    @staticmethod
+    def _now() -> Tuple[float, float]:
+        t = os.times()
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        busy = sum(fields[:8]) - idle  # user..steal; guest time is already inside user
+        client = t.user + t.system + t.children_user + t.children_system
+        return client * 1000, busy * 1000 / _TICK
+
+    def spent(self) -> Tuple[float, float]:
+        client, host = self._now()
+        return client - self.client, host - self.host
+
+
+def cpu_per_call(fn: Callable[[], None], n: int) -> Tuple[List[float], List[float]]:
+    """The client's and the host's CPU (ms) of each of n calls."""
+    client, host = [], []
+    for _ in range(n):
+        clock = CpuClock()
+        fn()
+        c, h = clock.spent()
+        client.append(c)
+        host.append(h)
+    return client, host
 
 
 def prepared_pool(ctx: Ctx) -> dict:
@@ -361,6 +417,14 @@ def scenario_files(ctx: Ctx) -> None:
 
             res.add(Metric(S, f"SDK upload {mib} MiB", "ms", time_calls(up, n, warm), baseline=base))
             res.add(Metric(S, f"SDK download {mib} MiB", "ms", time_calls(down, n, warm), baseline=base))
+            if mib >= 8:
+                # The CPU each costs (client, whole host) against the copy's: a transfer that
+                # keeps both cores busy cannot end before host CPU / CPUS.
+                for what, fn in (("local cp", cp), ("SDK upload", up), ("SDK download", down)):
+                    client, host = cpu_per_call(fn, n)
+                    res.add(Metric(S, f"{what} {mib} MiB: client CPU", "ms", client, plot=False))
+                    res.add(Metric(S, f"{what} {mib} MiB: host CPU (all processes)", "ms", host,
+                                   plot=False))
             with contextlib.suppress(Exception):
                 sbx.commands.run(f"rm -f {remote}")
             os.unlink(src)
