@@ -253,7 +253,9 @@ class CpuClock:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
         idle = fields[3] + fields[4]  # idle + iowait
-        busy = sum(fields[:8]) - idle  # user..steal; guest time is already inside user
+        # user, nice, system, irq, softirq; not steal (the hypervisor's), and guest time is
+        # already inside user.
+        busy = sum(fields[:7]) - idle
         client = t.user + t.system + t.children_user + t.children_system
         return client * 1000, busy * 1000 / _TICK
 
