@@ -5,15 +5,19 @@
 //! (a rotated secret applies on the next request). The sandbox never holds the value: not
 //! in its environment, files or memory.
 //!
-//! - Plain HTTP: the requests are rewritten as they pass ([`crate::rewrite`]).
 //! - TLS: the proxy first completes its own handshake with the host, verifying its
 //!   certificate against the host's trust store (and the operator's extra roots), then
 //!   answers the sandbox's handshake with a leaf for the name it asked (SNI) from the
 //!   server's egress CA, which sandboxes trust. HTTP/1.1 only (ALPN), both ways.
+//! - Plain HTTP, only for a rule that asks for it (`"scheme": "http"`; the proxy relays other
+//!   plain HTTP unchanged): the requests are rewritten as they pass.
 //!
 //! The proxy dials a rule's host by name itself (never the address the sandbox chose), so
 //! a value goes only to that host's servers; on TLS, only to a server that proves the name.
-//! A secret that is gone answers the request with 502 instead of sending the placeholder.
+//! Each request must name that host too ([`crate::rewrite`]): the first that does not ends
+//! the connection with a reset, before any of it leaves, so a front end routing by `Host`
+//! never sees the value in a request for someone else. A secret that is gone answers the
+//! request with 502 instead of sending the placeholder.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -28,7 +32,7 @@ use tokio::net::TcpStream;
 use warren_runtime::transforms;
 use warren_tls::EgressCerts;
 
-use crate::rewrite::{forward_requests, RewriteError};
+use crate::rewrite::{forward_requests, RewriteError, Scope};
 
 /// A secret's value, looked up when a request leaves.
 pub type SecretFuture<'a> = Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>>;
@@ -109,6 +113,8 @@ impl Broker {
 pub(crate) struct Brokered {
     pub headers: BTreeMap<String, String>,
     pub sandbox: Option<String>,
+    /// The host the connection is for, which every request on it must name.
+    pub scope: Scope,
 }
 
 /// Why a brokered connection ended early.
@@ -118,19 +124,30 @@ pub(crate) enum BrokerFailure {
     Upstream(io::Error),
     #[error("sandbox TLS: {0}")]
     Client(io::Error),
+    /// A request not for the connection's host (the connection was reset).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Broker {
     /// Carries a plain HTTP connection whose first bytes are `head`.
     pub(crate) async fn http(
         &self,
-        client: TcpStream,
-        upstream: TcpStream,
+        mut client: TcpStream,
+        mut upstream: TcpStream,
         head: Vec<u8>,
         rule: &Brokered,
-    ) {
+    ) -> Result<(), BrokerFailure> {
         no_delay(&client, &upstream);
-        exchange(client, upstream, head, || self.headers(rule)).await;
+        let ended = exchange(&mut client, &mut upstream, head, &rule.scope, || {
+            self.headers(rule)
+        })
+        .await;
+        if let Err(why) = ended {
+            reset(&client, &upstream);
+            return Err(BrokerFailure::Refused(why));
+        }
+        Ok(())
     }
 
     /// Carries a TLS connection whose first bytes (`head`) hold the ClientHello for `name`:
@@ -150,11 +167,19 @@ impl Broker {
             .connect(server_name, upstream)
             .await
             .map_err(BrokerFailure::Upstream)?;
-        let client = tokio_rustls::TlsAcceptor::from(self.server.clone())
+        let mut upstream = upstream;
+        let mut client = tokio_rustls::TlsAcceptor::from(self.server.clone())
             .accept(Replay::new(head, client))
             .await
             .map_err(BrokerFailure::Client)?;
-        exchange(client, upstream, Vec::new(), || self.headers(rule)).await;
+        let ended = exchange(&mut client, &mut upstream, Vec::new(), &rule.scope, || {
+            self.headers(rule)
+        })
+        .await;
+        if let Err(why) = ended {
+            reset(&client.get_ref().0.inner, upstream.get_ref().0);
+            return Err(BrokerFailure::Refused(why));
+        }
         Ok(())
     }
 
@@ -190,9 +215,23 @@ fn no_delay(client: &TcpStream, upstream: &TcpStream) {
     let _ = upstream.set_nodelay(true);
 }
 
+/// Makes the coming close of both connections a reset: the client fails at once instead of
+/// reading an orderly end it could take for an empty answer.
+fn reset(client: &TcpStream, upstream: &TcpStream) {
+    let _ = client.set_zero_linger();
+    let _ = upstream.set_zero_linger();
+}
+
 /// Requests from `client` to `upstream` through the rewriter, responses back as they come.
-/// A header that cannot be made answers 502 and ends the connection.
-async fn exchange<C, U, F, Fut>(client: C, upstream: U, first: Vec<u8>, set: F)
+/// A header that cannot be made answers 502 and ends the connection; a request that is not
+/// for `scope` ends it with nothing sent (`Err`: why; the caller resets both connections).
+async fn exchange<C, U, F, Fut>(
+    client: &mut C,
+    upstream: &mut U,
+    first: Vec<u8>,
+    scope: &Scope,
+    set: F,
+) -> Result<(), String>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -203,7 +242,7 @@ where
     let (mut up_read, mut up_write) = tokio::io::split(upstream);
     let failed = {
         let requests = async {
-            let r = forward_requests(&mut client_read, &mut up_write, first, set).await;
+            let r = forward_requests(&mut client_read, &mut up_write, first, scope, set).await;
             if r.is_ok() {
                 let _ = up_write.shutdown().await;
             }
@@ -219,6 +258,7 @@ where
             tokio::select! {
                 r = &mut requests, if !requests_done => match r {
                     Err(RewriteError::Unavailable(why)) => break Some(why),
+                    Err(RewriteError::Refused(why)) => return Err(why),
                     Err(e) => {
                         tracing::debug!(target: "warren_net::flow", error = %e,
                             "brokered connection ended");
@@ -242,6 +282,7 @@ where
         let _ = client_write.write_all(answer.as_bytes()).await;
         let _ = client_write.shutdown().await;
     }
+    Ok(())
 }
 
 /// A stream that first yields bytes already read from it (the ClientHello the proxy looked

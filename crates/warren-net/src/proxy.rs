@@ -16,7 +16,9 @@
 //! skips them and the slot's filter (policy, operator ranges, connection cap) applies to
 //! them exactly as to the sandbox's own. Only the first request of a plain HTTP connection
 //! and the TLS handshake's outer name are read: a request that names another host inside an
-//! allowed name's TLS session still reaches only the allowed name's servers.
+//! allowed name's TLS session still reaches only the allowed name's servers. Connections that
+//! carry a rule's headers ([`crate::broker`]) are read request by request, and one naming
+//! another host than the connection's ends it.
 
 use std::collections::HashMap;
 use std::io;
@@ -38,6 +40,7 @@ use crate::flows::{now_ms, FlowLog};
 use crate::netns::netns_path;
 use crate::pins::Pins;
 use crate::resolver::lookup_a;
+use crate::rewrite::Scope;
 use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 
 /// The proxy's port inside every slot. Below 1024, so a namespace sandbox (which lives in
@@ -296,12 +299,24 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
     }
     // A rule's host is always dialled by name, so its headers go only to its own servers;
     // with no name rules (a policy that has only header rules), other names keep the
-    // address the sandbox chose.
-    let rule = match &first {
-        Some(Head::Named(name, _)) => names.rules.for_name(name).map(|h| Brokered {
-            headers: h.clone(),
-            sandbox: shared.flows.owner(slot),
-        }),
+    // address the sandbox chose. Its headers go over TLS, and over plain HTTP only where the
+    // rule asks (the value would cross the network in clear text): other plain HTTP to the
+    // host passes as the sandbox wrote it, like any allowed connection's.
+    let rule_host = match &first {
+        Some(Head::Named(name, _)) => names.rules.for_name(name),
+        _ => None,
+    };
+    let rule = match (&first, rule_host) {
+        (Some(Head::Named(name, via)), Some(r)) if *via == Via::Sni || r.plain_http() => {
+            Some(Brokered {
+                headers: r.headers().clone(),
+                sandbox: shared.flows.owner(slot),
+                scope: Scope {
+                    name: name.clone(),
+                    port: dest.port(),
+                },
+            })
+        }
         _ => None,
     };
     let upstream = match &first {
@@ -318,7 +333,7 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
                 reset(client);
                 return;
             }
-            if rule.is_some() || names.has_names() {
+            if rule_host.is_some() || names.has_names() {
                 dial_name(slot, shared, name, dest.port()).await
             } else {
                 dial(slot, shared, dest).await
@@ -362,24 +377,28 @@ async fn handle(mut client: TcpStream, slot: &str, shared: &Shared) {
             FlowVerdict::Allowed,
             "headers set by a rule",
         );
-        match via {
+        let ended = match via {
             Via::Host => broker.http(client, upstream, head, rule).await,
-            Via::Sni => {
-                if let Err(e) = broker.https(client, upstream, head, name, rule).await {
-                    shared.flow(
-                        slot,
-                        dest,
-                        Some(name),
-                        Some(via),
-                        FlowVerdict::Denied,
-                        &e.to_string(),
-                    );
-                }
-            }
+            Via::Sni => broker.https(client, upstream, head, name, rule).await,
+        };
+        if let Err(e) = ended {
+            shared.flow(
+                slot,
+                dest,
+                Some(name),
+                Some(via),
+                FlowVerdict::Denied,
+                &e.to_string(),
+            );
         }
         return;
     }
-    shared.flow(slot, dest, name, via, FlowVerdict::Allowed, "");
+    let reason = if rule_host.is_some() {
+        "plain HTTP: the rule's headers are set over TLS only"
+    } else {
+        ""
+    };
+    shared.flow(slot, dest, name, via, FlowVerdict::Allowed, reason);
     if !head.is_empty() && upstream.write_all(&head).await.is_err() {
         reset(client);
         return;

@@ -135,13 +135,24 @@ fn ask<S: Read + Write>(
     requests: usize,
     between: impl Fn(usize),
 ) -> Vec<String> {
+    let heads = (0..requests)
+        .map(|i| {
+            format!(
+                "GET /{i} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer ${{e2b.secrets.key}}\r\n\r\n"
+            )
+        })
+        .collect();
+    send(stream, heads, between)
+}
+
+/// Sends each of `heads` (whole requests without bodies) on one connection, reading the answer
+/// of each before the next: its body, the status line of a non-200 answer, or `closed` (and
+/// nothing more) when the connection ended instead.
+fn send<S: Read + Write>(stream: S, heads: Vec<String>, between: impl Fn(usize)) -> Vec<String> {
     let mut reader = BufReader::new(stream);
     let mut out = Vec::new();
-    for i in 0..requests {
+    for (i, req) in heads.iter().enumerate() {
         between(i);
-        let req = format!(
-            "GET /{i} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer ${{e2b.secrets.key}}\r\n\r\n"
-        );
         if reader.get_mut().write_all(req.as_bytes()).is_err() {
             out.push("write failed".into());
             break;
@@ -194,11 +205,16 @@ fn tls_client(
     rustls::StreamOwned::new(conn, tcp)
 }
 
-fn rules(pairs: &[(&str, &str)]) -> HeaderRules {
-    let raw: BTreeMap<String, Vec<HostRule>> = pairs
+/// Rules setting `Authorization` to the value given, for plain HTTP too where the scheme given
+/// is `http`.
+fn rules(triples: &[(&str, &str, Option<&str>)]) -> HeaderRules {
+    let raw: BTreeMap<String, Vec<HostRule>> = triples
         .iter()
-        .map(|(host, value)| {
-            let rule = serde_json::json!({"transform": {"headers": {"Authorization": value}}});
+        .map(|(host, value, scheme)| {
+            let mut rule = serde_json::json!({"transform": {"headers": {"Authorization": value}}});
+            if let Some(scheme) = scheme {
+                rule["scheme"] = serde_json::json!(scheme);
+            }
             (
                 host.to_string(),
                 vec![serde_json::from_value(rule).unwrap()],
@@ -273,9 +289,9 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
     // Header rules only: egress stays open, the rules change requests and nothing else.
     let egress = EgressPolicy::default().with_rules(rules(&[
-        ("api.test", "Bearer ${e2b.secrets.key}"),
-        ("untrusted.test", "Bearer ${e2b.secrets.key}"),
-        ("gone.test", "Bearer ${e2b.secrets.nothing}"),
+        ("api.test", "Bearer ${e2b.secrets.key}", Some("http")),
+        ("untrusted.test", "Bearer ${e2b.secrets.key}", None),
+        ("gone.test", "Bearer ${e2b.secrets.nothing}", Some("http")),
     ]));
     let policy = SlotPolicy {
         names: Some(egress),
@@ -371,4 +387,253 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
         "{flows:#?}"
     );
     rt.block_on(pool.release(slot)).unwrap();
+}
+
+/// A slot brokering `api.test` (plain HTTP allowed: `"scheme": "http"`) and `tls.test` (the
+/// default, TLS only), both at one address whose servers record what they get.
+struct Scoped {
+    http: Web,
+    https: Web,
+    ca_pem: String,
+    b: Ipv4Addr,
+    ns: std::path::PathBuf,
+    slot: warren_net::Slot,
+    pool: NetPool,
+    rt: tokio::runtime::Runtime,
+    _dns: common::dns::Upstream,
+    _dir: tempfile::TempDir,
+    _ctx: common::TestCtx,
+}
+
+const SECRET: &str = "Bearer s3cret";
+const PLACEHOLDER: &str = "Bearer ${e2b.secrets.key}";
+
+fn scoped() -> Option<Scoped> {
+    let mut ctx = common::setup()?;
+    let _ = ctx.outside();
+    let b = ctx.outside_second();
+    let dns_ip = ctx.private_addr();
+    let outside_ns = ctx.outside_netns();
+    let dns = common::dns::serve(
+        &outside_ns,
+        sa(dns_ip, 53),
+        vec![("api.test", b), ("tls.test", b), ("evil.test", b)],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (public_ca, _) =
+        warren_tls::LocalCa::load_or_create(&dir.path().join("public"), "test").unwrap();
+    let public_root = public_ca.cert_der().clone();
+    let names = vec!["api.test".into(), "tls.test".into()];
+    let certs = warren_tls::ServerCerts::issued(public_ca, names).unwrap();
+    let server_tls = warren_tls::server_config(Arc::new(certs)).unwrap();
+    let http = web(&outside_ns, sa(b, 80), "plain", None);
+    let https = web(&outside_ns, sa(b, 443), "tls", Some(server_tls));
+    let secrets = Arc::new(Secrets::default());
+    secrets.set("sbx-2", "key", "s3cret");
+    let (egress_ca, _) =
+        warren_tls::LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
+    let broker = Arc::new(
+        Broker::new(
+            Arc::new(warren_tls::EgressCerts::new(egress_ca)),
+            vec![public_root],
+            secrets,
+        )
+        .unwrap(),
+    );
+    let ca_pem = broker.ca_pem().to_owned();
+    let mut config = ctx.config(1);
+    config.dns = DnsSource::Servers(vec![dns_ip]);
+    config.broker = Some(broker);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let egress = EgressPolicy::default().with_rules(rules(&[
+        ("api.test", PLACEHOLDER, Some("http")),
+        ("tls.test", PLACEHOLDER, None),
+    ]));
+    let policy = SlotPolicy {
+        names: Some(egress),
+        ..SlotPolicy::open()
+    };
+    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    pool.set_owner(&slot, "sbx-2");
+    let ns = slot.netns_path();
+    Some(Scoped {
+        http,
+        https,
+        ca_pem,
+        b,
+        ns,
+        slot,
+        pool,
+        rt,
+        _dns: dns,
+        _dir: dir,
+        _ctx: ctx,
+    })
+}
+
+impl Scoped {
+    fn plain(&self) -> TcpStream {
+        let tcp = connect(Some(&self.ns), sa(self.b, 80), OPEN).expect("connects");
+        tcp.set_read_timeout(Some(OPEN)).unwrap();
+        tcp
+    }
+
+    fn tls(&self, name: &str) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+        let tcp = connect(Some(&self.ns), sa(self.b, 443), OPEN).expect("connects");
+        tcp.set_read_timeout(Some(OPEN)).unwrap();
+        tls_client(&self.ca_pem, name, tcp)
+    }
+
+    /// Every recorded head that carries the value names the rule's host in its `Host`.
+    fn finish(self) {
+        for head in self.http.heads().iter().chain(self.https.heads().iter()) {
+            if head.contains("s3cret") {
+                let host = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Host: "))
+                    .map(|h| h.split(':').next().unwrap_or(h));
+                assert!(matches!(host, Some("api.test" | "tls.test")), "{head}");
+            }
+        }
+        self.rt.block_on(self.pool.release(self.slot)).unwrap();
+    }
+}
+
+/// A GET with the placeholder as its `Authorization`, and `extra` header lines.
+fn get(target: &str, host: &str, extra: &str) -> String {
+    format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n{extra}Authorization: {PLACEHOLDER}\r\n\r\n")
+}
+
+fn secret() -> Option<String> {
+    Some(SECRET.to_string())
+}
+
+fn placeholder() -> Option<String> {
+    Some(PLACEHOLDER.to_string())
+}
+
+#[test]
+fn plain_http_a_second_request_for_another_host_ends_the_connection() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let requests = vec![get("/1", "api.test", ""), get("/2", "evil.test", "")];
+    assert_eq!(send(t.plain(), requests, |_| ()), vec!["plain", "closed"]);
+    let heads = t.http.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(auth_of(&heads[0]), secret());
+    let flows = t.pool.flows("sbx-2");
+    assert!(
+        flows.iter().any(|f| f.name.as_deref() == Some("api.test")
+            && f.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("another host"))),
+        "{flows:#?}"
+    );
+    t.finish();
+}
+
+#[test]
+fn tls_a_second_request_for_another_host_ends_the_connection() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let requests = vec![get("/1", "api.test", ""), get("/2", "evil.test", "")];
+    assert_eq!(
+        send(t.tls("api.test"), requests, |_| ()),
+        vec!["tls", "closed"]
+    );
+    let heads = t.https.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(auth_of(&heads[0]), secret());
+    t.finish();
+}
+
+#[test]
+fn tls_a_request_naming_another_host_than_the_sni_is_refused() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    for req in [
+        get("/", "evil.test", ""),
+        get("https://evil.test/", "api.test", ""),
+        get("https://evil.test/", "evil.test", ""),
+        get("/", "api.test:8443", ""),
+    ] {
+        assert_eq!(
+            send(t.tls("api.test"), vec![req.clone()], |_| ()),
+            vec!["closed"],
+            "{req}"
+        );
+    }
+    assert!(t.https.heads().is_empty(), "{:?}", t.https.heads());
+    t.finish();
+}
+
+#[test]
+fn plain_http_without_the_opt_in_passes_without_the_secret() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let got = send(t.plain(), vec![get("/", "tls.test", "")], |_| ());
+    assert_eq!(got, vec!["plain"]);
+    assert_eq!(auth_of(&t.http.heads()[0]), placeholder());
+    // The same rule over TLS is brokered.
+    let got = send(t.tls("tls.test"), vec![get("/", "tls.test", "")], |_| ());
+    assert_eq!(got, vec!["tls"]);
+    assert_eq!(auth_of(&t.https.heads()[0]), secret());
+    t.finish();
+}
+
+#[test]
+fn plain_http_with_the_opt_in_gets_the_secret() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let requests = vec![get("/1", "api.test", ""), get("/2", "api.test:80", "")];
+    assert_eq!(send(t.plain(), requests, |_| ()), vec!["plain", "plain"]);
+    let auths: Vec<_> = t.http.heads().iter().map(|h| auth_of(h)).collect();
+    assert_eq!(auths, vec![secret(), secret()]);
+    t.finish();
+}
+
+#[test]
+fn connect_requests_never_get_the_secret() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let to_self = format!(
+        "CONNECT api.test:80 HTTP/1.1\r\nHost: api.test:80\r\nAuthorization: {PLACEHOLDER}\r\n\r\n"
+    );
+    assert_eq!(send(t.plain(), vec![to_self], |_| ()), vec!["plain"]);
+    let heads = t.http.heads();
+    assert!(heads[0].starts_with("CONNECT "), "{heads:?}");
+    assert_eq!(auth_of(&heads[0]), placeholder());
+    // A CONNECT to another host on the rule host's connection is refused.
+    let elsewhere = format!(
+        "CONNECT evil.test:443 HTTP/1.1\r\nHost: api.test\r\nAuthorization: {PLACEHOLDER}\r\n\r\n"
+    );
+    assert_eq!(send(t.plain(), vec![elsewhere], |_| ()), vec!["closed"]);
+    assert_eq!(t.http.heads().len(), 1, "{:?}", t.http.heads());
+    t.finish();
+}
+
+#[test]
+fn upgrade_requests_never_get_the_secret() {
+    let Some(t) = scoped() else {
+        return;
+    };
+    let upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\n";
+    let got = send(t.plain(), vec![get("/ws", "api.test", upgrade)], |_| ());
+    assert_eq!(got, vec!["plain"]);
+    let got = send(
+        t.tls("api.test"),
+        vec![get("/ws", "api.test", upgrade)],
+        |_| (),
+    );
+    assert_eq!(got, vec!["tls"]);
+    assert_eq!(auth_of(&t.http.heads()[0]), placeholder());
+    assert_eq!(auth_of(&t.https.heads()[0]), placeholder());
+    t.finish();
 }

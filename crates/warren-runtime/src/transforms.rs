@@ -7,6 +7,9 @@
 //! only changes requests to a host the sandbox reaches anyway. Values may hold placeholders,
 //! `${e2b.secrets.<name>}`, which the proxy replaces with the team's secret when each request
 //! leaves ([`resolve`]); the stored rule keeps the placeholder. This module has no I/O.
+//!
+//! A rule's headers go over TLS only, unless it says `"scheme": "http"` (Warren's own,
+//! optional field beside E2B's `transform`): then over plain HTTP too, in clear text.
 
 use std::collections::BTreeMap;
 
@@ -39,12 +42,35 @@ const FORBIDDEN: [&str; 9] = [
     "proxy-connection",
 ];
 
+/// `scheme` of a rule whose headers go over TLS only (the default).
+pub const SCHEME_HTTPS: &str = "https";
+/// `scheme` of a rule whose headers go over plain HTTP as well.
+pub const SCHEME_HTTP: &str = "http";
+
 /// What happens to requests to one host.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HostRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<Transform>,
+    /// Where the headers may be sent: [`SCHEME_HTTPS`] (absent: the default), over TLS to a
+    /// server that proved the name; [`SCHEME_HTTP`], over plain HTTP too, where anyone on the
+    /// path reads them. Not in E2B's format, whose clients never send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+}
+
+impl HostRule {
+    /// The headers this rule sets (none for a rule without a transform).
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        self.transform.as_ref().map_or(&NONE, |t| &t.headers)
+    }
+
+    /// Whether the headers may be set on plain HTTP requests (`"scheme": "http"`).
+    pub fn plain_http(&self) -> bool {
+        self.scheme.as_deref() == Some(SCHEME_HTTP)
+    }
 }
 
 /// Headers set on every request (replacing any of the same name the client sent).
@@ -71,6 +97,11 @@ pub enum TransformError {
     TooManyRules(String, usize),
     #[error("network.rules[{0:?}] sets {1} headers; at most {MAX_HEADERS} are allowed")]
     TooManyHeaders(String, usize),
+    #[error(
+        "network.rules[{0:?}] scheme {1:?} is not known: \"https\" (the default) sets the \
+         headers over TLS only, \"http\" over plain HTTP too"
+    )]
+    BadScheme(String, String),
     #[error("network.rules[{host:?}] header {name:?}: {why}")]
     BadHeader {
         host: String,
@@ -96,12 +127,14 @@ impl HeaderRules {
             if list.len() > 1 {
                 return Err(TransformError::TooManyRules(host, list.len()));
             }
-            let headers = list
-                .into_iter()
-                .next()
-                .and_then(|r| r.transform)
-                .map(|t| t.headers)
-                .unwrap_or_default();
+            let rule = list.into_iter().next().unwrap_or_default();
+            let scheme = match rule.scheme.as_deref() {
+                None => None,
+                Some(s) if s.eq_ignore_ascii_case(SCHEME_HTTPS) => Some(SCHEME_HTTPS.to_owned()),
+                Some(s) if s.eq_ignore_ascii_case(SCHEME_HTTP) => Some(SCHEME_HTTP.to_owned()),
+                Some(other) => return Err(TransformError::BadScheme(host, other.to_owned())),
+            };
+            let headers = rule.transform.map(|t| t.headers).unwrap_or_default();
             if headers.len() > MAX_HEADERS {
                 return Err(TransformError::TooManyHeaders(host, headers.len()));
             }
@@ -122,17 +155,18 @@ impl HeaderRules {
                 key,
                 vec![HostRule {
                     transform: Some(Transform { headers }),
+                    scheme,
                 }],
             );
         }
         Ok(Self(rules))
     }
 
-    /// The headers set on requests to `name` (lower case, no trailing dot): its own rule,
-    /// else the rule of the longest `*.suffix` it is under.
-    pub fn for_name(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+    /// The rule for requests to `name` (lower case, no trailing dot): its own, else the one
+    /// of the longest `*.suffix` it is under.
+    pub fn for_name(&self, name: &str) -> Option<&HostRule> {
         if let Some(r) = self.0.get(name) {
-            return headers(r);
+            return r.first();
         }
         self.0
             .iter()
@@ -141,15 +175,8 @@ impl HeaderRules {
                     .is_some_and(|base| Rule::Below(base.to_owned()).matches_name(name))
             })
             .max_by_key(|(k, _)| k.len())
-            .and_then(|(_, r)| headers(r))
+            .and_then(|(_, r)| r.first())
     }
-}
-
-fn headers(rules: &[HostRule]) -> Option<&BTreeMap<String, String>> {
-    rules
-        .first()
-        .and_then(|r| r.transform.as_ref())
-        .map(|t| &t.headers)
 }
 
 impl HeaderRules {
@@ -311,7 +338,7 @@ mod tests {
     fn rules_are_checked_and_normalised() {
         let r = rules(
             r#"{"API.Example.com.": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.Key_1}"}}}],
-                "*.models.test": [{"transform": {"headers": {"X-Key": "k"}}}],
+                "*.models.test": [{"transform": {"headers": {"X-Key": "k"}}, "scheme": "HTTP"}],
                 "empty.test": [{}]}"#,
         )
         .unwrap();
@@ -321,8 +348,11 @@ mod tests {
         );
         assert_eq!(r.secret_names(), vec!["Key_1".to_string()]);
         let h = r.for_name("api.example.com").unwrap();
-        assert_eq!(h["Authorization"], "Bearer ${e2b.secrets.Key_1}");
-        assert!(r.for_name("eu.models.test").is_some());
+        assert_eq!(h.headers()["Authorization"], "Bearer ${e2b.secrets.Key_1}");
+        // TLS only unless the rule asks for plain HTTP too.
+        assert!(!h.plain_http());
+        assert!(r.for_name("eu.models.test").unwrap().plain_http());
+        assert_eq!(r.0["*.models.test"][0].scheme.as_deref(), Some("http"));
         assert!(r.for_name("models.test").is_none());
         assert!(r.for_name("example.com").is_none());
         // Round trip: what is stored is what a detail shows.
@@ -350,6 +380,20 @@ mod tests {
             rules(r#"{"a.test": [{}, {}]}"#),
             Err(TransformError::TooManyRules(..))
         ));
+        for scheme in ["ftp", "", "tls", "http "] {
+            let json = serde_json::json!({"a.test": [{"transform": {"headers": {"a": "b"}},
+                "scheme": scheme}]});
+            let got = HeaderRules::parse(serde_json::from_value(json).unwrap());
+            assert_eq!(
+                got,
+                Err(TransformError::BadScheme("a.test".into(), scheme.into())),
+                "{scheme:?}"
+            );
+        }
+        let https =
+            rules(r#"{"a.test": [{"transform": {"headers": {"a": "b"}}, "scheme": "https"}]}"#)
+                .unwrap();
+        assert!(!https.for_name("a.test").unwrap().plain_http());
         for (name, value) in [
             ("Host", "evil.test"),
             ("Content-Length", "0"),
