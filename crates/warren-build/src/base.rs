@@ -109,44 +109,32 @@ fn defaults_of(image: &PulledImage) -> ImageDefaults {
 
 /// Makes an unpacked image tree fit for the runtimes: `/etc/resolv.conf`, `/etc/hostname` and
 /// `/etc/hosts` regular files (a runtime binds or writes its own over them; a symlink into
-/// `/run` would point nowhere), and the mount points the runtimes use.
-fn fit_for_runtimes(root: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let etc = root.join("etc");
-    // A symlinked /etc would send these writes out of the tree.
-    if etc
-        .symlink_metadata()
-        .is_ok_and(|m| m.file_type().is_symlink())
-    {
-        std::fs::remove_file(&etc)?;
-    }
-    std::fs::create_dir_all(&etc)?;
+/// `/run` would point nowhere), and the mount points the runtimes use as real directories.
+///
+/// The tree is a registry image's, and this runs as root: its symlinks (`tmp -> /etc/shadow`,
+/// `usr -> /etc`) mean the image's own paths inside a sandbox but the host's to a plain path
+/// call, so every change goes through [`warren_oci::ImageTree`], which resolves paths inside
+/// the tree and never follows the last component.
+pub(crate) fn fit_for_runtimes(root: &Path) -> std::io::Result<()> {
+    let tree = warren_oci::ImageTree::open(root)?;
+    // A symlinked /etc is replaced: the files below must be the image's own.
+    tree.real_dir(Path::new("etc"), None)?;
     for (name, content) in [
-        ("resolv.conf", "# written by the sandbox runtime\n"),
-        ("hostname", "warren\n"),
-        ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
+        ("etc/resolv.conf", "# written by the sandbox runtime\n"),
+        ("etc/hostname", "warren\n"),
+        ("etc/hosts", "127.0.0.1 localhost\n::1 localhost\n"),
     ] {
-        let p = etc.join(name);
-        let keep = p.symlink_metadata().is_ok_and(|m| m.file_type().is_file());
-        if !keep {
-            if p.symlink_metadata().is_ok() {
-                if p.is_dir() && !p.symlink_metadata()?.file_type().is_symlink() {
-                    std::fs::remove_dir_all(&p)?;
-                } else {
-                    std::fs::remove_file(&p)?;
-                }
-            }
-            std::fs::write(&p, content)?;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))?;
-        }
+        tree.ensure_file(Path::new(name), content.as_bytes(), 0o644)?;
     }
-    for dir in ["dev", "proc", "sys", "tmp", "run", "root", "usr/local/bin"] {
-        let p = root.join(dir);
-        if p.symlink_metadata().is_err() {
-            std::fs::create_dir_all(&p)?;
-        }
+    // Mounted over by the runtimes: a symlink here would send the mount elsewhere.
+    for dir in ["dev", "proc", "sys", "run"] {
+        tree.real_dir(Path::new(dir), None)?;
     }
-    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
+    tree.real_dir(Path::new("tmp"), Some(0o1777))?;
+    // Followed inside the image, as the sandbox would (`/root` may be a link to a home).
+    for dir in ["root", "usr/local/bin"] {
+        tree.dir_all(Path::new(dir))?;
+    }
     Ok(())
 }
 
@@ -286,6 +274,46 @@ mod tests {
         assert!(std::fs::read_to_string("/etc/passwd")
             .unwrap()
             .contains("root:"));
+    }
+
+    /// An image whose links name host paths: `tmp` a host file, `usr` and `run` host
+    /// directories, `etc/hosts` a host file. The host's side stays exactly as it was.
+    #[test]
+    fn symlinks_in_the_image_never_lead_the_fix_ups_onto_the_host() {
+        use std::os::unix::fs::{symlink, PermissionsExt as _};
+        let host = tempfile::tempdir().unwrap();
+        let canary = host.path().join("canary");
+        std::fs::write(&canary, "secret").unwrap();
+        std::fs::set_permissions(&canary, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let host_dir = host.path().join("dir");
+        std::fs::create_dir(&host_dir).unwrap();
+        let image = tempfile::tempdir().unwrap();
+        let root = image.path();
+        std::fs::create_dir(root.join("etc")).unwrap();
+        symlink(&canary, root.join("tmp")).unwrap();
+        symlink(&canary, root.join("etc/hosts")).unwrap();
+        symlink(&host_dir, root.join("usr")).unwrap();
+        symlink(&host_dir, root.join("run")).unwrap();
+        symlink("../../../../../../..", root.join("root")).unwrap();
+
+        fit_for_runtimes(root).unwrap();
+
+        let mode = std::fs::metadata(&canary).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600, "the host file's mode");
+        assert_eq!(std::fs::read_to_string(&canary).unwrap(), "secret");
+        assert_eq!(
+            std::fs::read_dir(&host_dir).unwrap().count(),
+            0,
+            "nothing made in the host directory"
+        );
+        let tmp = root.join("tmp").symlink_metadata().unwrap();
+        assert!(tmp.is_dir(), "tmp is a real directory now");
+        assert_eq!(tmp.permissions().mode() & 0o7777, 0o1777);
+        assert!(root.join("run").symlink_metadata().unwrap().is_dir());
+        assert!(root.join("etc/hosts").symlink_metadata().unwrap().is_file());
+        // `usr` still names the host path, but inside the image: its bin is made there.
+        let inside = root.join(host_dir.strip_prefix("/").unwrap());
+        assert!(inside.join("local/bin").is_dir(), "{}", inside.display());
     }
 
     #[test]

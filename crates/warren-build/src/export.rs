@@ -97,24 +97,21 @@ exec $T --numeric-owner -cf - "$@"
 const HOST_BUSYBOX: &str = "/bin/busybox";
 
 /// Makes the unpacked tree what an image holds: not the agent (the runtime adds its own) nor
-/// the build's scratch files, and the mount points the runtimes use.
+/// the build's scratch files, and the mount points the runtimes use. The tree came from the
+/// guest, so its symlinks are resolved inside it ([`warren_oci::ImageTree`]): a guest that made
+/// `usr/local/bin` or `tmp` a link to a host path cannot make the host remove files there.
 fn tidy(tree: &Path) -> std::io::Result<()> {
+    let tree = warren_oci::ImageTree::open(tree)?;
     for f in ["usr/local/bin/warren-agent", "tmp/.warren-busybox"] {
-        match std::fs::remove_file(tree.join(f)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        tree.remove(Path::new(f))?;
     }
-    if let Ok(dir) = std::fs::read_dir(tree.join("tmp")) {
-        for e in dir.flatten() {
-            if e.file_name().to_string_lossy().starts_with(".warren-copy-") {
-                let _ =
-                    std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
-            }
+    for name in tree.names(Path::new("tmp"))? {
+        if name.to_string_lossy().starts_with(".warren-copy-") {
+            let _ = tree.remove(&Path::new("tmp").join(name));
         }
     }
     for d in ["dev", "proc", "sys", "run"] {
-        std::fs::create_dir_all(tree.join(d))?;
+        tree.real_dir(Path::new(d), None)?;
     }
     Ok(())
 }
@@ -216,4 +213,36 @@ pub(crate) async fn through_agent(b: &BuildBox, out: &Path) -> Result<(), String
     let st = staging.clone();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(st)).await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest tree whose `usr/local/bin` and `tmp` link to host directories: the host files
+    /// named like the agent and the build's scratch files stay.
+    #[test]
+    fn tidy_removes_nothing_through_the_guests_links() {
+        use std::os::unix::fs::symlink;
+        let host = tempfile::tempdir().unwrap();
+        for f in ["warren-agent", ".warren-busybox", ".warren-copy-1"] {
+            std::fs::write(host.path().join(f), "host's").unwrap();
+        }
+        let guest = tempfile::tempdir().unwrap();
+        let tree = guest.path();
+        std::fs::create_dir_all(tree.join("usr/local")).unwrap();
+        symlink(host.path(), tree.join("usr/local/bin")).unwrap();
+        symlink(host.path(), tree.join("tmp")).unwrap();
+        symlink(host.path(), tree.join("dev")).unwrap();
+
+        tidy(tree).unwrap();
+
+        for f in ["warren-agent", ".warren-busybox", ".warren-copy-1"] {
+            assert!(host.path().join(f).is_file(), "{f} is still on the host");
+        }
+        assert!(tree.join("dev").symlink_metadata().unwrap().is_dir());
+        for d in ["proc", "sys", "run"] {
+            assert!(tree.join(d).is_dir(), "{d}");
+        }
+    }
 }

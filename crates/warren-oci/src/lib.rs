@@ -1,6 +1,6 @@
 //! OCI images from a registry, for template builds.
 //!
-//! Two steps, used by the template builder:
+//! Used by the template builder:
 //!
 //! 1. [`Puller::pull`] speaks the OCI distribution protocol (through the `oci-client` crate) to
 //!    one registry: it resolves the reference's manifest (an image index picks its linux/amd64
@@ -14,13 +14,18 @@
 //! 2. [`unpack`] (blocking) applies those layers in order to an empty directory, as root:
 //!    gzip, zstd or plain tar, found by the layer's magic bytes (and checked against its media
 //!    type), with whiteouts (`.wh.<name>` removes a lower entry, `.wh..wh..opq` empties a
-//!    directory of lower entries), hard links, symlinks, devices, numeric uid/gid, modes,
+//!    directory of lower entries), hard links, symlinks, fifos, numeric uid/gid, modes,
 //!    mtimes and extended attributes (where the filesystem takes them). Every path is resolved
 //!    with `openat2(RESOLVE_IN_ROOT)`, as if the directory were `/`: a `..` component is
 //!    refused, an absolute path is taken as relative to the root, and a symlink that an earlier
 //!    entry or layer made (even one to `/`) resolves inside the directory, so no entry lands
 //!    outside it. The last component is never followed: it is replaced. A whiteout of `.` or
 //!    `..` is refused. [`unpack_limited`] also caps the bytes the layers may expand to.
+//!    Device nodes are left out: the sandbox's own `/dev` provides them, and an image's copy
+//!    would be live wherever the tree is reachable on the host.
+//! 3. [`ImageTree`] makes later changes to an unpacked tree (the runtimes' mount points,
+//!    `/etc` files) with the same in-root resolution, so the image's own symlinks never lead
+//!    a root process on the host out of the tree.
 //!
 //! Limits: [`PullOptions::max_bytes`] caps an image's compressed layers, checked from the
 //! manifest before any layer is fetched; each blob is cut off once it exceeds the size its
@@ -57,12 +62,14 @@ mod decompress;
 mod ecr;
 mod error;
 mod pull;
+mod tree;
 mod unpack;
 
 use std::path::PathBuf;
 
 pub use error::{BoxError, PullError};
 pub use pull::{normalise, Puller};
+pub use tree::ImageTree;
 pub use unpack::{unpack, unpack_limited};
 
 /// How pulls are made; shared by every pull of one [`Puller`].

@@ -10,20 +10,20 @@
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
-use nix::errno::Errno;
 use nix::fcntl::AtFlags;
-use nix::fcntl::{openat, openat2, readlinkat, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{
     fchmod, fchmodat, fstatat, futimens, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag,
     UtimensatFlags,
 };
 use nix::sys::time::TimeSpec;
-use nix::unistd::{fchown, fchownat, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
 
+use crate::tree::{invalid, is_dir_at, list, remove_any};
 use crate::{decompress, PullError, PulledImage};
 
 const WHITEOUT: &str = ".wh.";
@@ -182,78 +182,11 @@ fn split(rel: &Path) -> Option<(&Path, &OsStr)> {
     Some((rel.parent()?, rel.file_name()?))
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
 impl Layer<'_> {
-    /// A descriptor of directory `rel` resolved inside the root, made (0755, root-owned, as
-    /// Docker does for missing parents) when `create` and missing.
+    /// A descriptor of directory `rel` resolved inside the root, made when `create` and
+    /// missing ([`crate::tree::resolve_dir`]).
     fn resolve(&self, rel: &Path, create: bool) -> io::Result<OwnedFd> {
-        self.resolve_depth(rel, create, 0)
-    }
-
-    fn resolve_depth(&self, rel: &Path, create: bool, depth: u32) -> io::Result<OwnedFd> {
-        let how = || {
-            OpenHow::new()
-                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-                .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS)
-        };
-        let path = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        match openat2(self.root, path, how()) {
-            Ok(fd) => Ok(fd),
-            Err(Errno::ENOSYS) => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the kernel lacks openat2 (Linux 5.6 or later is needed)",
-            )),
-            // The kernel's own limit on symlinks in one lookup.
-            Err(Errno::ENOENT) if create && depth < 40 => {
-                let mut prefix = PathBuf::new();
-                let mut dir = openat2(self.root, ".", how())?;
-                for comp in rel.components() {
-                    prefix.push(comp);
-                    dir = match openat2(self.root, &prefix, how()) {
-                        Ok(fd) => fd,
-                        Err(Errno::ENOENT) if matches!(comp, Component::Normal(_)) => {
-                            let name = comp.as_os_str();
-                            match mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
-                                // 0755 whatever the process umask is.
-                                Ok(()) => fchmodat(
-                                    &dir,
-                                    name,
-                                    Mode::from_bits_truncate(0o755),
-                                    FchmodatFlags::NoFollowSymlink,
-                                )
-                                .or_else(|_| {
-                                    fchmodat(
-                                        &dir,
-                                        name,
-                                        Mode::from_bits_truncate(0o755),
-                                        FchmodatFlags::FollowSymlink,
-                                    )
-                                })?,
-                                // A dangling symlink: make the directory it names, which is
-                                // inside the root too.
-                                Err(Errno::EEXIST) => {
-                                    let target = PathBuf::from(readlinkat(&dir, name)?);
-                                    let base = prefix.parent().unwrap_or(Path::new(""));
-                                    self.resolve_depth(&base.join(target), true, depth + 1)?;
-                                }
-                                Err(e) => return Err(e.into()),
-                            }
-                            openat2(self.root, &prefix, how())?
-                        }
-                        Err(e) => return Err(e.into()),
-                    };
-                }
-                Ok(dir)
-            }
-            Err(e) => Err(e.into()),
-        }
+        crate::tree::resolve_dir(self.root, rel, create)
     }
 
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>, rel: &Path) -> io::Result<u64> {
@@ -355,30 +288,24 @@ impl Layer<'_> {
                 remove_any(&parent, name)?;
                 linkat(&t_parent, t_name, &parent, name, AtFlags::empty())?;
             }
-            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                let header = entry.header();
-                let (sflag, dev) = match kind {
-                    tar::EntryType::Char | tar::EntryType::Block => {
-                        let major = header.device_major()?.unwrap_or(0);
-                        let minor = header.device_minor()?.unwrap_or(0);
-                        let sflag = if kind == tar::EntryType::Char {
-                            SFlag::S_IFCHR
-                        } else {
-                            SFlag::S_IFBLK
-                        };
-                        (sflag, libc::makedev(major, minor))
-                    }
-                    _ => (SFlag::S_IFIFO, 0),
-                };
+            tar::EntryType::Char | tar::EntryType::Block => {
+                // Never made: an image's device nodes would be live wherever its tree is
+                // reachable on the host (the raw disk with mode 0666, say), and the sandbox's
+                // own /dev provides the ones programs need. What a lower layer had under this
+                // name is gone, as the layer says.
                 remove_any(&parent, name)?;
-                match mknodat(&parent, name, sflag, Mode::from_bits_truncate(0o600), dev) {
-                    // Device nodes need root (and a user namespace refuses them): the
-                    // sandbox's own /dev provides them, so an image's copy is not needed.
-                    Err(Errno::EPERM) => return Ok(0),
-                    r => r?,
-                }
+            }
+            tar::EntryType::Fifo => {
+                remove_any(&parent, name)?;
+                mknodat(
+                    &parent,
+                    name,
+                    SFlag::S_IFIFO,
+                    Mode::from_bits_truncate(0o600),
+                    0,
+                )?;
                 self.set_link_meta(&parent, name, &meta)?;
-                // The node was just made under this name, so following is safe (Linux has no
+                // The fifo was just made under this name, so following is safe (Linux has no
                 // chmod that does not follow).
                 fchmodat(
                     &parent,
@@ -451,57 +378,6 @@ fn set_fd_meta(fd: OwnedFd, meta: &Meta, times: bool) -> io::Result<()> {
         let _ = futimens(file.as_fd(), &t, &t);
     }
     Ok(())
-}
-
-fn is_dir_at(dir: &OwnedFd, name: &OsStr) -> bool {
-    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
-}
-
-/// The names in a directory, read before anything in it changes.
-fn list(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
-    let fd = openat(
-        dir,
-        ".",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut d = nix::dir::Dir::from_fd(fd)?;
-    let mut names = Vec::new();
-    for ent in d.iter() {
-        let ent = ent?;
-        let name = ent.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(OsStr::from_bytes(name).to_os_string());
-        }
-    }
-    Ok(names)
-}
-
-/// Removes `name` in `dir`, a whole tree if it is a directory; never follows a symlink.
-fn remove_any(dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
-    if name == "." || name == ".." || name.as_bytes().contains(&b'/') {
-        return Err(invalid(format!("removing {name:?}")));
-    }
-    let dir: BorrowedFd<'_> = dir.as_fd();
-    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(e.into()),
-        Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
-            let sub = openat(
-                dir,
-                name,
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )?;
-            for child in list(&sub)? {
-                remove_any(&sub, &child)?;
-            }
-            unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
-            Ok(())
-        }
-        Ok(_) => Ok(unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?),
-    }
 }
 
 #[cfg(test)]
