@@ -44,9 +44,41 @@ pub struct TelemetryArgs {
     /// (to measure what the trail costs).
     #[arg(long)]
     pub no_audit: bool,
+    /// Audit entries one sandbox may have kept per second on average (default 10); past it
+    /// and its burst, entries are counted in an `audit.dropped` entry instead of kept.
+    #[arg(long, value_name = "N")]
+    pub audit_rate: Option<u32>,
+    /// Audit entries one sandbox may have kept in one go (default 1000).
+    #[arg(long, value_name = "N")]
+    pub audit_burst: Option<u32>,
+    /// MiB one sandbox's audit entries may take in the store over the 7-day retention
+    /// (default 64).
+    #[arg(long, value_name = "MIB")]
+    pub audit_sandbox_mb: Option<u64>,
+    /// No audit entry is written while the data disk has less than this many MiB free
+    /// (default 2048, above the 1 GiB that pauses and snapshots need).
+    #[arg(long, value_name = "MIB")]
+    pub audit_min_free_mb: Option<u64>,
 }
 
 impl TelemetryArgs {
+    /// The audit trail's bounds: the defaults, with what was given on the command line.
+    pub fn audit_budget(&self) -> warren_control::AuditBudget {
+        const MIB: u64 = 1024 * 1024;
+        let d = warren_control::AuditBudget::default();
+        warren_control::AuditBudget {
+            entries_per_second: self.audit_rate.unwrap_or(d.entries_per_second),
+            burst: self.audit_burst.unwrap_or(d.burst),
+            sandbox_bytes: self
+                .audit_sandbox_mb
+                .map_or(d.sandbox_bytes, |m| m.saturating_mul(MIB)),
+            min_free_bytes: self
+                .audit_min_free_mb
+                .map_or(d.min_free_bytes, |m| m.saturating_mul(MIB)),
+            ..d
+        }
+    }
+
     /// The exporter, if an endpoint is named; it sends on `runtime`.
     pub fn exporter(
         &self,
@@ -289,6 +321,7 @@ pub async fn run(
         max_concurrent: args.max_sandboxes,
         per_sandbox_metrics: args.metrics_per_sandbox,
         audit: !args.telemetry.no_audit,
+        audit_budget: args.telemetry.audit_budget(),
         domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()

@@ -15,17 +15,22 @@
 //! (the store ignores one it has, by source and position), so reading again after a restart
 //! loses and repeats nothing the agent still holds. Kept for [`AUDIT_RETENTION`].
 //!
+//! What one sandbox may keep is bounded (`audit_budget.rs`): a rate, bytes over the retention
+//! window, bytes read per round, and a free-space floor of the data disk; what a bound leaves
+//! out is summed up in `audit.dropped` entries.
+//!
 //! [`GuestMetrics::journal`]: crate::GuestMetrics::journal
 //! [`SandboxRuntime::journal`]: warren_runtime::SandboxRuntime::journal
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use warren_proto::journal::{JournalEntry, JournalPage, Level, Masker};
 
+use crate::audit_budget::{clip_entry, Budget};
 use crate::control::{lock, Control};
 use crate::{ControlError, Sandbox, SandboxState};
 
@@ -36,8 +41,12 @@ pub const MAX_AUDIT_PAGE: usize = 10_000;
 /// Most entries read from one source in one go.
 const READ_PAGE: usize = 1000;
 /// Most pages read from one source in one go (a source that writes faster waits for the
-/// next round; its ring counts what it had to drop).
+/// next round; its ring counts what it had to drop). Bytes are bounded too
+/// ([`AuditBudget::round_bytes`](crate::AuditBudget::round_bytes)).
 const READ_PAGES: usize = 20;
+/// How often at most a sandbox whose byte budget is used up is counted again in the store
+/// (pruning past the retention frees room).
+const RECOUNT_EVERY: Duration = Duration::from_secs(300);
 /// How long reading before a pause or a kill may take.
 pub(crate) const FINAL_READ: Duration = Duration::from_millis(1500);
 
@@ -47,6 +56,10 @@ pub const SOURCE_AGENT: &str = "agent";
 pub const SOURCE_HOST: &str = "host";
 pub const SOURCE_NETWORK: &str = "network";
 pub const SOURCE_LIFECYCLE: &str = "lifecycle";
+/// The summaries of what the budget left out.
+pub const SOURCE_BUDGET: &str = "budget";
+/// A summary's kind: how many entries (and bytes, kinds, reasons) were not kept.
+pub const KIND_DROPPED: &str = "audit.dropped";
 
 /// One thing that happened in a sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,15 +127,29 @@ impl AuditQuery {
     }
 }
 
-/// Per sandbox and source: the run read and how far.
+/// Per sandbox and source: the run read and how far; per sandbox: its budget.
 #[derive(Default)]
 pub(crate) struct Cursors {
     by_source: HashMap<(String, &'static str), (String, u64)>,
+    budgets: HashMap<String, Budget>,
+    /// The data disk was below the trail's floor at the last write (logged once per change).
+    disk_full: bool,
 }
 
 impl Cursors {
     pub(crate) fn forget_gone(&mut self, alive: impl Fn(&str) -> bool) {
         self.by_source.retain(|(id, _), _| alive(id));
+        self.budgets.retain(|id, b| {
+            if alive(id) {
+                return true;
+            }
+            // Its last summary could not be written (the disk was full): the log says it.
+            if let Some(p) = b.unsummarised() {
+                tracing::warn!(sandbox_id = %id, entries = p.entries(), lost = p.lost(),
+                    "audit entries of an ended sandbox were left out and could not be summarised");
+            }
+            false
+        });
     }
 }
 
@@ -144,10 +171,10 @@ fn masker_of(sandbox: &Sandbox) -> Masker {
     )
 }
 
-fn entry_of(sandbox: &Sandbox, masker: &Masker, e: &JournalEntry) -> AuditEntry {
+fn entry_of(sandbox: &Sandbox, masker: &Masker, e: &JournalEntry, max: usize) -> AuditEntry {
     let mut e = e.clone();
     masker.mask_entry(&mut e);
-    AuditEntry {
+    let mut entry = AuditEntry {
         sandbox_id: sandbox.id.clone(),
         team: sandbox.team.clone(),
         at: DateTime::<Utc>::from_timestamp_millis(e.at_ms).unwrap_or_else(Utc::now),
@@ -155,7 +182,19 @@ fn entry_of(sandbox: &Sandbox, masker: &Masker, e: &JournalEntry) -> AuditEntry 
         level: e.level,
         message: e.message,
         fields: e.fields,
-    }
+    };
+    clip_entry(&mut entry, max);
+    entry
+}
+
+/// Bytes of a journal entry as read (before masking and clipping): what a round is bounded by.
+fn read_bytes(e: &JournalEntry) -> u64 {
+    (e.kind.len()
+        + e.message.len()
+        + e.fields
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()) as u64
 }
 
 /// A flow's position in the store: its content, hashed (the flow log is a ring, so its
@@ -250,6 +289,12 @@ impl Control {
     /// Reads what is new from every source of a running sandbox and keeps it. Errors are
     /// the sources' (an agent that does not answer): logged by the caller, never fatal.
     pub(crate) async fn read_journals(&self, sandbox: &Sandbox) -> Result<(), String> {
+        self.read_all(sandbox, false).await
+    }
+
+    /// [`Self::read_journals`], then the summary of what the budget left out: when it is due,
+    /// or with `last` (the sandbox is about to stop running) whatever it holds.
+    async fn read_all(&self, sandbox: &Sandbox, last: bool) -> Result<(), String> {
         if !self.inner.config.audit || sandbox.runtime.is_none() {
             return Ok(());
         }
@@ -278,6 +323,9 @@ impl Control {
         if let Err(e) = self.read_flows(sandbox).await {
             errors.push(format!("network: {e}"));
         }
+        if let Err(e) = self.summarise(sandbox, last).await {
+            errors.push(format!("summary: {e}"));
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -298,41 +346,55 @@ impl Control {
     {
         let key = (sandbox.id.clone(), source);
         let masker = masker_of(sandbox);
+        let budget = &self.inner.config.audit_budget;
+        let mut round_bytes = 0u64;
         for _ in 0..READ_PAGES {
             let known = lock(&self.inner.audit_cursors).by_source.get(&key).cloned();
             let after = known.as_ref().map(|(_, n)| *n).unwrap_or(0);
             let Some(page) = read(after).await? else {
                 return Ok(());
             };
-            if let Some((boot, _)) = &known {
-                if *boot != page.boot {
+            let run = format!("{source}:{}", page.boot);
+            match &known {
+                Some((boot, _)) if *boot != page.boot => {
                     // The source started again: its positions start again too.
                     lock(&self.inner.audit_cursors)
                         .by_source
                         .insert(key.clone(), (page.boot.clone(), 0));
                     continue;
                 }
+                None => {
+                    // First read since the server started: go on from what the store has of
+                    // this run, so entries kept before a restart are not read (and budgeted)
+                    // again.
+                    let last = self.inner.store.audit_last(&sandbox.id, &run).await;
+                    if let Ok(Some((position, _))) = last {
+                        if position > after {
+                            lock(&self.inner.audit_cursors)
+                                .by_source
+                                .insert(key.clone(), (page.boot.clone(), position));
+                            continue;
+                        }
+                    }
+                }
+                Some(_) => {}
             }
             let done = page.entries.is_empty();
-            let run = format!("{source}:{}", page.boot);
+            round_bytes += page.entries.iter().map(read_bytes).sum::<u64>();
             let stored: Vec<StoredAudit> = page
                 .entries
                 .iter()
                 .map(|e| StoredAudit {
                     source: run.clone(),
                     position: e.seq,
-                    entry: entry_of(sandbox, &masker, e),
+                    entry: entry_of(sandbox, &masker, e, budget.entry_bytes),
                 })
                 .collect();
-            if page.dropped > 0 {
-                tracing::debug!(sandbox_id = %sandbox.id, source, dropped = page.dropped,
-                    "journal entries were dropped before they were read");
-            }
-            self.keep(sandbox, stored).await?;
+            self.keep_budgeted(sandbox, stored, page.dropped).await?;
             lock(&self.inner.audit_cursors)
                 .by_source
                 .insert(key.clone(), (page.boot, page.next));
-            if done || page.next == after {
+            if done || page.next == after || round_bytes >= budget.round_bytes {
                 return Ok(());
             }
         }
@@ -348,11 +410,23 @@ impl Control {
         // Only what is not older than the newest flow already kept (one of the same
         // millisecond may be new; the store skips those it has).
         let key = (sandbox.id.clone(), SOURCE_NETWORK);
-        let from = lock(&self.inner.audit_cursors)
+        let known = lock(&self.inner.audit_cursors)
             .by_source
             .get(&key)
-            .map(|(_, at)| *at)
-            .unwrap_or(0);
+            .map(|(_, at)| *at);
+        let from = match known {
+            Some(at) => at,
+            // First read since the server started: from the newest flow the store has.
+            None => match self
+                .inner
+                .store
+                .audit_last(&sandbox.id, SOURCE_NETWORK)
+                .await
+            {
+                Ok(Some((_, at))) => u64::try_from(at.timestamp_millis()).unwrap_or(0),
+                _ => 0,
+            },
+        };
         let newest = flows.iter().map(|f| f.at_ms).max().unwrap_or(0).max(from);
         let stored: Vec<StoredAudit> = flows
             .iter()
@@ -363,11 +437,110 @@ impl Control {
                 entry: flow_entry(&sandbox.id, &sandbox.team, f),
             })
             .collect();
-        self.keep(sandbox, stored).await?;
+        self.keep_budgeted(sandbox, stored, 0).await?;
         lock(&self.inner.audit_cursors)
             .by_source
             .insert(key, (String::new(), newest));
         Ok(())
+    }
+
+    /// Whether the data disk (which holds the store) is above the trail's floor. Logged when
+    /// that changes.
+    fn store_has_room(&self) -> bool {
+        let cfg = &self.inner.config;
+        let Some(h) = self.inner.runtime.headroom() else {
+            return true;
+        };
+        let full =
+            h.free_bytes < cfg.audit_budget.min_free_bytes || h.free_inodes < cfg.min_free_inodes;
+        let mut cursors = lock(&self.inner.audit_cursors);
+        if full != cursors.disk_full {
+            cursors.disk_full = full;
+            if full {
+                tracing::warn!(
+                    free_bytes = h.free_bytes,
+                    free_inodes = h.free_inodes,
+                    floor = cfg.audit_budget.min_free_bytes,
+                    "the data disk is nearly full: audit entries are counted, not kept"
+                );
+            } else {
+                tracing::info!(free_bytes = h.free_bytes, "audit entries are kept again");
+            }
+        }
+        !full
+    }
+
+    /// Keeps what `sandbox`'s budget allows of `entries`, counting the rest (and `lost`,
+    /// entries the source dropped before they were read) for its next summary.
+    async fn keep_budgeted(
+        &self,
+        sandbox: &Sandbox,
+        entries: Vec<StoredAudit>,
+        lost: u64,
+    ) -> Result<(), String> {
+        if entries.is_empty() && lost == 0 {
+            return Ok(());
+        }
+        let cfg = &self.inner.config.audit_budget;
+        let recount = match lock(&self.inner.audit_cursors).budgets.get(&sandbox.id) {
+            None => true,
+            Some(b) => b.full(cfg) && b.counted.elapsed() >= RECOUNT_EVERY,
+        };
+        // What the store holds of this sandbox counts: a restart does not renew its budget.
+        let counted = if recount {
+            Some(
+                self.inner
+                    .store
+                    .audit_usage(&sandbox.id)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let room = self.store_has_room();
+        let now = Instant::now();
+        let kept = {
+            let mut cursors = lock(&self.inner.audit_cursors);
+            let budget = cursors
+                .budgets
+                .entry(sandbox.id.clone())
+                .or_insert_with(|| Budget::new(cfg, counted.unwrap_or(0), now));
+            if let Some(bytes) = counted {
+                budget.kept_bytes = bytes;
+                budget.counted = now;
+            }
+            budget.count_lost(lost, now);
+            budget.admit(cfg, entries, !room, now)
+        };
+        self.keep(sandbox, kept).await
+    }
+
+    /// Writes the summary of what `sandbox`'s budget left out, when it is due (or with
+    /// `force`) and the disk has room; one that cannot be written stays counted.
+    async fn summarise(&self, sandbox: &Sandbox, force: bool) -> Result<(), String> {
+        let cfg = &self.inner.config.audit_budget;
+        let now = Instant::now();
+        let due = lock(&self.inner.audit_cursors)
+            .budgets
+            .get_mut(&sandbox.id)
+            .and_then(|b| b.take_due(cfg, force, now));
+        let Some((pending, position)) = due else {
+            return Ok(());
+        };
+        // Below the floor the summary waits too (the floor's change is logged).
+        let written = if self.store_has_room() {
+            let summary = pending.entry(&sandbox.id, &sandbox.team, position);
+            self.keep(sandbox, vec![summary]).await.map(|()| true)
+        } else {
+            Ok(false)
+        };
+        if !matches!(written, Ok(true)) {
+            if let Some(b) = lock(&self.inner.audit_cursors).budgets.get_mut(&sandbox.id) {
+                b.restore(pending);
+            }
+        }
+        written.map(|_| ())
     }
 
     /// Stores entries (those already kept are skipped) and tells the observer of the new.
@@ -398,7 +571,7 @@ impl Control {
         if !self.inner.config.audit || sandbox.state != SandboxState::Running {
             return;
         }
-        match tokio::time::timeout(FINAL_READ, self.read_journals(sandbox)).await {
+        match tokio::time::timeout(FINAL_READ, self.read_all(sandbox, true)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::debug!(sandbox_id = %sandbox.id, error = %e, "last journal read")

@@ -68,6 +68,52 @@ pub struct Config {
     /// The audit trail and sandbox logs: agents' journals are read and kept. Off, nothing is
     /// read (for measuring what the trail costs).
     pub audit: bool,
+    /// What one sandbox may put into the audit trail, and the free space the trail leaves.
+    pub audit_budget: AuditBudget,
+}
+
+/// Bounds on what the audit trail keeps (threat model W3-M2): without them one sandbox
+/// executing `/bin/true` in a loop writes ~21 GB a day into the store, and a full data disk
+/// fails the store for every team. What a bound leaves out is not lost silently: it is counted,
+/// by kind and reason, in one `audit.dropped` entry per sandbox and `summary_every`.
+#[derive(Debug, Clone)]
+pub struct AuditBudget {
+    /// Entries one sandbox may have kept per second, on average over the sources...
+    pub entries_per_second: u32,
+    /// ...and in one go (a token bucket this deep, full when the sandbox is first read), so a
+    /// burst of activity is kept whole and a loop is kept at the rate.
+    pub burst: u32,
+    /// Most bytes one sandbox's entries may take in the store within the retention window
+    /// (an estimate of the rows' size; entries already kept count, also after a restart).
+    pub sandbox_bytes: u64,
+    /// Most bytes of entries read from one source in one round: a source that answers with
+    /// huge pages waits for the next round (its own bounded ring counts what it drops).
+    pub round_bytes: u64,
+    /// Largest entry kept whole; the message and field values of a bigger one are clipped
+    /// (the agent clips its own at 2 KiB; only a hostile agent sends more).
+    pub entry_bytes: usize,
+    /// Nothing more is written to the audit trail while the data disk (which holds the
+    /// store) has less free space than this, or fewer free inodes than
+    /// [`Config::min_free_inodes`]. Above [`Config::min_free_bytes`] on purpose: the trail
+    /// stops before pauses and snapshots are refused.
+    pub min_free_bytes: u64,
+    /// How often at most a sandbox's left-out entries are summed up (and when it pauses or
+    /// ends).
+    pub summary_every: Duration,
+}
+
+impl Default for AuditBudget {
+    fn default() -> Self {
+        AuditBudget {
+            entries_per_second: 10,
+            burst: 1000,
+            sandbox_bytes: 64 * 1024 * 1024,
+            round_bytes: 4 * 1024 * 1024,
+            entry_bytes: 16 * 1024,
+            min_free_bytes: 2 * 1024 * 1024 * 1024,
+            summary_every: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for Config {
@@ -106,6 +152,7 @@ impl Default for Config {
             max_secrets: 1000,
             per_sandbox_metrics: false,
             audit: true,
+            audit_budget: AuditBudget::default(),
         }
     }
 }

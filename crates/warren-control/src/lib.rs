@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod audit_budget;
 mod build_spec;
 mod builds;
 mod config;
@@ -40,8 +41,8 @@ mod volumes;
 mod webhooks;
 
 pub use audit::{
-    AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, MAX_AUDIT_PAGE,
-    SOURCE_AGENT, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
+    AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, KIND_DROPPED,
+    MAX_AUDIT_PAGE, SOURCE_AGENT, SOURCE_BUDGET, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
@@ -51,6 +52,8 @@ pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
     Registered, TemplateBuilder, UploadLink, BUILD_LAYER_PREFIX, MAX_LOG_PAGE,
 };
+pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
+pub use config::AuditBudget;
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use dockerfile::dockerfile_build;
 pub use error::{ControlError, StoreError};

@@ -278,6 +278,24 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// The bytes a sandbox's kept audit entries take, estimated as the trail's budget counts
+    /// them: the texts (fields as JSON) plus 64 bytes a row.
+    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
+        let _ = sandbox_id;
+        Ok(0)
+    }
+
+    /// The highest position and the newest time of a sandbox's kept entries from `source`
+    /// (`None`: it has none): where reading that source goes on after a restart.
+    async fn audit_last(
+        &self,
+        sandbox_id: &str,
+        source: &str,
+    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let _ = (sandbox_id, source);
+        Ok(None)
+    }
+
     /// A sandbox's kept audit entries that `q` wants, at most `q.limit`, in time order.
     async fn audit(
         &self,

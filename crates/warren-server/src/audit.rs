@@ -253,8 +253,9 @@ fn log_line(e: &LogEntryBody) -> LogLineBody {
     }
 }
 
-/// What the sandbox logs show: the trail without lifecycle changes.
-const LOG_KINDS: [&str; 4] = ["process", "file", "agent", "network"];
+/// What the sandbox logs show: the trail without lifecycle changes (with the summaries of
+/// what the audit budget left out).
+const LOG_KINDS: [&str; 5] = ["process", "file", "agent", "network", "audit"];
 
 fn log_query(id: String) -> AuditQuery {
     AuditQuery {

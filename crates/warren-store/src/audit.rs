@@ -142,6 +142,46 @@ pub(crate) fn query(db: &mut Db, q: &AuditQuery) -> Result<Vec<AuditEntry>, Stor
     Ok(out)
 }
 
+/// Bytes of a sandbox's entries: the estimate of `warren_control`'s audit budget (texts, fields
+/// as JSON, and a row's fixed cost).
+pub(crate) fn usage(db: &mut Db, sandbox_id: &str) -> Result<u64, StoreError> {
+    let bytes: i64 = db
+        .conn
+        .query_row(
+            "SELECT coalesce(sum(length(CAST(sandbox_id AS BLOB)) + length(CAST(team AS BLOB))
+                 + length(CAST(source AS BLOB)) + length(CAST(kind AS BLOB))
+                 + length(CAST(message AS BLOB)) + length(CAST(fields AS BLOB)) + ?2), 0)
+             FROM audit WHERE sandbox_id = ?1",
+            params![sandbox_id, warren_control::AUDIT_ROW_OVERHEAD as i64],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    Ok(u64::try_from(bytes).unwrap_or(0))
+}
+
+/// The highest position and newest time of a sandbox's entries from one source.
+pub(crate) fn last(
+    db: &mut Db,
+    sandbox_id: &str,
+    source: &str,
+) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+    let (position, at_us): (Option<i64>, Option<i64>) = db
+        .conn
+        .query_row(
+            "SELECT max(position), max(at_us) FROM audit WHERE sandbox_id = ?1 AND source = ?2",
+            params![sandbox_id, source],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(backend)?;
+    Ok(match (position, at_us) {
+        (Some(p), Some(at)) => Some((
+            u64::try_from(p).unwrap_or(0),
+            chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
+        )),
+        _ => None,
+    })
+}
+
 pub(crate) fn prune(db: &mut Db, before_us: i64) -> Result<usize, StoreError> {
     db.conn
         .execute("DELETE FROM audit WHERE at_us < ?1", [before_us])

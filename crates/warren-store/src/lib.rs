@@ -437,6 +437,20 @@ impl Store for SqliteStore {
         self.with(move |c| audit::prune(c, before)).await
     }
 
+    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
+        let id = sandbox_id.to_string();
+        self.with(move |c| audit::usage(c, &id)).await
+    }
+
+    async fn audit_last(
+        &self,
+        sandbox_id: &str,
+        source: &str,
+    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let (id, source) = (sandbox_id.to_string(), source.to_string());
+        self.with(move |c| audit::last(c, &id, &source)).await
+    }
+
     async fn put_webhook(&self, h: &warren_control::SealedWebhook) -> Result<(), StoreError> {
         let h = h.clone();
         self.with(move |c| webhooks::put(c, &h)).await

@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use warren_control::{
-    ApiKey, Config, Control, CreateRequest, Sandbox, SandboxState, Snapshot, Store, StoreError,
+    ApiKey, AuditEntry, AuditQuery, Config, Control, CreateRequest, Sandbox, SandboxState,
+    Snapshot, Store, StoreError, StoredAudit,
 };
+use warren_proto::journal::{JournalEntry, JournalPage, Level};
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
@@ -45,6 +47,34 @@ pub struct FakeRuntime {
     pub egress: Mutex<Vec<(String, EgressPolicy)>>,
     /// `set_egress` fails (the host's nftables did not answer).
     pub fail_egress: Mutex<bool>,
+    /// What the host saw in each sandbox (`journal`); sandboxes without one have no journal.
+    pub journals: Mutex<HashMap<String, Vec<JournalEntry>>>,
+    /// Most entries one journal page holds, whatever the reader asks (a source's choice).
+    pub journal_page: Mutex<Option<usize>>,
+    /// Journal pages read.
+    pub journal_reads: Mutex<usize>,
+}
+
+impl FakeRuntime {
+    /// Appends `n` program executions with `message_len`-byte messages to `id`'s journal.
+    pub fn exec(&self, id: &str, n: usize, message_len: usize) {
+        let mut journals = self.journals.lock().unwrap();
+        let journal = journals.entry(id.to_string()).or_default();
+        for _ in 0..n {
+            let seq = journal.len() as u64 + 1;
+            journal.push(JournalEntry {
+                seq,
+                at_ms: chrono::Utc::now().timestamp_millis(),
+                kind: "process.exec".into(),
+                level: Level::Info,
+                message: format!("{seq} {}", "x".repeat(message_len)),
+                fields: std::collections::BTreeMap::from([(
+                    "argv".to_string(),
+                    "[\"/bin/true\"]".to_string(),
+                )]),
+            });
+        }
+    }
 }
 
 #[async_trait]
@@ -57,6 +87,28 @@ impl SandboxRuntime for FakeRuntime {
     }
     fn headroom(&self) -> Option<warren_runtime::Headroom> {
         *self.headroom.lock().unwrap()
+    }
+    async fn journal(&self, id: &str, after: u64, limit: usize) -> Option<JournalPage> {
+        *self.journal_reads.lock().unwrap() += 1;
+        let journals = self.journals.lock().unwrap();
+        let all = journals.get(id)?;
+        let limit = self
+            .journal_page
+            .lock()
+            .unwrap()
+            .map_or(limit, |p| p.min(limit));
+        let entries: Vec<JournalEntry> = all
+            .iter()
+            .filter(|e| e.seq > after)
+            .take(limit)
+            .cloned()
+            .collect();
+        Some(JournalPage {
+            boot: "fake-boot".into(),
+            next: entries.last().map_or(after, |e| e.seq),
+            dropped: 0,
+            entries,
+        })
     }
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
         self.specs.lock().unwrap().push(spec.clone());
@@ -222,10 +274,82 @@ pub struct MemStore {
     pub templates: Mutex<HashMap<String, warren_control::Template>>,
     pub builds: Mutex<HashMap<String, warren_control::Build>>,
     pub build_logs: Mutex<HashMap<String, Vec<warren_control::LogEntry>>>,
+    pub audit: Mutex<Vec<StoredAudit>>,
+}
+
+/// The store's estimate of an audit row's bytes (`warren-store`'s `audit::usage`).
+pub fn row_bytes(s: &StoredAudit) -> u64 {
+    let e = &s.entry;
+    (e.sandbox_id.len()
+        + e.team.len()
+        + s.source.len()
+        + e.kind.len()
+        + e.message.len()
+        + serde_json::to_string(&e.fields).unwrap().len()) as u64
+        + warren_control::AUDIT_ROW_OVERHEAD
 }
 
 #[async_trait]
 impl Store for MemStore {
+    async fn append_audit(&self, entries: &[StoredAudit]) -> Result<Vec<usize>, StoreError> {
+        let mut kept = self.audit.lock().unwrap();
+        let mut fresh = Vec::new();
+        for (i, s) in entries.iter().enumerate() {
+            let same = |k: &StoredAudit| {
+                k.entry.sandbox_id == s.entry.sandbox_id
+                    && k.source == s.source
+                    && k.position == s.position
+            };
+            if !kept.iter().any(same) {
+                kept.push(s.clone());
+                fresh.push(i);
+            }
+        }
+        Ok(fresh)
+    }
+    async fn audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut out: Vec<AuditEntry> = self
+            .audit
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.entry.clone())
+            .filter(|e| {
+                e.sandbox_id == q.sandbox_id
+                    && q.team.as_ref().is_none_or(|t| *t == e.team)
+                    && q.wants_kind(&e.kind)
+            })
+            .collect();
+        out.sort_by_key(|e| e.at);
+        out.truncate(q.limit);
+        Ok(out)
+    }
+    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .audit
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.entry.sandbox_id == sandbox_id)
+            .map(row_bytes)
+            .sum())
+    }
+    async fn audit_last(
+        &self,
+        sandbox_id: &str,
+        source: &str,
+    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let kept = self.audit.lock().unwrap();
+        let of: Vec<&StoredAudit> = kept
+            .iter()
+            .filter(|s| s.entry.sandbox_id == sandbox_id && s.source == source)
+            .collect();
+        Ok(of
+            .iter()
+            .map(|s| s.position)
+            .max()
+            .zip(of.iter().map(|s| s.entry.at).max()))
+    }
     async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
         let mut all = self.templates.lock().unwrap();
         if all
