@@ -175,7 +175,9 @@ def main() -> int:
             os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
             from e2b import Sandbox, Secret
             secret = Secret.create(f"bench_key_{uuid.uuid4().hex[:6]}", "sk-" + uuid.uuid4().hex)
-            rules = {NAME: [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(secret.name)}}}]}
+            # "scheme": "http" so the plain HTTP rows are brokered too (rules are TLS-only by default).
+            rules = {NAME: [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(secret.name)}},
+                             "scheme": "http"}]}
             try:
                 with open(ca) as f:
                     ca_pem = f.read()

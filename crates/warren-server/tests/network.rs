@@ -171,6 +171,10 @@ async fn bad_policies_get_a_clear_400_and_change_nothing() {
             json!({"rules": {"a.test": [{"transform": {"headers": {"a": "${e2b.identity.tokens.x}"}}}]}}),
             "workload identity",
         ),
+        (
+            json!({"rules": {"a.test": [{"transform": {"headers": {"a": "b"}}, "scheme": "ftp"}]}}),
+            "network.rules[\"a.test\"] scheme \"ftp\" is not known",
+        ),
         (json!({"denyOut": "0.0.0.0/0"}), ""),
     ] {
         let (status, v) = put(&s, id, body.clone()).await;
@@ -210,18 +214,20 @@ async fn header_rules_reach_the_runtime_and_read_back_with_their_placeholders() 
         "Authorization": "Bearer ${e2b.secrets.openai_key}"}}}]});
     assert_eq!(last_policy(&s, id)["rules"], want);
     assert_eq!(detail(&s, id).await["network"]["rules"], want);
-    // An update replaces the rules; one without them clears them.
+    // An update replaces the rules; one without them clears them. A rule may let its
+    // headers go over plain HTTP too (`scheme`, kept lower case).
     let (status, _) = put(
         &s,
         id,
-        json!({"rules": {"*.models.test": [{"transform": {"headers": {"X-Key": "k"}}}]}}),
+        json!({"rules": {"*.models.test": [{"transform": {"headers": {"X-Key": "k"}},
+            "scheme": "HTTP"}]}}),
     )
     .await;
     assert_eq!(status, 204);
-    assert_eq!(
-        last_policy(&s, id)["rules"],
-        json!({"*.models.test": [{"transform": {"headers": {"X-Key": "k"}}}]})
-    );
+    let want = json!({"*.models.test": [{"transform": {"headers": {"X-Key": "k"}},
+        "scheme": "http"}]});
+    assert_eq!(last_policy(&s, id)["rules"], want);
+    assert_eq!(detail(&s, id).await["network"]["rules"], want);
     let (status, _) = put(&s, id, json!({})).await;
     assert_eq!(status, 204);
     assert!(last_policy(&s, id).get("rules").is_none());
