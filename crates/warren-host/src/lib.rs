@@ -16,7 +16,7 @@ mod templates;
 
 pub use config::{default_agent, is_static_elf, HostConfig};
 pub use lock::HostLock;
-pub use templates::{image_error, image_of, Templates};
+pub use templates::{image_error, image_of, TemplateRoot, Templates};
 
 /// Sandbox ids become host names, cgroup and directory names: lowercase letters and digits.
 pub fn valid_id(id: &str) -> bool {

@@ -8,6 +8,7 @@
 //! [--idle 200] [--smoke]`. Needs the agent built in the same profile and `bwrap` (bubblewrap).
 
 use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -72,12 +73,16 @@ fn image_root() -> PathBuf {
         &mut warren_template::StderrProgress::new(),
     )
     .expect("base image");
-    let mnt = PathBuf::from(format!("/run/warren-test-image-{}", recipe.cache_key()));
+    // Private to root, nosuid and nodev, as a server's template mounts are.
+    let parent = Path::new("/run/warren-test-images");
+    std::fs::create_dir_all(parent).unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mnt = parent.join(recipe.cache_key());
     std::fs::create_dir_all(&mnt).unwrap();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     if !mounts.contains(&format!(" {} ", mnt.display())) {
         let ok = Command::new("mount")
-            .args(["-t", "erofs", "-o", "ro"])
+            .args(["-t", "erofs", "-o", "ro,nosuid,nodev"])
             .arg(&image.image)
             .arg(&mnt)
             .status()

@@ -73,6 +73,9 @@ pub struct Sandbox {
     cgroup_parent: String,
     /// The `warren-nsinit` parent of PID 1 (absent after the manager restarted).
     shim: Option<tokio::process::Child>,
+    /// The host's mount of the template it was made from, kept while the sandbox lives so
+    /// later creates share it (and its page cache); absent after the manager restarted.
+    image: Option<warren_host::TemplateRoot>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +251,7 @@ async fn start(
         id_base: spec.id_base,
         cgroup_parent: cfg.cgroup_parent.clone(),
         shim: Some(shim),
+        image: None,
     };
     let reports = wait_for_user_ns(status_r).await?;
     enter_sandbox(cfg, spec, dir, shim_pid, &sbx.cgroup)?;
@@ -530,7 +534,13 @@ impl Sandbox {
             id_base,
             cgroup_parent: cfg.cgroup_parent.clone(),
             shim: None,
+            image: None,
         })
+    }
+
+    /// Keeps the host's mount of the sandbox's template while the sandbox lives.
+    pub fn hold_image(&mut self, root: warren_host::TemplateRoot) {
+        self.image = Some(root);
     }
 
     /// The upper directory of the sandbox's writable layer, as the host sees it: everything

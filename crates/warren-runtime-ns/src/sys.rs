@@ -29,9 +29,18 @@ fn cpath(p: &Path) -> io::Result<CString> {
 
 /// Mounts a read-only copy of the mount at `source` on `target`, with file ownership mapped
 /// through the user namespace `userns` (a `/proc/<pid>/ns/user` descriptor): files owned by
-/// host uid 0 appear owned by the uid that namespace maps to 0.
+/// host uid 0 appear owned by the uid that namespace maps to 0. The host mounts template
+/// images `nosuid` (`warren_host::Templates`); the copy honours set-id bits again (they now
+/// mean the sandbox's own ids: `sudo` in it works) and stays `nodev`.
 pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> io::Result<()> {
-    idmapped_mount(source, target, userns, MOUNT_ATTR_RDONLY)
+    let tree = clone_tree(libc::AT_FDCWD, &cpath(source)?, 0)?;
+    attach_idmapped(
+        tree,
+        target,
+        userns,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
+        MOUNT_ATTR_NOSUID,
+    )
 }
 
 /// [`idmapped_bind`] of a volume, or of the directory `subpath` inside it: writable unless
@@ -66,6 +75,7 @@ pub fn idmapped_volume(
         target,
         userns,
         ro | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        0,
     )
 }
 
@@ -125,18 +135,19 @@ fn clone_tree(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-fn idmapped_mount(source: &Path, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
-    let tree = clone_tree(libc::AT_FDCWD, &cpath(source)?, 0)?;
-    attach_idmapped(tree, target, userns, attrs)
-}
-
-/// Gives the detached mount `tree` the id mapping of `userns` and `attrs`, and attaches it on
-/// `target`.
-fn attach_idmapped(tree: OwnedFd, target: &Path, userns: &OwnedFd, attrs: u64) -> io::Result<()> {
+/// Gives the detached mount `tree` the id mapping of `userns`, sets `attrs` and clears
+/// `clear`, and attaches it on `target`.
+fn attach_idmapped(
+    tree: OwnedFd,
+    target: &Path,
+    userns: &OwnedFd,
+    attrs: u64,
+    clear: u64,
+) -> io::Result<()> {
     let dst = cpath(target)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP | attrs,
-        attr_clr: 0,
+        attr_clr: clear,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
     };

@@ -146,6 +146,8 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     cfg.cgroup_parent.push_str("-restart");
     cfg.run_dir = PathBuf::from(format!("{}-restart", cfg.run_dir.display()));
     cfg.net.run_dir = cfg.run_dir.join("net");
+    // Not the other test's: a runtime sweeps its templates directory when it starts.
+    cfg.templates_dir = cfg.run_dir.join("templates");
 
     let first = NsRuntime::start(cfg.clone()).await.expect("start");
     first.reattach(vec![]).await;

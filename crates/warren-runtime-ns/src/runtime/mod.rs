@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use tracing::Instrument;
-use warren_host::{hardening, headroom, valid_id, HostConfig, HostLock, Templates};
+use warren_host::{hardening, headroom, valid_id, HostConfig, HostLock, TemplateRoot, Templates};
 use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
@@ -124,6 +124,8 @@ impl NsRuntime {
             }
         }
         let lock = HostLock::acquire(&cfg.run_dir)?;
+        // Ours alone now: a crashed predecessor's template mounts go.
+        Templates::sweep(&cfg.templates_dir);
         hardening::warn_if_missing();
         // Orphans of sandbox helpers come to us, not to the host's init (which reaps slowly).
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| RuntimeError::Io {
@@ -157,8 +159,8 @@ impl NsRuntime {
     }
 
     /// The mounted root of template `name`, built and mounted on first use (the first build
-    /// takes minutes and prints its progress).
-    pub async fn template_root(&self, name: &str) -> Result<PathBuf, RuntimeError> {
+    /// takes minutes and prints its progress); mounted while the returned root lives.
+    pub async fn template_root(&self, name: &str) -> Result<TemplateRoot, RuntimeError> {
         let (data, dir, name) = (
             self.cfg.data_dir.clone(),
             self.cfg.templates_dir.clone(),
@@ -188,6 +190,7 @@ impl NsRuntime {
                 .await
                 .map_err(|e| RuntimeError::unavailable("stop the network pool", e))?;
         }
+        this.templates.unmount_all();
         launch::remove_empty_parents(&this.ns)
             .map_err(RuntimeError::io("remove the runtime's directories"))?;
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
@@ -281,10 +284,13 @@ impl SandboxRuntime for NsRuntime {
 
     async fn stop(&self) {
         self.stop_pool().await;
+        // Running sandboxes keep their own copies; new ones are made by the next server.
+        self.templates.unmount_all();
     }
 
     async fn forget_template(&self, name: &str) {
         self.forget_prepared(name).await;
+        self.templates.forget(name);
     }
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {

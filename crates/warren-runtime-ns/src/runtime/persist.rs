@@ -284,7 +284,7 @@ impl NsRuntime {
             let upper = layer::upper_of(&st);
             layer::shift_ids(&upper, id_base, 0)
                 .map_err(RuntimeError::io("shift the layer's ids to the image's"))?;
-            warren_template::pack_layers(&[&upper, &root], &out)
+            warren_template::pack_layers(&[upper.as_path(), root.path()], &out)
                 .map_err(|e| RuntimeError::unavailable("pack the sandbox's filesystem", e))
         })
         .await

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use tracing::Instrument;
-use warren_host::agent;
 use warren_host::cgroup::Limits;
+use warren_host::{agent, TemplateRoot};
 use warren_net::Slot;
 use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox, VolumeMount};
 
@@ -21,7 +21,8 @@ pub(super) struct Start<'a> {
     pub limits: Limits,
     pub writable_bytes: u64,
     pub slot: &'a Slot,
-    pub image_root: PathBuf,
+    /// Held by the sandbox for its life, so the template stays mounted for the next create.
+    pub image_root: TemplateRoot,
     /// A saved writable layer to start from (resume, snapshot); `None`: empty.
     pub seed: Option<PathBuf>,
     pub id_base: u32,
@@ -51,7 +52,7 @@ impl NsRuntime {
             .map_err(|e| warren_host::image_error(s.template, e))?;
         let launch_spec = LaunchSpec {
             id: s.id.to_string(),
-            image_root: s.image_root,
+            image_root: s.image_root.path().to_path_buf(),
             netns: s.slot.netns_path(),
             resolv_conf: s.slot.resolv_conf().to_string(),
             limits: s.limits,
@@ -68,10 +69,11 @@ impl NsRuntime {
             nested_namespaces: false,
             volumes: s.volumes.to_vec(),
         };
-        let sandbox = launch::launch(&self.ns, &launch_spec)
+        let mut sandbox = launch::launch(&self.ns, &launch_spec)
             .instrument(tracing::info_span!("sandbox.launch"))
             .await
             .map_err(|e| RuntimeError::unavailable(format!("start sandbox {}", s.id), e))?;
+        sandbox.hold_image(s.image_root);
         // From before the template's start command: what it runs is the sandbox's too.
         self.procs.watch(s.id, s.id_base, sandbox.cgroup.pids());
         Ok(sandbox)
@@ -124,7 +126,7 @@ impl NsRuntime {
         &self,
         spec: &CreateSpec,
         slot: &Slot,
-        image_root: PathBuf,
+        image_root: TemplateRoot,
         seed: Option<PathBuf>,
         id_base: u32,
     ) -> Result<Sandbox, RuntimeError> {

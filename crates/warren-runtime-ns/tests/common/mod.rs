@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -66,8 +67,9 @@ impl HostTest<'_> {
         let bin = target_dir();
         let mut cfg = HostConfig::new(data);
         cfg.run_dir = PathBuf::from(format!("/run/warren-{}-test-{suffix}", self.name));
-        // One shared template mount for all test runs, as a server keeps one.
-        cfg.templates_dir = PathBuf::from("/run/warren-test-templates");
+        // Each runtime its own, as each server has: a runtime sweeps its directory when it
+        // starts and unmounts what it mounted when it stops.
+        cfg.templates_dir = cfg.run_dir.join("templates");
         cfg.agent_bin = agent_bin();
         cfg.nsinit_bin = pinned(&bin.join("warren-nsinit"));
         cfg.cgroup_parent = format!("warren-{}-test-{suffix}", self.name);
@@ -194,8 +196,12 @@ pub fn image_root() -> &'static Path {
             &mut warren_template::StderrProgress::new(),
         )
         .expect("build or find the base image");
-        // One shared read-only mount, reused by later test runs (like a server's template mount).
-        let mnt = PathBuf::from(format!("/run/warren-test-image-{}", recipe.cache_key()));
+        // One shared read-only mount, reused by later test runs; private to root, nosuid and
+        // nodev, as a server's template mounts are.
+        let parent = Path::new("/run/warren-test-images");
+        std::fs::create_dir_all(parent).unwrap();
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mnt = parent.join(recipe.cache_key());
         std::fs::create_dir_all(&mnt).unwrap();
         if std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
@@ -204,7 +210,7 @@ pub fn image_root() -> &'static Path {
             return mnt;
         }
         let out = Command::new("mount")
-            .args(["-t", "erofs", "-o", "ro"])
+            .args(["-t", "erofs", "-o", "ro,nosuid,nodev"])
             .arg(&image.image)
             .arg(&mnt)
             .output()
