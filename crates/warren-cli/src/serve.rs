@@ -219,6 +219,11 @@ pub struct RegistryArgs {
     /// A PEM file of extra CA certificates trusted for registries; repeatable.
     #[arg(long = "registry-ca", value_name = "FILE")]
     pub ca_files: Vec<PathBuf>,
+    /// A range (CIDR or address) or HOST:PORT that image pulls may reach although it is
+    /// loopback, private, link-local, CGNAT or another refused range; repeatable. Mirrors and
+    /// `--registry-insecure` registries are allowed without it.
+    #[arg(long = "registry-allow", value_name = "CIDR|HOST:PORT")]
+    pub allow: Vec<warren_oci::RegistryAllow>,
 }
 
 async fn runtime(
@@ -351,6 +356,7 @@ pub async fn run(
                 mirrors: args.registry.mirrors.clone(),
                 insecure: args.registry.insecure.clone(),
                 ca_files: args.registry.ca_files.clone(),
+                allow: args.registry.allow.clone(),
                 ..warren_oci::PullOptions::new(args.data_dir.join("oci"))
             }),
         },

@@ -97,26 +97,13 @@ impl Default for NetConfig {
     }
 }
 
-/// Special-purpose IPv4 ranges (RFC 6890) a sandbox has no business reaching.
+/// Special-purpose IPv4 ranges (RFC 6890) a sandbox has no business reaching: the list the
+/// server's own requests (webhooks, registry pulls) share, `warren_runtime::blocked::EGRESS_V4`.
 pub fn default_blocked() -> Vec<Ipv4Cidr> {
-    [
-        "0.0.0.0/8",      // "this network"
-        "10.0.0.0/8",     // private
-        "100.64.0.0/10",  // carrier-grade NAT
-        "127.0.0.0/8",    // loopback
-        "169.254.0.0/16", // link-local, including cloud metadata 169.254.169.254
-        "172.16.0.0/12",  // private
-        "192.0.0.0/24",   // IETF protocol assignments
-        "192.168.0.0/16", // private
-        "224.0.0.0/4",    // multicast
-        "240.0.0.0/4",    // reserved and broadcast
-        // Azure's WireServer (host agent and DHCP/DNS of Azure VMs): a public address that
-        // answers only to VMs on Azure hosts, with the VM's credentials in reach.
-        "168.63.129.16/32",
-    ]
-    .iter()
-    .filter_map(|s| s.parse().ok())
-    .collect()
+    warren_runtime::blocked::EGRESS_V4
+        .iter()
+        .filter_map(|s| Ipv4Cidr::new(s.net.network(), s.net.prefix_len()).ok())
+        .collect()
 }
 
 impl NetConfig {
@@ -249,6 +236,8 @@ mod tests {
     #[test]
     fn default_blocks_metadata_and_wireserver() {
         let blocked = default_blocked();
+        // Every shared range made it into the egress list.
+        assert_eq!(blocked.len(), warren_runtime::blocked::EGRESS_V4.len());
         for addr in ["169.254.169.254/32", "168.63.129.16/32"] {
             let a: Ipv4Cidr = addr.parse().unwrap();
             assert!(blocked.iter().any(|b| b.overlaps(&a)), "{addr}");

@@ -43,6 +43,14 @@ pub enum PullError {
     /// A valid image this puller cannot handle (encrypted layers, another platform only, ...).
     #[error("unsupported image: {detail}")]
     Unsupported { detail: String },
+    /// A request of the pull (to the registry, a redirect, a token realm) was headed for an
+    /// address or transport the server's policy refuses: `address` is the `host:port` asked
+    /// for, `reason` says why and what an operator can do about it.
+    #[error("registry address {address} is not allowed: {reason}")]
+    NotAllowed { address: String, reason: String },
+    /// The pull options cannot be used (an insecure registry or endpoint that is not a host).
+    #[error("registry settings: {detail}")]
+    BadConfig { detail: String },
     /// A local file operation failed.
     #[error("{what}")]
     Io {

@@ -61,6 +61,8 @@ mod config;
 mod decompress;
 mod ecr;
 mod error;
+mod guard;
+mod policy;
 mod pull;
 mod tree;
 mod unpack;
@@ -68,6 +70,7 @@ mod unpack;
 use std::path::PathBuf;
 
 pub use error::{BoxError, PullError};
+pub use policy::RegistryAllow;
 pub use pull::{normalise, Puller};
 pub use tree::ImageTree;
 pub use unpack::{unpack, unpack_limited};
@@ -79,7 +82,9 @@ pub struct PullOptions {
     pub cache_dir: PathBuf,
     /// Registries served by a mirror instead of themselves.
     pub mirrors: Vec<Mirror>,
-    /// Registries (`host:port`) reached over plain HTTP instead of HTTPS.
+    /// Registries (`host:port`) reached over plain HTTP instead of HTTPS. The operator named
+    /// them, so they may be at any address (loopback and private ones included), and they are
+    /// the only hosts plain HTTP goes to (with `http://` mirrors and ECR endpoint).
     pub insecure: Vec<String>,
     /// Extra PEM files of trusted root certificates, added to the system's.
     pub ca_files: Vec<PathBuf>,
@@ -89,6 +94,11 @@ pub struct PullOptions {
     /// The ECR API endpoint used for AWS credentials, instead of
     /// `https://api.ecr.<region>.amazonaws.com/` (for tests and private endpoints).
     pub ecr_endpoint: Option<String>,
+    /// Destinations pulls may reach although the default refuses them (loopback, private,
+    /// link-local and metadata, CGNAT and the rest of `warren_runtime::blocked`): ranges, and
+    /// `host:port`s at whatever address they have. Mirrors, `insecure` registries and the ECR
+    /// endpoint are allowed without being listed.
+    pub allow: Vec<RegistryAllow>,
 }
 
 impl PullOptions {
@@ -102,6 +112,7 @@ impl PullOptions {
             ca_files: Vec::new(),
             max_bytes: 16 << 30,
             ecr_endpoint: None,
+            allow: Vec::new(),
         }
     }
 }

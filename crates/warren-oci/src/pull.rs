@@ -1,6 +1,7 @@
 //! Resolving a reference and fetching its blobs into the digest-addressed cache.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use oci_client::client::{
@@ -13,6 +14,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt as _;
 
 use crate::error::Ctx;
+use crate::guard::Guard;
+use crate::policy::Policy;
 use crate::{canonical_registry, config, ecr, Credentials, Layer, PullError, PullOptions};
 use crate::{Mirror, PulledImage};
 
@@ -38,8 +41,10 @@ const MAX_CONFIG_BYTES: u64 = 16 << 20;
 pub struct Puller {
     opts: PullOptions,
     roots: Vec<Vec<u8>>,
-    /// For the ECR token call.
-    http: reqwest_oci::Client,
+    /// The same roots, for the ECR token call's client.
+    ecr_roots: Vec<reqwest_oci::Certificate>,
+    /// Where a pull's requests may go (see [`crate::guard`]).
+    policy: Arc<Policy>,
 }
 
 impl std::fmt::Debug for Puller {
@@ -59,8 +64,9 @@ impl Puller {
                 PullError::io(format!("creating the layer cache {}", dir.display()), e)
             })?;
         }
+        let policy = Arc::new(Policy::new(&opts)?);
         let mut roots = Vec::new();
-        let mut http = reqwest_oci::Client::builder();
+        let mut ecr_roots = Vec::new();
         for file in &opts.ca_files {
             let pem = std::fs::read(file)
                 .map_err(|e| PullError::io(format!("reading the CA file {}", file.display()), e))?;
@@ -79,16 +85,15 @@ impl Puller {
                     ),
                 ));
             }
-            http = http.tls_certs_merge(certs);
+            ecr_roots.extend(certs);
             roots.push(pem);
         }
-        let http = http.build().map_err(|e| {
-            PullError::io(
-                "setting up the HTTPS client",
-                std::io::Error::other(Box::new(e)),
-            )
-        })?;
-        Ok(Puller { opts, roots, http })
+        Ok(Puller {
+            opts,
+            roots,
+            ecr_roots,
+            policy,
+        })
     }
 
     fn mirror_for(&self, registry: &str) -> Option<&Mirror> {
@@ -97,8 +102,9 @@ impl Puller {
     }
 
     /// One OCI client per pull: the client keeps the first credentials it sees per registry,
-    /// and pulls with other credentials must not inherit them.
-    fn client(&self) -> Result<Client, PullError> {
+    /// and pulls with other credentials must not inherit them. All its requests go through
+    /// the pull's guard at `proxy`.
+    fn client(&self, proxy: &str) -> Result<Client, PullError> {
         // `host:port`, also when written as a URL.
         let mut http_hosts: Vec<String> = self
             .opts
@@ -127,6 +133,8 @@ impl Puller {
             platform_resolver: Some(Box::new(linux_amd64_resolver)),
             connect_timeout: Some(std::time::Duration::from_secs(30)),
             read_timeout: Some(std::time::Duration::from_secs(120)),
+            https_proxy: Some(proxy.to_string()),
+            http_proxy: Some(proxy.to_string()),
             ..ClientConfig::default()
         };
         Client::try_from(config).map_err(|e| {
@@ -137,10 +145,26 @@ impl Puller {
         })
     }
 
+    /// The ECR token call's client, through the pull's guard at `proxy`.
+    fn ecr_client(&self, proxy: &str) -> Result<reqwest_oci::Client, PullError> {
+        let setup = |e: reqwest_oci::Error| {
+            PullError::io(
+                "setting up the HTTPS client",
+                std::io::Error::other(Box::new(e)),
+            )
+        };
+        reqwest_oci::Client::builder()
+            .tls_certs_merge(self.ecr_roots.iter().cloned())
+            .proxy(reqwest_oci::Proxy::all(proxy).map_err(setup)?)
+            .build()
+            .map_err(setup)
+    }
+
     async fn registry_auth(
         &self,
         creds: &Credentials,
         registry: &str,
+        proxy: &str,
     ) -> Result<RegistryAuth, PullError> {
         Ok(match creds {
             Credentials::Anonymous => RegistryAuth::Anonymous,
@@ -156,7 +180,7 @@ impl Puller {
                 region,
             } => {
                 let (user, password) = ecr::basic_auth(
-                    &self.http,
+                    &self.ecr_client(proxy)?,
                     self.opts.ecr_endpoint.as_deref(),
                     registry,
                     access_key_id,
@@ -171,8 +195,25 @@ impl Puller {
 
     /// Pulls `reference` into the cache: manifest (linux/amd64 from an index), config, and
     /// each layer not already cached. `progress` gets one line per layer.
+    ///
+    /// Every request goes through a guard that refuses destinations the options do not
+    /// allow; a pull that failed after such a refusal fails with [`PullError::NotAllowed`].
     pub async fn pull(
         &self,
+        reference: &str,
+        creds: &Credentials,
+        progress: &(dyn Fn(String) + Send + Sync),
+    ) -> Result<PulledImage, PullError> {
+        let guard = Guard::start(self.policy.clone())
+            .await
+            .map_err(|e| PullError::io("starting the pull's address guard", e))?;
+        let result = self.pull_via(guard.url(), reference, creds, progress).await;
+        result.map_err(|e| explain(&guard, e))
+    }
+
+    async fn pull_via(
+        &self,
+        proxy: &str,
         reference: &str,
         creds: &Credentials,
         progress: &(dyn Fn(String) + Send + Sync),
@@ -189,8 +230,8 @@ impl Puller {
             had_credentials: !matches!(creds, Credentials::Anonymous),
             docker_hub: contacted == "index.docker.io",
         };
-        let auth = self.registry_auth(creds, &contacted).await?;
-        let client = self.client()?;
+        let auth = self.registry_auth(creds, &contacted, proxy).await?;
+        let client = self.client(proxy)?;
         // An explicit handshake: the pull calls below swallow token-service errors and retry
         // anonymously, which would hide "wrong password" behind a bare 401.
         client
@@ -332,6 +373,25 @@ impl Puller {
             )
         })?;
         Ok(path)
+    }
+}
+
+/// The cause of a failed pull as the guard saw it: a refused destination is the reason
+/// (the client saw only a failed tunnel or a 403), and an unreachable one is told by what
+/// connecting to it said (the client saw the guard's 502).
+fn explain(guard: &Guard, err: PullError) -> PullError {
+    if let Some(refused) = guard.refused() {
+        return refused.into();
+    }
+    match err {
+        PullError::Unreachable { registry, source } => PullError::Unreachable {
+            registry,
+            source: match guard.take_unreachable() {
+                Some((_, cause)) => Box::new(cause),
+                None => source,
+            },
+        },
+        other => other,
     }
 }
 

@@ -33,6 +33,7 @@ async fn aws_keys_become_an_ecr_token_that_the_registry_takes() {
     let cache = tempfile::tempdir().unwrap();
     let mut opts = PullOptions::new(cache.path());
     opts.ca_files = reg.ca.iter().cloned().collect();
+    opts.allow = vec![reg.host().parse().unwrap()];
     opts.ecr_endpoint = Some(endpoint);
     let puller = Puller::new(opts).unwrap();
     puller

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod blocked;
 pub mod egress;
 pub mod flows;
 pub mod peers;

@@ -148,32 +148,13 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD_NO_PAD.encode(h.finalize())
 }
 
-/// Whether `ip` is one a tenant's webhook must not reach by default.
+/// Whether `ip` is one a tenant's webhook must not reach by default: the ranges sandbox
+/// egress blocks, and the IPv6 ones, IPv6 forms carrying an IPv4 address judged by that
+/// address (`warren_runtime::blocked`, shared with registry pulls).
 fn internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || o[0] == 0
-                || (o[0] == 100 && (64..128).contains(&o[1]))
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return internal(IpAddr::V4(v4));
-            }
-            let seg = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (seg[0] & 0xfe00) == 0xfc00
-                || (seg[0] & 0xffc0) == 0xfe80
-        }
-    }
+    warren_runtime::blocked::HostPolicy::default()
+        .check(ip)
+        .is_err()
 }
 
 /// Posts deliveries for the control plane.
@@ -271,8 +252,34 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:127.0.0.1",
+            // What the egress list has and this filter once missed.
+            "168.63.129.16",
+            "192.0.0.170",
+            "198.18.0.1",
+            "198.19.255.254",
+            "240.0.0.1",
+            "255.255.255.255",
+            // NAT64, 6to4 and IPv4-compatible forms of internal IPv4 addresses.
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "2002:7f00:1::1",
+            "2002:a9fe:a9fe::",
+            "2002:c0a8:101::1",
+            "::127.0.0.1",
+            "::a00:1",
+            "::ffff:168.63.129.16",
+            "fec0::1",
+            "ff02::1",
         ] {
             assert!(internal(a.parse().unwrap()), "{a}");
+        }
+        for a in [
+            "::ffff:203.0.113.5",
+            "64:ff9b::cb00:7105",
+            "2002:cb00:7105::1",
+        ] {
+            assert!(!internal(a.parse().unwrap()), "{a}");
         }
         for a in ["192.0.2.1", "203.0.113.5", "2001:db8::1"] {
             assert!(!internal(a.parse().unwrap()), "{a}");
