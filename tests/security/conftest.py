@@ -26,6 +26,7 @@ API_KEY = _e2e.API_KEY
 # The e2e suite's session-wide server and its raw REST helper, reused as they are.
 server = _e2e.server
 _registry = _e2e._registry
+registry = _e2e.registry
 api = _e2e.api
 
 

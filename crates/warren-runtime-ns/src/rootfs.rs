@@ -15,6 +15,7 @@
 //! - `/dev`: tmpfs with the harmless character devices, a private devpts and `/dev/shm`.
 
 use std::fs;
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 
@@ -23,6 +24,7 @@ use nix::unistd::{chdir, pivot_root, sethostname};
 
 use crate::config::InitConfig;
 use warren_host::cgroup;
+use warren_template::ImageTree;
 
 fn mnt(
     src: Option<&str>,
@@ -113,10 +115,38 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
         )
     })?;
 
+    // The image and the writable layer are the sandbox's: a symlink at a mount point, on the
+    // way to the agent or at `/etc`'s files would lead these steps to host paths (nothing is
+    // pivoted yet), so the root is changed only through in-root resolution, and the mount
+    // points are made real directories.
+    let tree = ImageTree::open(&root).map_err(|e| format!("open {}: {e}", root.display()))?;
+    let in_root = |what: &str| {
+        let what = what.to_string();
+        move |e: std::io::Error| format!("{what} in the sandbox's root: {e}")
+    };
+    for (dir, mode) in [
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("tmp", 0o1777),
+    ] {
+        tree.real_dir(Path::new(dir), Some(mode))
+            .map_err(in_root(&format!("make /{dir}")))?;
+    }
+
     // The agent comes from the host, read-only, so images never need rebuilding for it.
-    let agent = root.join("usr/local/bin/warren-agent");
-    touch(&agent)?;
+    let bin = Path::new("usr/local/bin");
+    tree.ensure_file(&bin.join("warren-agent"), b"", 0o755)
+        .map_err(in_root("create /usr/local/bin/warren-agent"))?;
+    let bin_fd = tree
+        .dir(bin, false)
+        .map_err(in_root("open /usr/local/bin"))?;
+    // Named through the descriptor: the directory may be a symlink's target inside the image.
+    let agent = Path::new("/proc/self/fd")
+        .join(bin_fd.as_raw_fd().to_string())
+        .join("warren-agent");
     bind_ro(&cfg.agent_bin, &agent)?;
+    drop(bin_fd);
 
     for (i, v) in cfg.volumes.iter().enumerate() {
         let staged = cfg.sandbox_dir.join("vol").join(i.to_string());
@@ -130,7 +160,6 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
         )?;
     }
 
-    mkdir(&root.join("proc"), 0o555)?;
     mnt(
         Some("proc"),
         &root.join("proc"),
@@ -138,7 +167,6 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None,
     )?;
-    mkdir(&root.join("sys"), 0o555)?;
     if full {
         build_sys(&root.join("sys"))?;
     } else {
@@ -157,9 +185,9 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
             None,
         )?;
     }
-    // /tmp is part of the writable layer (not a tmpfs of its own), so what a sandbox keeps
-    // there is saved by pauses and snapshots like any other file, and counts against its disk.
-    mkdir(&root.join("tmp"), 0o1777)?;
+    // /tmp (made above) is part of the writable layer (not a tmpfs of its own), so what a
+    // sandbox keeps there is saved by pauses and snapshots like any other file, and counts
+    // against its disk.
     build_dev(&root)?;
     if full {
         mask_proc(&root)?;
@@ -169,12 +197,10 @@ pub fn build(cfg: &InitConfig, full: bool) -> Result<(), String> {
     }
     bind_boot_id(&cfg.sandbox_dir, &root);
 
-    let etc = root.join("etc");
     let write = |name: &str, content: &str| {
-        let p = etc.join(name);
-        // Replace rather than write through: the image may have a symlink there.
-        let _ = fs::remove_file(&p);
-        fs::write(&p, content).map_err(|e| format!("write {}: {e}", p.display()))
+        // Replaced rather than written through: the image may have a symlink there.
+        tree.write_file(&Path::new("etc").join(name), content.as_bytes(), 0o644)
+            .map_err(in_root(&format!("write /etc/{name}")))
     };
     write("resolv.conf", &cfg.resolv_conf)?;
     write("hostname", &format!("{}\n", cfg.sandbox_id))?;
@@ -401,8 +427,8 @@ fn mask_proc(root: &Path) -> Result<(), String> {
 /// A minimal `/dev`: tmpfs with the host's harmless character devices bound in, a private
 /// devpts instance for terminals, and `/dev/shm`.
 fn build_dev(root: &Path) -> Result<(), String> {
+    // A real directory (see `build`): everything below is on the tmpfs mounted here.
     let dev = root.join("dev");
-    mkdir(&dev, 0o755)?;
     mnt(
         Some("tmpfs"),
         &dev,

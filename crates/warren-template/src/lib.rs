@@ -42,6 +42,7 @@ mod pack;
 mod progress;
 mod recipe;
 mod steps;
+pub mod tree;
 
 pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
@@ -65,3 +66,4 @@ pub use recipe::{
     host_debian_arch, Compression, PostStep, Recipe, DEBIAN_MIRROR, FORMAT_VERSION, SHORT_HASH_LEN,
     USER_HOME,
 };
+pub use tree::ImageTree;
