@@ -44,6 +44,7 @@ pub use audit::{
     AuditEntry, AuditObserver, AuditQuery, StoredAudit, AUDIT_RETENTION, KIND_DROPPED,
     MAX_AUDIT_PAGE, SOURCE_AGENT, SOURCE_BUDGET, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
+pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
 pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
     StageSpec, Step, StepKind, E2B_BASE_IMAGE,
@@ -52,7 +53,6 @@ pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
     Registered, TemplateBuilder, UploadLink, BUILD_LAYER_PREFIX, MAX_LOG_PAGE,
 };
-pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
 pub use config::AuditBudget;
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
 pub use dockerfile::dockerfile_build;
