@@ -214,3 +214,54 @@ def test_the_rule_host_gets_the_value_and_the_sandbox_never_holds_it(internet, s
     finally:
         sbx.kill()
         Secret.destroy(secret.secret_id)
+
+
+# Run inside the sandbox: requests on one TLS connection to the rule host (`argv[1]`), the
+# second naming another host (`argv[2]`) in its `Host`; then a new connection whose first
+# request names the other host. Prints what each got.
+PROBE = r"""
+import http.client, ssl, sys
+host, other, name = sys.argv[1], sys.argv[2], sys.argv[3]
+def get(conn, h):
+    conn.putrequest("GET", "/", skip_host=True)
+    conn.putheader("Host", h)
+    conn.putheader("Authorization", "Bearer ${e2b.secrets.%s}" % name)
+    conn.endheaders()
+    return conn.getresponse().read().decode()
+for label, hosts in (("same", (host, other)), ("sni", (other,))):
+    conn = http.client.HTTPSConnection(host, 443, timeout=20, context=ssl.create_default_context())
+    for i, h in enumerate(hosts):
+        try:
+            print(label, i, get(conn, h))
+        except Exception as e:
+            print(label, i, "error", type(e).__name__)
+"""
+
+
+def test_the_value_goes_only_with_requests_for_the_rule_host(internet, server):
+    """Threat model W3-H3: a front end that routes by `Host` (a CDN, shared hosting) would hand
+    a request naming another host to that host's site, so such a request on a brokered
+    connection, or one whose `Host` differs from the TLS server name, must never leave with
+    the value: the connection is reset instead."""
+    name = f"key_{uuid.uuid4().hex[:8]}"
+    value = f"sk-{uuid.uuid4().hex}"
+    secret = Secret.create(name, value)
+    rules = {f"api.{DOMAIN}": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
+    sbx = Sandbox.create(timeout=300, network={"rules": rules})
+    try:
+        sbx.files.write("/tmp/probe.py", PROBE)
+        out = sbx.commands.run(f"python3 /tmp/probe.py api.{DOMAIN} other.{DOMAIN} {name}", timeout=90).stdout
+        lines = out.strip().splitlines()
+        assert lines[0] == f"same 0 {digest(f'Bearer {value}')}", out
+        assert lines[1].startswith("same 1 error"), out
+        assert lines[2].startswith("sni 0 error"), out
+        # What the server heard: the first request only. A marker request (its own
+        # placeholder, to a host without a rule) comes next, so nothing arrived in between.
+        with open(internet.ca) as f:
+            sbx.files.write("/tmp/test-ca.pem", f.read())
+        sbx.files.write("/tmp/fetch.py", FETCH)
+        sbx.commands.run(f"python3 /tmp/fetch.py other.{DOMAIN} marker /tmp/test-ca.pem", timeout=60)
+        assert heard(internet, 2) == [f"Bearer {value}", "Bearer ${e2b.secrets.marker}"]
+    finally:
+        sbx.kill()
+        Secret.destroy(secret.secret_id)
