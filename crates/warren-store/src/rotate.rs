@@ -7,6 +7,10 @@
 //! one and drops the other ([`recover`]). The server must not run meanwhile (its copy of the
 //! old key would seal new rows with it): `warren store rotate-key` holds the data dir's
 //! serve lock.
+//!
+//! Once the new key is in place the old ciphertexts are erased from the files too
+//! ([`purge`]): the UPDATEs leave them in free space of pages and in the WAL, where a later
+//! copy of the files plus a leaked old key would still open them.
 
 use std::path::{Path, PathBuf};
 
@@ -128,13 +132,44 @@ fn reseal_all(db: &mut Db, new: &Sealer) -> Result<usize, StoreError> {
     Ok(n)
 }
 
+/// Leaves no page of the database's files holding what the old key sealed: `VACUUM` rebuilds
+/// the database from its live rows only (old values in free pages and in free space inside
+/// pages are not copied), then a `TRUNCATE` checkpoint writes the rebuilt pages into the main
+/// file and empties the WAL, whose frames still hold the pages from before the rotation.
+fn purge(db: &mut Db) -> Result<(), StoreError> {
+    // secure_delete (on for every connection, see `init`) already zeroes what the re-seal
+    // freed; VACUUM also drops what was freed before it was on (older versions).
+    db.conn.execute_batch("VACUUM").map_err(backend)?;
+    let (busy, wal_frames, checkpointed): (i64, i64, i64) = db
+        .conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .map_err(backend)?;
+    if busy != 0 {
+        // Another connection is reading: the WAL cannot be emptied under it.
+        return Err(StoreError::Backend(format!(
+            "another connection kept the WAL busy ({checkpointed} of {wal_frames} frames \
+             checkpointed); run the rotation again once nothing else has the database open"
+        )));
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Rotates the key of the database at `path` (the server must not be running); returns
     /// how many values were sealed again.
     pub fn rotate_key(path: &Path) -> Result<usize, OpenError> {
-        let (n, new_path, key) = Self::rotate_until_commit(path)?;
+        let (n, new_path, key, store) = Self::rotate_until_commit(path)?;
         std::fs::rename(&new_path, &key).map_err(|e| OpenError::Reseal(backend(e)))?;
         sync_dir(&key).map_err(OpenError::Reseal)?;
+        // After the rename: the rotation stands even if erasing fails, and the error says
+        // what is left to do.
+        let mut db = store
+            .db
+            .lock()
+            .map_err(|_| OpenError::Purge(backend("database connection poisoned")))?;
+        purge(&mut db).map_err(OpenError::Purge)?;
         Ok(n)
     }
 
@@ -142,10 +177,14 @@ impl SqliteStore {
     /// what a crash at the worst moment leaves (tests of the recovery).
     #[doc(hidden)]
     pub fn rotate_key_interrupted(path: &Path) -> Result<usize, OpenError> {
-        Self::rotate_until_commit(path).map(|(n, _, _)| n)
+        Self::rotate_until_commit(path).map(|(n, _, _, _)| n)
     }
 
-    fn rotate_until_commit(path: &Path) -> Result<(usize, PathBuf, PathBuf), OpenError> {
+    /// Re-seals and commits; returns how many values, the new key's path, the key's path and
+    /// the store (open, for the purge).
+    fn rotate_until_commit(
+        path: &Path,
+    ) -> Result<(usize, PathBuf, PathBuf, SqliteStore), OpenError> {
         let store = SqliteStore::open(path)?;
         let key = path.with_extension("key");
         let new_path = new_key_path(&key);
@@ -155,6 +194,7 @@ impl SqliteStore {
             .lock()
             .map_err(|_| OpenError::Reseal(backend("database connection poisoned")))?;
         let n = reseal_all(&mut db, &new).map_err(OpenError::Reseal)?;
-        Ok((n, new_path, key))
+        drop(db);
+        Ok((n, new_path, key, store))
     }
 }
