@@ -141,6 +141,19 @@ def internet(server):
             server.start()
 
 
+def brokered_sandbox():
+    """A new secret and a sandbox whose rule sets it as api.<DOMAIN>'s Authorization."""
+    name = f"key_{uuid.uuid4().hex[:8]}"
+    value = f"sk-{uuid.uuid4().hex}"
+    secret = Secret.create(name, value)
+    rules = {f"api.{DOMAIN}": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
+    try:
+        return name, value, secret, rules, Sandbox.create(timeout=300, network={"rules": rules})
+    except BaseException:
+        Secret.destroy(secret.secret_id)
+        raise
+
+
 def digest(header: str) -> str:
     return hashlib.sha256(header.encode()).hexdigest()
 
@@ -150,11 +163,7 @@ def heard(proc, n: int) -> list[str]:
 
 
 def test_the_rule_host_gets_the_value_and_the_sandbox_never_holds_it(internet, server):
-    name = f"key_{uuid.uuid4().hex[:8]}"
-    value = f"sk-{uuid.uuid4().hex}"
-    secret = Secret.create(name, value)
-    rules = {f"api.{DOMAIN}": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
-    sbx = Sandbox.create(timeout=300, network={"rules": rules})
+    name, value, secret, rules, sbx = brokered_sandbox()
     try:
         sbx.files.write("/tmp/fetch.py", FETCH)
         assert sbx.get_info().network.get("rules") == rules
@@ -243,11 +252,7 @@ def test_the_value_goes_only_with_requests_for_the_rule_host(internet, server):
     a request naming another host to that host's site, so such a request on a brokered
     connection, or one whose `Host` differs from the TLS server name, must never leave with
     the value: the connection is reset instead."""
-    name = f"key_{uuid.uuid4().hex[:8]}"
-    value = f"sk-{uuid.uuid4().hex}"
-    secret = Secret.create(name, value)
-    rules = {f"api.{DOMAIN}": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
-    sbx = Sandbox.create(timeout=300, network={"rules": rules})
+    name, value, secret, rules, sbx = brokered_sandbox()
     try:
         sbx.files.write("/tmp/probe.py", PROBE)
         out = sbx.commands.run(f"python3 /tmp/probe.py api.{DOMAIN} other.{DOMAIN} {name}", timeout=90).stdout

@@ -223,7 +223,8 @@ mod tests {
         ] {
             assert_eq!(refused(ip), Some(why), "{ip}");
         }
-        for ip in ["192.0.2.1", "198.20.0.1", "8.8.8.8", "168.63.129.17"] {
+        // Classified only, never contacted: documentation ranges, and WireServer's neighbour.
+        for ip in ["192.0.2.1", "198.20.0.1", "203.0.113.8", "168.63.129.17"] {
             assert_eq!(refused(ip), None, "{ip}");
         }
     }
@@ -246,8 +247,12 @@ mod tests {
             .unwrap_err();
         assert_eq!(r.embedded, Some((Ipv4Addr::LOCALHOST, "NAT64")));
         assert!(r.to_string().contains("carrying 127.0.0.1"), "{r}");
-        // The same forms carrying a public address are fine.
-        for ip in ["::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"] {
+        // The same forms carrying an address outside the list (203.0.113.8) are fine.
+        for ip in [
+            "::ffff:203.0.113.8",
+            "64:ff9b::cb00:7108",
+            "2002:cb00:7108::1",
+        ] {
             assert_eq!(refused(ip), None, "{ip}");
         }
     }

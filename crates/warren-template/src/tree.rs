@@ -79,15 +79,7 @@ impl ImageTree {
                 return Ok(());
             }
         }
-        remove_any(&parent, &name)?;
-        let fd = openat(
-            &parent,
-            name.as_os_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )?;
-        fchmod(&fd, Mode::from_bits_truncate(mode))?;
-        std::fs::File::from(fd).write_all(content)
+        replace_with_file(&parent, &name, content, mode)
     }
 
     /// Makes `rel` a regular file holding `content` with `mode`, replacing whatever is there
@@ -95,15 +87,7 @@ impl ImageTree {
     pub fn write_file(&self, rel: &Path, content: &[u8], mode: u32) -> io::Result<()> {
         let (parent, name) = self.parent_of(rel, true)?;
         let parent = parent.expect("made when missing");
-        remove_any(&parent, &name)?;
-        let fd = openat(
-            &parent,
-            name.as_os_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )?;
-        fchmod(&fd, Mode::from_bits_truncate(mode))?;
-        std::fs::File::from(fd).write_all(content)
+        replace_with_file(&parent, &name, content, mode)
     }
 
     /// An `O_PATH` descriptor of directory `rel` resolved inside the image (made when
@@ -157,6 +141,20 @@ fn missing(e: &io::Error) -> bool {
             || code == Errno::ENOTDIR as i32
             || code == Errno::ELOOP as i32
     )
+}
+
+/// Replaces whatever `name` in `parent` is (never following it) by a new regular file holding
+/// `content` with `mode`.
+fn replace_with_file(parent: &OwnedFd, name: &OsStr, content: &[u8], mode: u32) -> io::Result<()> {
+    remove_any(parent, name)?;
+    let fd = openat(
+        parent,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    fchmod(&fd, Mode::from_bits_truncate(mode))?;
+    std::fs::File::from(fd).write_all(content)
 }
 
 /// `rel` as plain components: a leading `/` or `.` is dropped, `..` refused.
