@@ -170,7 +170,7 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
 
-    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let second = common::restart(&cfg).await;
     let results = second.reattach(vec![kept.clone(), doomed.clone()]).await;
     assert_eq!(results.len(), 2);
     let back = results[0]

@@ -277,13 +277,7 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
     let left = wait_for(&first, 3).await;
     // The server dies: nothing is torn down.
     drop(first);
-    let second = loop {
-        match NsRuntime::start(cfg.clone()).await {
-            Ok(rt) => break rt,
-            // The old runtime's refill may still hold it for a moment.
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let second = common::restart(&cfg).await;
     let back = second.reattach(vec![kept.clone()]).await;
     assert!(
         back[0].1.is_ok(),

@@ -217,9 +217,7 @@ async fn a_restarted_manager_takes_back_running_vms() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let second = VmRuntime::start(cfg.clone(), vm.clone())
-        .await
-        .expect("restart");
+    let second = common::restart(&cfg, &vm).await;
     let results = second.reattach(vec![kept.clone(), doomed.clone()]).await;
     let back = results[0].1.as_ref().expect("the running VM is taken back");
     assert_eq!(back.agent, kept.agent);
