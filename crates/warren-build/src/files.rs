@@ -23,6 +23,8 @@ pub struct FileStore {
     root: PathBuf,
     /// Largest upload accepted, compressed or not.
     max_bytes: u64,
+    /// The data disk's reserve, which no upload eats into.
+    reserve: crate::room::Reserve,
 }
 
 fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> BuilderError {
@@ -39,7 +41,18 @@ impl FileStore {
         FileStore {
             root: data_dir.join("build-files"),
             max_bytes,
+            reserve: crate::room::Reserve::new(data_dir.to_path_buf(), 0),
         }
+    }
+
+    /// Keeps `bytes` of the data disk free: an upload that would leave less is refused
+    /// ([`BuilderError::NoSpace`]) and what it wrote removed.
+    pub fn with_reserve(mut self, bytes: u64) -> FileStore {
+        self.reserve = crate::room::Reserve::new(
+            self.root.parent().unwrap_or(&self.root).to_path_buf(),
+            bytes,
+        );
+        self
     }
 
     fn team_dir(&self, team: &str) -> PathBuf {
@@ -75,7 +88,7 @@ impl FileStore {
                 .await
                 .map_err(io_error(format!("create {}", raw.display())))?;
             let mut buf = vec![0u8; 256 * 1024];
-            let mut total: u64 = 0;
+            let (mut total, mut next_check) = (0u64, 0u64);
             loop {
                 let n = body
                     .read(&mut buf)
@@ -83,6 +96,13 @@ impl FileStore {
                     .map_err(io_error("read the upload"))?;
                 if n == 0 {
                     break;
+                }
+                // Checked before the first write and at every 16 MiB after it.
+                if total >= next_check {
+                    self.reserve
+                        .check("the upload", ROOM_EVERY)
+                        .map_err(BuilderError::NoSpace)?;
+                    next_check = total + ROOM_EVERY;
                 }
                 total += n as u64;
                 if total > self.max_bytes {
@@ -97,6 +117,10 @@ impl FileStore {
             }
             out.flush().await.map_err(io_error("flush the upload"))?;
             drop(out);
+            // The checked copy can be as large as the upload (larger when it was gzip).
+            self.reserve
+                .check("the unpacked upload", total)
+                .map_err(BuilderError::NoSpace)?;
             let (raw2, dest, max) = (raw.clone(), self.path(team, hash), self.max_bytes);
             tokio::task::spawn_blocking(move || normalise(&raw2, &dest, max))
                 .await
@@ -107,6 +131,9 @@ impl FileStore {
         result
     }
 }
+
+/// How often (in bytes written) an upload checks the disk's reserve.
+const ROOM_EVERY: u64 = 16 << 20;
 
 /// A reader that fails once more than `left` bytes went through it.
 struct Capped<R> {
@@ -367,6 +394,15 @@ mod tests {
         let h2 = "b".repeat(64);
         let err = store.put("t", &h2, Box::new(io::Cursor::new(big))).await;
         assert!(matches!(err, Err(BuilderError::TooLarge(_))), "{err:?}");
+        // A disk without room for the reserve: refused with the numbers, nothing kept.
+        let full = FileStore::new(dir.path(), 64 * 1024).with_reserve(u64::MAX / 2);
+        let small = tar_of(|b| file(b, "s.txt", b"small"));
+        let h4 = "d".repeat(64);
+        let err = full.put("t", &h4, Box::new(io::Cursor::new(small))).await;
+        match err {
+            Err(BuilderError::NoSpace(m)) => assert!(m.contains("free"), "{m}"),
+            other => panic!("an upload into the reserve: {other:?}"),
+        }
         let h3 = "c".repeat(64);
         let evil = tar_of(|b| file(b, "../x", b"x"));
         assert!(store

@@ -23,6 +23,7 @@ mod export;
 mod files;
 mod glob;
 mod prune;
+mod room;
 mod sandbox;
 mod stage_files;
 mod steps;
@@ -54,6 +55,9 @@ pub struct BuilderConfig {
     /// How `fromImage` pulls reach registries (mirrors, plain-http registries, extra CAs);
     /// its cache directory is `<data>/oci` when left empty.
     pub pull: Option<warren_oci::PullOptions>,
+    /// Bytes of the data disk uploads and builds leave free (the server's reserve): an upload
+    /// that would eat into it is refused, a build stops between steps.
+    pub min_free_bytes: u64,
 }
 
 /// Runs template builds through a runtime.
@@ -61,6 +65,7 @@ pub struct Builder {
     runtime: Arc<dyn SandboxRuntime>,
     config: BuilderConfig,
     files: FileStore,
+    reserve: room::Reserve,
     http: reqwest::Client,
     /// Pulls `fromImage` images, or why this server cannot.
     puller: Result<Arc<warren_oci::Puller>, String>,
@@ -166,7 +171,9 @@ impl Builder {
             puller: warren_oci::Puller::new(pull)
                 .map(Arc::new)
                 .map_err(|e| e.to_string()),
-            files: FileStore::new(&config.data_dir, config.max_upload_bytes),
+            files: FileStore::new(&config.data_dir, config.max_upload_bytes)
+                .with_reserve(config.min_free_bytes),
+            reserve: room::Reserve::new(config.data_dir.clone(), config.min_free_bytes),
             runtime,
             config,
             http: reqwest::Client::builder()
@@ -253,6 +260,10 @@ impl Builder {
         // Steps before `from` came from the cache (logged CACHED by the caller).
         for (i, step) in job.spec.steps.iter().enumerate().skip(from) {
             let n = (i + 1).to_string();
+            // Every step writes a layer to the data disk: none starts in the reserve.
+            self.reserve
+                .check("the next build step", 0)
+                .map_err(|m| failure(&n, m))?;
             let label = format!("[builder {}/{total}]", i + 1);
             log.info(
                 Some(&n),
@@ -363,6 +374,9 @@ impl Builder {
     }
 
     async fn build_now(&self, job: &BuildJob, log: &BuildLog) -> Result<BuiltImage, BuildFailure> {
+        self.reserve
+            .check("a template build", 0)
+            .map_err(|m| failure("base", m))?;
         if job.spec.stages.is_empty() {
             return self.build_image(job, log).await;
         }

@@ -103,6 +103,11 @@ enum Command {
         /// once unpacked).
         #[arg(long, value_name = "MIB", default_value_t = 4096)]
         max_upload_mb: u64,
+        /// MiB of the data disk kept free for the store, pauses and snapshots: a pause,
+        /// snapshot, fork, volume create, grow or snapshot, COPY upload or build step that
+        /// would leave less is refused (507, with the numbers).
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        min_free_mb: u64,
         #[command(flatten)]
         registry: serve::RegistryArgs,
         #[command(flatten)]
@@ -208,6 +213,7 @@ fn main() -> std::process::ExitCode {
                 tls,
                 signed_url_max_age,
                 max_upload_mb,
+                min_free_mb,
                 registry,
                 net,
                 telemetry,
@@ -217,6 +223,7 @@ fn main() -> std::process::ExitCode {
                     listen,
                     data_dir,
                     max_upload_mb,
+                    min_free_mb,
                     runtime,
                     max_sandboxes,
                     metrics_per_sandbox,

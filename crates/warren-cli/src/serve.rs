@@ -17,6 +17,9 @@ pub struct ServeArgs {
     pub data_dir: PathBuf,
     /// Largest upload of a template build's COPY files, in MiB (compressed and unpacked).
     pub max_upload_mb: u64,
+    /// MiB of the data disk every writer leaves free (pauses, snapshots, volumes, uploads,
+    /// builds).
+    pub min_free_mb: u64,
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
     pub metrics_per_sandbox: bool,
@@ -327,6 +330,7 @@ pub async fn run(
         per_sandbox_metrics: args.metrics_per_sandbox,
         audit: !args.telemetry.no_audit,
         audit_budget: args.telemetry.audit_budget(),
+        min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
         domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()
@@ -352,6 +356,7 @@ pub async fn run(
         warren_build::BuilderConfig {
             data_dir: args.data_dir.clone(),
             max_upload_bytes: args.max_upload_mb.saturating_mul(1024 * 1024),
+            min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
             pull: Some(warren_oci::PullOptions {
                 mirrors: args.registry.mirrors.clone(),
                 insecure: args.registry.insecure.clone(),
@@ -373,7 +378,8 @@ pub async fn run(
     // Volumes: one filesystem image each under the data dir, mounted on the host.
     let volumes = Arc::new(
         warren_volume::VolumeHost::open(&args.data_dir.join("volumes"))
-            .context("opening the volume store")?,
+            .context("opening the volume store")?
+            .with_reserve(args.min_free_mb.saturating_mul(1024 * 1024)),
     );
     control.set_volume_disks(Arc::new(warren_server::volumes::HostDisks(volumes.clone())));
     control

@@ -41,6 +41,9 @@ pub enum BuilderError {
     /// The upload is larger than the host accepts.
     #[error("{0}")]
     TooLarge(String),
+    /// The host's disk has no room for it without eating into the server's reserve.
+    #[error("{0}")]
+    NoSpace(String),
     #[error("{what}")]
     Io {
         what: String,
@@ -218,7 +221,11 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) fn builder_error(e: BuilderError) -> ControlError {
     match e {
         BuilderError::Invalid(m) => ControlError::InvalidArgument(m),
-        BuilderError::TooLarge(m) => ControlError::QuotaExceeded(m),
+        BuilderError::TooLarge(m) | BuilderError::NoSpace(m) => ControlError::QuotaExceeded(m),
+        // A disk that filled up under the write (past the checks) is the same answer.
+        BuilderError::Io { what, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+            ControlError::QuotaExceeded(format!("{what}: the host's disk is full ({source})"))
+        }
         BuilderError::Io { what, source } => ControlError::Unavailable(format!("{what}: {source}")),
     }
 }

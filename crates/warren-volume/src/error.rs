@@ -52,6 +52,19 @@ pub enum VolumeError {
     /// The operation needs the volume unused, and something uses it.
     #[error("{0}")]
     Busy(String),
+    /// The host's disk cannot take what the operation would write without eating into the
+    /// space kept free for the server (its store, snapshots and other volumes).
+    #[error(
+        "the host's disk has no room for {what}: it needs {needed} bytes, {free} are free and \
+         {reserve} of those stay free for the server; free space (delete volumes, snapshots or \
+         templates) or ask for less"
+    )]
+    HostFull {
+        what: String,
+        needed: u64,
+        free: u64,
+        reserve: u64,
+    },
 }
 
 /// Categories of [`VolumeError`], one per HTTP status an API would answer with.
@@ -94,7 +107,9 @@ impl VolumeError {
             | VolumeError::InvalidPath(_)
             | VolumeError::InvalidArgument(_)
             | VolumeError::Escape(_) => ErrorKind::BadRequest,
-            VolumeError::NoSpace => ErrorKind::InsufficientStorage,
+            VolumeError::NoSpace | VolumeError::HostFull { .. } => ErrorKind::InsufficientStorage,
+            // The host's disk filled up under an operation (a copy, a grow): its cause says so.
+            VolumeError::Io { source, .. } if is_no_space(source) => ErrorKind::InsufficientStorage,
             VolumeError::Io { .. } | VolumeError::Command { .. } => ErrorKind::Internal,
         }
     }

@@ -54,9 +54,17 @@ pub struct Usage {
 /// All methods block (mkfs, mount, copies of whole images): call them from
 /// `spawn_blocking`. Operations that change a volume's image or mount take an exclusive
 /// `flock` on its directory, so they are serialised per volume across threads and processes.
+///
+/// Volumes own their size on the host's disk: an image is allocated in full when it is made
+/// or grown (and again when it is mounted), so the host's disk filling up can never fail a
+/// write inside a volume that has room, and a volume or snapshot that would eat into
+/// [`reserve`](Self::with_reserve) bytes of the disk is refused up front
+/// ([`VolumeError::HostFull`]).
 #[derive(Debug, Clone)]
 pub struct VolumeHost {
     root: PathBuf,
+    /// Bytes of the host's disk no volume or snapshot may take.
+    reserve: u64,
 }
 
 impl VolumeHost {
@@ -74,9 +82,17 @@ impl VolumeHost {
         }
         let host = VolumeHost {
             root: root.to_path_buf(),
+            reserve: 0,
         };
         host.clean_staging();
         Ok(host)
+    }
+
+    /// Keeps `bytes` of the host's disk free: a volume create, grow or snapshot that would
+    /// leave less is refused with [`VolumeError::HostFull`].
+    pub fn with_reserve(mut self, bytes: u64) -> VolumeHost {
+        self.reserve = bytes;
+        self
     }
 
     /// The directory holding the volumes.
@@ -140,7 +156,7 @@ impl VolumeHost {
         validate_id("volume", id).is_ok() && self.image_path(id).is_file()
     }
 
-    /// Creates volume `id`: a sparse image of `quota.bytes` with at least `quota.inodes`
+    /// Creates volume `id`: an image of `quota.bytes` (allocated in full) with at least `quota.inodes`
     /// inodes, its root owned by 1000:1000 mode 0755, no reserved blocks; then mounts it
     /// (loop, nosuid, nodev) at [`mount_point`](Self::mount_point).
     ///
@@ -153,6 +169,7 @@ impl VolumeHost {
         if self.root.join(id).exists() {
             return Err(VolumeError::Exists(id.to_string()));
         }
+        self.make_room(&format!("a volume of {} bytes", quota.bytes), quota.bytes)?;
         let staging = self.staging_dir(id)?;
         let made = (|| {
             let image = staging.join(IMAGE);
@@ -161,7 +178,9 @@ impl VolumeHost {
             file.set_len(quota.bytes)
                 .map_err(|e| VolumeError::io("sizing the volume image", e))?;
             drop(file);
-            tools::mkfs(&image, quota.inodes)
+            tools::mkfs(&image, quota.inodes)?;
+            // After mkfs, which discards (punches) the whole image first.
+            tools::allocate(&image, quota.bytes)
         })();
         self.finish_staging(id, &staging, made)
     }
@@ -181,9 +200,15 @@ impl VolumeHost {
         if self.root.join(new_id).exists() {
             return Err(VolumeError::Exists(new_id.to_string()));
         }
+        let bytes = fs::metadata(&snap)
+            .map_err(|e| VolumeError::io(format!("checking snapshot {snap_id}"), e))?
+            .len();
+        self.make_room(&format!("a volume of {bytes} bytes"), bytes)?;
         let staging = self.staging_dir(new_id)?;
         let image = staging.join(IMAGE);
-        let made = tools::copy_image(&snap, &image).and_then(|()| sync_file(&image));
+        let made = tools::copy_image(&snap, &image)
+            .and_then(|()| tools::allocate(&image, bytes))
+            .and_then(|()| sync_file(&image));
         self.finish_staging(new_id, &staging, made)
     }
 
@@ -200,7 +225,16 @@ impl VolumeHost {
         }
         let _lock = self.lock(id)?;
         if !tools::is_mounted(&mount_point)? {
-            tools::mount(&self.image_path(id), &mount_point)?;
+            let image = self.image_path(id);
+            // Whatever a discard gave back while it was away (or a volume made before volumes
+            // were allocated in full) is allocated again; a full disk must not keep a volume
+            // from mounting, so that only warns.
+            if let Ok(meta) = fs::metadata(&image) {
+                if let Err(e) = tools::allocate(&image, meta.len()) {
+                    tracing::warn!(volume = id, "volume image not fully allocated: {e}");
+                }
+            }
+            tools::mount(&image, &mount_point)?;
         }
         Ok(mount_point)
     }
@@ -263,21 +297,28 @@ impl VolumeHost {
         let mount_point = self.ensure_mounted(id)?;
         let _lock = self.lock(id)?;
         let image = self.image_path(id);
-        let current = fs::metadata(&image)
-            .map_err(|e| VolumeError::io(format!("checking volume {id}'s image"), e))?
-            .len();
+        let meta = fs::metadata(&image)
+            .map_err(|e| VolumeError::io(format!("checking volume {id}'s image"), e))?;
+        let current = meta.len();
         if bytes < current {
             return Err(VolumeError::InvalidArgument(format!(
                 "volume {id} is {current} bytes; shrinking to {bytes} is not supported"
             )));
         }
+        let allocated = meta.blocks() * 512;
+        self.make_room(
+            &format!("volume {id} grown to {bytes} bytes"),
+            bytes.saturating_sub(allocated),
+        )?;
         let device = tools::loop_device(&mount_point, &image)?;
         let file = fs::OpenOptions::new()
             .write(true)
             .open(&image)
             .map_err(|e| VolumeError::io(format!("opening volume {id}'s image"), e))?;
         file.set_len(bytes)
-            .and_then(|()| file.sync_all())
+            .map_err(|e| VolumeError::io(format!("enlarging volume {id}'s image"), e))?;
+        tools::allocate(&image, bytes)?;
+        file.sync_all()
             .map_err(|e| VolumeError::io(format!("enlarging volume {id}'s image"), e))?;
         if tools::can_resize_online() {
             tools::grow_online(&device)
@@ -330,6 +371,11 @@ impl VolumeHost {
         if dest.exists() {
             return Err(VolumeError::Exists(format!("snapshot {snap_id}")));
         }
+        // The copy is sparse (or shares blocks): it takes what the filesystem uses, at most.
+        let used = rustix::fs::statvfs(&mount_point)
+            .map(|st| st.f_blocks.saturating_sub(st.f_bfree) * st.f_frsize)
+            .map_err(|e| VolumeError::io(format!("statvfs of volume {id}"), e.into()))?;
+        self.make_room(&format!("a snapshot of volume {id} ({used} bytes)"), used)?;
         let tmp = dir.join(format!(".{snap_id}.{}.tmp", unique()));
         let copied = {
             let _frozen = tools::freeze(&mount_point)?;
@@ -429,6 +475,24 @@ impl VolumeHost {
                 );
             }
             return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Refuses (with the numbers) to write `needed` more bytes to the host's disk when that
+    /// would leave less than the reserve free.
+    fn make_room(&self, what: &str, needed: u64) -> Result<(), VolumeError> {
+        let st = rustix::fs::statvfs(&self.root).map_err(|e| {
+            VolumeError::io(format!("statvfs of {}", self.root.display()), e.into())
+        })?;
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        if free < needed.saturating_add(self.reserve) {
+            return Err(VolumeError::HostFull {
+                what: what.to_string(),
+                needed,
+                free,
+                reserve: self.reserve,
+            });
         }
         Ok(())
     }

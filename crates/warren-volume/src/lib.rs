@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! <root>/<id>/              0700, one per volume; its flock serialises changes to the volume
-//! <root>/<id>/disk.ext4     the volume's filesystem image, sparse
+//! <root>/<id>/disk.ext4     the volume's filesystem image, allocated in full
 //! <root>/<id>/data/         where the image is mounted (loop, nosuid, nodev); sandboxes get
 //!                           (id-mapped) bind mounts of this
 //! <root>/.snapshots/<snap>.ext4   point-in-time copies of images
@@ -24,6 +24,14 @@
 //!   ENOSPC, whether they come from the content API ([`VolumeError::NoSpace`]) or from a
 //!   process inside a sandbox, which sees an ordinary full disk. No quota accounting on the
 //!   host's filesystem is needed, and no sandbox can fill the host's disk through a volume.
+//! - **A volume's space is its own.** The image is allocated in full (`fallocate`) when it is
+//!   made or grown, and its loop device refuses discards (so the host's `fstrim` cannot punch
+//!   the allocation out again): a volume that has room never meets a full host disk, whatever
+//!   else fills it. A create, grow or snapshot that would leave less than the host's reserve
+//!   ([`VolumeHost::with_reserve`]) free is refused up front ([`VolumeError::HostFull`], 507).
+//!   Sparse images would cost only what is written, but a host disk filled by anyone (another
+//!   volume, snapshots, the store) then fails every volume's next block allocation: the
+//!   journal aborts and the filesystem turns read-only.
 //! - **Snapshots are a file copy.** The filesystem is frozen for a moment and its image copied,
 //!   as a reflink where the host filesystem has them, else sparsely; a new volume from a
 //!   snapshot is another copy. Growing is `truncate` plus an online `resize2fs`.

@@ -81,7 +81,63 @@ pub(crate) fn mount(image: &Path, target: &Path) -> Result<(), VolumeError> {
             image.as_os_str(),
             target.as_os_str(),
         ],
-    )
+    )?;
+    refuse_discards(target, image);
+    Ok(())
+}
+
+/// Turns discards off on the volume's loop device. A discard (the host's weekly `fstrim`, a
+/// `discard` mount) makes the loop driver punch holes in the image, giving back the space
+/// the volume was allocated; a later write could then find the host's disk full and fail
+/// inside the volume although the volume is not. With discards off, `fstrim` answers
+/// "not supported" and the allocation stays. Kernels whose `discard_max_bytes` is read-only
+/// keep discards: said once in the log, and the allocation is renewed at the next mount.
+fn refuse_discards(target: &Path, image: &Path) {
+    let done = loop_device(target, image).and_then(|dev| {
+        let name = dev
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let knob = PathBuf::from(format!("/sys/block/{name}/queue/discard_max_bytes"));
+        fs::write(&knob, "0").map_err(|e| VolumeError::io(format!("writing {}", knob.display()), e))
+    });
+    if let Err(e) = done {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::warn!(
+                "cannot turn off discards on volumes' loop devices ({e}): the host's fstrim may \
+                 return volumes' allocated space to the disk until they are mounted again"
+            )
+        });
+    }
+}
+
+/// Allocates every byte of `image` on the host's disk (holes and all), so that nothing
+/// written into the volume later can find the host's disk full. The data already there is
+/// kept. A filesystem without `fallocate` leaves the image sparse: said once in the log.
+pub(crate) fn allocate(image: &Path, bytes: u64) -> Result<(), VolumeError> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .map_err(|e| VolumeError::io(format!("opening {}", image.display()), e))?;
+    match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!(
+                    "the volumes' filesystem cannot preallocate (fallocate: {e}): volumes stay \
+                     sparse, and a full host disk shows as I/O errors inside them"
+                )
+            });
+            Ok(())
+        }
+        Err(e) => Err(VolumeError::io(
+            format!("allocating {bytes} bytes for {}", image.display()),
+            e.into(),
+        )),
+    }
 }
 
 /// Unmounts `target` until nothing is mounted there: a plain unmount first, a lazy detach when

@@ -123,3 +123,30 @@ pub fn read_all(c: &Content, path: &str) -> String {
 pub fn write(c: &Content, path: &str, data: &str) -> Result<warren_volume::EntryStat, VolumeError> {
     c.write_file(path, &Default::default(), true, &mut data.as_bytes())
 }
+
+/// A harness whose volumes live on a disk of their own of `disk_mib` MiB (a tmpfs, which
+/// allocates and punches like a disk), keeping `reserve_mib` of it free: for the tests of a
+/// full host disk, which must not fill the real one.
+pub fn harness_on_small_disk(disk_mib: u64, reserve_mib: u64) -> Harness {
+    let mut h = harness();
+    let disk = h.tmp().join("disk");
+    std::fs::create_dir(&disk).expect("making the small disk's mount point");
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={disk_mib}m,mode=0700"))
+        .arg("warren-volume-test")
+        .arg(&disk)
+        .status()
+        .expect("running mount");
+    assert!(ok.success(), "mounting a tmpfs as the small disk failed");
+    h.host = VolumeHost::open(&disk.join("volumes"))
+        .expect("opening the volume host")
+        .with_reserve(reserve_mib * MIB);
+    h
+}
+
+/// Bytes of the host's disk that `path` takes (its allocated blocks).
+pub fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").blocks() * 512
+}
