@@ -573,6 +573,12 @@ impl Sandbox {
         if let Some(mut shim) = self.shim.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), shim.wait()).await;
         }
+        if self.pid1 > 0 {
+            let pid1 = self.pid1;
+            tokio::task::spawn_blocking(move || reap_orphaned(pid1))
+                .await
+                .map_err(|e| LaunchError::Init(e.to_string()))?;
+        }
         // The cgroup's removal waits for it to empty; the tree may be large.
         let (cg, dir, parent) = (
             self.cgroup.clone(),
@@ -582,6 +588,24 @@ impl Sandbox {
         tokio::task::spawn_blocking(move || remove_state(&parent, &cg, &dir))
             .await
             .map_err(|e| LaunchError::Init(e.to_string()))?
+    }
+}
+
+/// Waits for PID 1 if it became the manager's child. The kill reaches nsinit and PID 1 at once;
+/// when nsinit dies first, PID 1 is handed to the nearest child subreaper, the manager, and
+/// would stay a zombie of the server until the server exits. Once nsinit is gone (the caller
+/// waited for it) PID 1 is either ours or not: `ECHILD` at once when nsinit (or a predecessor
+/// server's init) reaps it. Bounded, for a PID 1 that somehow outlives the kill.
+fn reap_orphaned(pid1: u32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let pid = nix::unistd::Pid::from_raw(pid1 as i32);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(5)),
+            // Reaped, not ours (ECHILD), or anything else: nothing more to wait for.
+            _ => return,
+        }
     }
 }
 
