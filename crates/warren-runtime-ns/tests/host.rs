@@ -157,8 +157,9 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
         run(kept.agent, "echo state > /home/user/f && echo ok").await,
         (0, "ok\n".into())
     );
-    // The manager crashes: nothing is torn down. One sandbox dies while it is away.
-    drop(first);
+    // The manager goes, as a server that exits: nothing is torn down. One sandbox dies while
+    // it is away.
+    first.release().await.expect("release");
     let (_, pid) = run(doomed.agent, "echo $PPID").await;
     let _ = pid;
     let record: serde_json::Value = doomed.record.clone();
@@ -170,7 +171,7 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
 
-    let second = common::restart(&cfg).await;
+    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
     let results = second.reattach(vec![kept.clone(), doomed.clone()]).await;
     assert_eq!(results.len(), 2);
     let back = results[0]

@@ -103,8 +103,7 @@ async fn every_sandbox_gets_its_own_range_and_snapshots_move_to_the_new_one() {
     disjoint(&[ra, rb, rc, rd]);
 
     // A restarted manager knows the ranges in use.
-    drop(rt);
-    let rt = common::restart(&cfg).await;
+    let rt = common::restart(rt, &cfg).await;
     let back = rt.reattach(vec![b.clone(), c.clone(), d.clone()]).await;
     assert!(back.iter().all(|(_, r)| r.is_ok()), "{back:?}");
     let e = rt.create(spec("idse", None)).await.expect("create e");

@@ -93,8 +93,7 @@ async fn memory_pause_survives_a_restart_and_processes_continue() {
     );
 
     // The manager goes away while the sandbox is paused; a new one takes it back.
-    drop(first);
-    let second = common::restart(&cfg).await;
+    let second = common::restart(first, &cfg).await;
     let back = second.reattach(vec![paused.clone()]).await;
     let back = back[0]
         .1
@@ -162,8 +161,7 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
         .pause("pausefs", PauseMode::Filesystem)
         .await
         .expect("pause");
-    drop(first);
-    let second = common::restart(&cfg).await;
+    let second = common::restart(first, &cfg).await;
     let back = second.reattach(vec![paused]).await;
     assert!(back[0].1.is_ok(), "{:?}", back[0].1);
     for _ in 0..3 {
@@ -237,9 +235,8 @@ async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
     std::fs::create_dir_all(&stray).unwrap();
     let orphan = cfg.data_dir.join("paused/gone.partial");
     std::fs::create_dir_all(&orphan).unwrap();
-    drop(first);
 
-    let second = common::restart(&cfg).await;
+    let second = common::restart(first, &cfg).await;
     let back = second.reattach(vec![sbx.clone()]).await;
     assert!(back[0].1.is_ok(), "{:?}", back[0].1);
     assert_eq!(

@@ -276,8 +276,7 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
         .expect("claim");
     let left = wait_for(&first, 3).await;
     // The server dies: nothing is torn down.
-    drop(first);
-    let second = common::restart(&cfg).await;
+    let second = common::restart(first, &cfg).await;
     let back = second.reattach(vec![kept.clone()]).await;
     assert!(
         back[0].1.is_ok(),

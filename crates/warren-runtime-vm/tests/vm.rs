@@ -207,7 +207,7 @@ async fn a_restarted_manager_takes_back_running_vms() {
         (0, "ok\n".into())
     );
     // The manager goes away without tearing anything down; one VM dies meanwhile.
-    drop(first);
+    first.release().await.expect("release");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = doomed.record["pid"].as_u64().unwrap() as i32;
     nix::sys::signal::kill(
@@ -217,7 +217,9 @@ async fn a_restarted_manager_takes_back_running_vms() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let second = common::restart(&cfg, &vm).await;
+    let second = VmRuntime::start(cfg.clone(), vm.clone())
+        .await
+        .expect("restart");
     let results = second.reattach(vec![kept.clone(), doomed.clone()]).await;
     let back = results[0].1.as_ref().expect("the running VM is taken back");
     assert_eq!(back.agent, kept.agent);

@@ -135,7 +135,7 @@ async fn pause_restart_and_resume_keep_files_and_processes() {
     ));
 
     // The server goes away and comes back.
-    drop(rt);
+    rt.release().await.expect("release");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rt = start(&cfg, &vm, vec![paused]).await;
 
@@ -383,7 +383,7 @@ async fn a_vm_left_stopped_by_a_dead_server_runs_again_after_restart() {
         .join(format!("{}-vm", cfg.cgroup_parent))
         .join(&name)
         .join("qmp.sock");
-    drop(rt);
+    rt.release().await.expect("release");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let qmp = warren_runtime_vm::qmp::Qmp::connect(&qmp_path, Duration::from_secs(5))
         .await

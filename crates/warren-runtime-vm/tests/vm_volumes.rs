@@ -113,14 +113,14 @@ async fn a_vms_volume_is_served_by_its_own_helper_for_as_long_as_the_vm_lives() 
     assert_eq!(first.len(), 1, "one helper in the VM's cgroup");
 
     // The manager restarts: the VM and its helper keep running and are taken back.
-    drop(rt);
+    rt.release().await.expect("release");
     let rt = start(&cfg, &vm, vec![s.clone()]).await;
     assert!(alive(first[0]));
     assert_eq!(run(s.agent, "cat /data/a").await, (0, "hi\n".into()));
 
     // A helper that ended while the manager was down is started again when the VM is
     // taken back, and the guest's mount answers again.
-    drop(rt);
+    rt.release().await.expect("release");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(first[0] as i32),
         nix::sys::signal::Signal::SIGKILL,

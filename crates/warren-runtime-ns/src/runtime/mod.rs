@@ -101,6 +101,8 @@ pub struct NsRuntime {
     procs: procwatch::HostWatch,
     /// Sandboxes started ahead of creates (see `prepared`).
     prepared: prepared::Pool,
+    /// The task that waits for orphans handed to us (see `reap_orphans`).
+    reaper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
     /// never mistake the first one's sandboxes for a crashed predecessor's and remove them.
     _lock: HostLock,
@@ -151,9 +153,11 @@ impl NsRuntime {
             paused_fs: Mutex::new(HashSet::new()),
             client,
             prepared: prepared::Pool::default(),
+            reaper: std::sync::Mutex::new(None),
             _lock: lock,
         });
-        tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
+        let reaper = tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
+        *rt.reaper.lock().unwrap_or_else(|e| e.into_inner()) = Some(reaper);
         rt.start_pool();
         Ok(rt)
     }
@@ -183,8 +187,7 @@ impl NsRuntime {
         for id in ids {
             self.kill(&id).await?;
         }
-        let this = Arc::try_unwrap(self)
-            .map_err(|_| RuntimeError::Conflict("runtime still in use".into()))?;
+        let this = self.sole().await?;
         if let Some(pool) = this.net.into_inner() {
             pool.shutdown()
                 .await
@@ -195,6 +198,49 @@ impl NsRuntime {
             .map_err(RuntimeError::io("remove the runtime's directories"))?;
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
+    }
+
+    /// Lets go of the host as a server that exits does: every sandbox (prepared ones too) is
+    /// left as it is, for the next manager to take back or clean up; the background work
+    /// stops; and once this returns, the runtime is gone and the host lock is free, so a new
+    /// manager can start at once. A runtime merely dropped lets go too, but only when its
+    /// background work next looks at it. Fails (keeping nothing) if another handle to the
+    /// runtime is still in use after 30 s.
+    pub async fn release(self: Arc<Self>) -> Result<(), RuntimeError> {
+        self.stop_refills().await;
+        // Dropped here: the host lock with it.
+        drop(self.sole().await?);
+        Ok(())
+    }
+
+    /// The runtime itself once every other handle is gone: the orphan reaper stops first, and
+    /// handles the background work took for a moment are waited for (at most 30 s).
+    async fn sole(self: Arc<Self>) -> Result<Self, RuntimeError> {
+        let reaper = self
+            .reaper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(reaper) = reaper {
+            reaper.abort();
+            let _ = reaper.await;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut rt = self;
+        loop {
+            match Arc::try_unwrap(rt) {
+                Ok(inner) => return Ok(inner),
+                Err(_) if std::time::Instant::now() >= deadline => {
+                    return Err(RuntimeError::Conflict(
+                        "the runtime is still in use by another handle".into(),
+                    ))
+                }
+                Err(back) => {
+                    rt = back;
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        }
     }
 
     /// The network pool, started (with crash cleanup) on first use when `reattach` did not

@@ -491,12 +491,7 @@ impl NsRuntime {
 
     /// Stops refills and discards every prepared sandbox (server exit, shutdown).
     pub(super) async fn stop_pool(&self) {
-        self.prepared.stopping.store(true, Ordering::SeqCst);
-        self.prepared.wake.notify_one();
-        let task = lock(&self.prepared.task).take();
-        if let Some(task) = task {
-            let _ = task.await;
-        }
+        self.stop_refills().await;
         let all: Vec<Prepared> = {
             let mut st = lock(&self.prepared.state);
             let mut all: Vec<Prepared> = st.ready.drain().flat_map(|(_, q)| q).collect();
@@ -505,6 +500,16 @@ impl NsRuntime {
         };
         for p in all {
             self.discard(p).await;
+        }
+    }
+
+    /// Stops the refill task and waits for it; what is prepared stays.
+    pub(super) async fn stop_refills(&self) {
+        self.prepared.stopping.store(true, Ordering::SeqCst);
+        self.prepared.wake.notify_one();
+        let task = lock(&self.prepared.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
         }
     }
 

@@ -483,20 +483,14 @@ pub async fn run_as(agent: std::net::SocketAddr, token: &str, cmd: &str) -> (i64
     )
 }
 
-/// The second half of a server restart: after the caller dropped the old manager (nothing torn
-/// down), a new one starts on the same host state. A dropped runtime's background work (the
-/// orphan reaper, a refill) may hold it, and so the host lock, a moment longer than the last
-/// handle, as an exiting process holds its lock until it is gone; the new one waits for the
-/// lock, at most 30 s, and any other failure is the test's.
-pub async fn restart(cfg: &HostConfig) -> std::sync::Arc<warren_runtime_ns::NsRuntime> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match warren_runtime_ns::NsRuntime::start(cfg.clone()).await {
-            Ok(rt) => return rt,
-            Err(e) if Instant::now() < deadline && e.to_string().contains("host.lock") => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("restart: {e:?}"),
-        }
-    }
+/// A server restart: the old manager lets go of the host as an exiting server does (nothing
+/// torn down) and a new one starts on the same host state.
+pub async fn restart(
+    old: std::sync::Arc<warren_runtime_ns::NsRuntime>,
+    cfg: &HostConfig,
+) -> std::sync::Arc<warren_runtime_ns::NsRuntime> {
+    old.release().await.expect("release the old manager");
+    warren_runtime_ns::NsRuntime::start(cfg.clone())
+        .await
+        .expect("restart")
 }

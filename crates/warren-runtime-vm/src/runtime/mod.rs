@@ -515,6 +515,35 @@ impl VmRuntime {
 
     /// Kills every sandbox and warm VM and removes everything this runtime created on the
     /// host. For decommissioning and tests; a restarting server must not call it.
+    /// Lets go of the host as a server that exits does: running sandboxes and warm VMs are
+    /// left as they are, for the next manager to take back or clean up, and once this returns
+    /// the runtime is gone and the host lock free, so a new manager can start at once. A runtime
+    /// merely dropped lets go too, but only once its background work (a warm VM's refill takes
+    /// seconds) is done with it.
+    pub async fn release(self: Arc<Self>) -> Result<(), RuntimeError> {
+        drop(self.sole().await?);
+        Ok(())
+    }
+
+    /// The runtime itself once every other handle is gone: background tasks (refills,
+    /// watchers) hold it for a moment, and are waited for (at most 30 s).
+    async fn sole(self: Arc<Self>) -> Result<Self, RuntimeError> {
+        let mut this = self;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match Arc::try_unwrap(this) {
+                Ok(t) => return Ok(t),
+                Err(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(RuntimeError::Conflict("runtime still in use".into()));
+                }
+                Err(a) => {
+                    this = a;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
     pub async fn shutdown(self: Arc<Self>) -> Result<(), RuntimeError> {
         let ids: Vec<String> = self.live.lock().await.keys().cloned().collect();
         for id in ids {
@@ -530,21 +559,7 @@ impl VmRuntime {
         for w in warm {
             self.discard_warm(w).await;
         }
-        // Background tasks (refills, watchers) hold the runtime for a moment.
-        let mut this = self;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let this = loop {
-            match Arc::try_unwrap(this) {
-                Ok(t) => break t,
-                Err(_) if tokio::time::Instant::now() > deadline => {
-                    return Err(RuntimeError::Conflict("runtime still in use".into()));
-                }
-                Err(a) => {
-                    this = a;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
+        let this = self.sole().await?;
         if let Some(pool) = this.net.into_inner() {
             pool.shutdown()
                 .await

@@ -258,25 +258,3 @@ pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
         String::from_utf8_lossy(&ran.output).into_owned(),
     )
 }
-
-/// The second half of a server restart: after the caller dropped the old manager (nothing torn
-/// down), a new one starts on the same host state. The dropped runtime's background work may
-/// hold it, and so the host lock, a moment longer than the last handle (as an exiting process
-/// holds its lock until it is gone); the new one waits for the lock, at most 30 s.
-pub async fn restart(
-    cfg: &HostConfig,
-    vm: &VmSettings,
-) -> std::sync::Arc<warren_runtime_vm::VmRuntime> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match warren_runtime_vm::VmRuntime::start(cfg.clone(), vm.clone()).await {
-            Ok(rt) => return rt,
-            Err(e)
-                if std::time::Instant::now() < deadline && e.to_string().contains("host.lock") =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("restart: {e:?}"),
-        }
-    }
-}
