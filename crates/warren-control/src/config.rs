@@ -128,7 +128,7 @@ impl Default for Config {
             disk_mb: 2048,
             envd_version: "0.6.13".into(),
             domain: None,
-            exit_poll: Duration::from_secs(5),
+            exit_poll: Duration::from_secs(1),
             template_names: Vec::new(),
             service_ports: vec![SERVICE_PORT],
             end_of_life_pause_attempts: 3,

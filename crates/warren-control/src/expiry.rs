@@ -104,10 +104,19 @@ async fn exit_watcher(control: Control) {
     let inner = &control.inner;
     let mut tick = tokio::time::interval(inner.config.exit_poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A back end that says when something ended is heard at once; the poll stays for what it
+    // cannot see (sandboxes taken back after a restart are not its children).
+    let signal = inner.runtime.exit_signal();
     loop {
         tokio::select! {
             _ = inner.shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            _ = async {
+                match &signal {
+                    Some(s) => s.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
         for id in control.running_ids() {
             match inner.runtime.status(&id).await {

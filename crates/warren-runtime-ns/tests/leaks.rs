@@ -1,6 +1,7 @@
 //! A host is back where it started after sandboxes come and go: no zombie children of the
-//! manager (it is the child subreaper of everything it starts), and no mounts, cgroups or state
-//! left. Needs root, nftables and the base image.
+//! manager (it is the child subreaper of everything it starts), and no state left; and a
+//! sandbox that dies on its own is reported at once, with its cause. Needs root, nftables and
+//! the base image.
 
 mod common;
 
@@ -13,12 +14,12 @@ use warren_host::HostConfig;
 use warren_runtime::{CreateSpec, SandboxRuntime};
 use warren_runtime_ns::NsRuntime;
 
-fn config() -> Option<HostConfig> {
+fn config(tag: &str, octet: u32) -> Option<HostConfig> {
     common::HostTest {
         name: "leaks",
-        tag: "",
+        tag,
         prefix: "wz",
-        octet: 47,
+        octet,
         pool_size: 2,
         private_data: true,
     }
@@ -68,7 +69,7 @@ fn zombies() -> Vec<(u32, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_that_come_and_go_leave_no_zombies_and_no_state() {
-    let Some(cfg) = config() else { return };
+    let Some(cfg) = config("z", 47) else { return };
     let rt = NsRuntime::start(cfg.clone()).await.expect("start");
     rt.reattach(vec![]).await;
     let before = zombies();
@@ -94,6 +95,43 @@ async fn sandboxes_that_come_and_go_leave_no_zombies_and_no_state() {
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(state.is_empty(), "sandbox state left: {state:?}");
+    rt.shutdown().await.expect("shutdown");
+    common::cleanup(&cfg);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_that_dies_is_reported_at_once_with_its_cause() {
+    let Some(cfg) = config("x", 48) else { return };
+    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    rt.reattach(vec![]).await;
+    let s = rt.create(spec("dies")).await.expect("create");
+    assert_eq!(rt.status("dies").await.expect("status"), None, "running");
+    let signal = rt
+        .exit_signal()
+        .expect("the ns runtime says when sandboxes end");
+    let told = signal.notified();
+    let pid1 = s.record["pid1"].as_u64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid1),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // A deadline for a hang only: the signal comes with nsinit's exit.
+    tokio::time::timeout(Duration::from_secs(60), told)
+        .await
+        .expect("no exit signal after PID 1 was killed");
+    let exit = loop {
+        match rt.status("dies").await.expect("status") {
+            Some(exit) => break exit,
+            // nsinit may still be writing the exit status.
+            None => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(
+        exit.reason.contains('9') || exit.reason.contains("KILL"),
+        "{exit:?}"
+    );
+    rt.kill("dies").await.expect("kill");
     rt.shutdown().await.expect("shutdown");
     common::cleanup(&cfg);
 }

@@ -373,6 +373,12 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     fn headroom(&self) -> Option<Headroom> {
         None
     }
+    /// Notified when a sandbox may have ended on its own (a process the back end started
+    /// exited), so the control plane asks [`Self::status`] at once instead of at its next
+    /// poll. A back end without it is polled only.
+    fn exit_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
     /// Makes template `name` ready for creates before the server takes requests: its image
     /// built and mounted (minutes the very first time), and what the back end starts from
     /// (the vm runtime's boot snapshot, its warm pool). Called after [`Self::reattach`], which

@@ -101,6 +101,9 @@ pub struct NsRuntime {
     procs: procwatch::HostWatch,
     /// Sandboxes started ahead of creates (see `prepared`).
     prepared: prepared::Pool,
+    /// Notified at every SIGCHLD: nsinit exits when its sandbox's PID 1 ends, so a sandbox
+    /// that ended on its own is known at once (`SandboxRuntime::exit_signal`).
+    exits: Arc<tokio::sync::Notify>,
     /// The task that waits for orphans handed to us (see `reap_orphans`).
     reaper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Held for the runtime's lifetime: one manager per host state, so a second server can
@@ -154,6 +157,7 @@ impl NsRuntime {
             client,
             prepared: prepared::Pool::default(),
             reaper: std::sync::Mutex::new(None),
+            exits: Arc::new(tokio::sync::Notify::new()),
             _lock: lock,
         });
         let reaper = tokio::spawn(reap_orphans(Arc::downgrade(&rt)));
@@ -216,11 +220,7 @@ impl NsRuntime {
     /// The runtime itself once every other handle is gone: the orphan reaper stops first, and
     /// handles the background work took for a moment are waited for (at most 30 s).
     async fn sole(self: Arc<Self>) -> Result<Self, RuntimeError> {
-        let reaper = self
-            .reaper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let reaper = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(reaper) = reaper {
             reaper.abort();
             let _ = reaper.await;
@@ -341,6 +341,10 @@ impl SandboxRuntime for NsRuntime {
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {
         headroom(&self.cfg.data_dir)
+    }
+
+    fn exit_signal(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.exits.clone())
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -799,6 +803,7 @@ async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
     };
     while sigchld.recv().await.is_some() {
         let Some(rt) = rt.upgrade() else { return };
+        rt.exits.notify_one();
         let pids: Vec<u32> = rt
             .live
             .lock()

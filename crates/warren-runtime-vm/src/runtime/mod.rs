@@ -158,6 +158,8 @@ pub struct VmRuntime {
     nfs_key: PathBuf,
     this: Weak<VmRuntime>,
     counter: AtomicU64,
+    /// Notified when a VM's QEMU ended on its own (`SandboxRuntime::exit_signal`).
+    exits: Arc<tokio::sync::Notify>,
     _lock: HostLock,
 }
 
@@ -233,6 +235,7 @@ impl VmRuntime {
             nfs_key,
             this: this.clone(),
             counter: AtomicU64::new(0),
+            exits: Arc::new(tokio::sync::Notify::new()),
             _lock: lock,
         }))
     }
@@ -490,6 +493,7 @@ impl VmRuntime {
                 if let Some(m) = m {
                     tracing::warn!(sandbox = %id, reason = ?m.exit.borrow().clone(), "VM exited");
                     rt.teardown(&m).await;
+                    rt.exits.notify_one();
                 }
             });
         }
@@ -609,6 +613,10 @@ impl SandboxRuntime for VmRuntime {
 
     fn headroom(&self) -> Option<warren_runtime::Headroom> {
         warren_host::headroom(&self.cfg.data_dir)
+    }
+
+    fn exit_signal(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.exits.clone())
     }
 
     fn capabilities(&self) -> Capabilities {
