@@ -111,6 +111,10 @@ pub struct NsRuntime {
     _lock: HostLock,
 }
 
+/// How often `status` looks for nsinit's record of PID 1's end (20 ms apart) before it reports
+/// the end without its cause.
+const EXIT_STATUS_TRIES: u32 = 25;
+
 impl NsRuntime {
     /// Prepares the runtime; the network pool and crash cleanup start with the first
     /// `reattach` (or the first `create`).
@@ -442,21 +446,29 @@ impl SandboxRuntime for NsRuntime {
         if self.paused_fs.lock().await.contains(id) {
             return Ok(None);
         }
-        let live = self.live.lock().await;
-        let l = live
-            .get(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
-        if l.sandbox.is_running() {
-            return Ok(None);
+        // nsinit writes how PID 1 ended right after PID 1 is gone from the cgroup: a moment
+        // is allowed for it, so the cause is not lost to the generic reason.
+        for attempt in 0..=EXIT_STATUS_TRIES {
+            {
+                let live = self.live.lock().await;
+                let l = live
+                    .get(id)
+                    .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+                if l.sandbox.is_running() {
+                    return Ok(None);
+                }
+                let status = l.sandbox.exit_status();
+                if status.is_some() || attempt == EXIT_STATUS_TRIES {
+                    let mut reason = status.unwrap_or_else(|| "sandbox process ended".into());
+                    if l.sandbox.cgroup.oom_kills() > 0 {
+                        reason.push_str(" (out of memory)");
+                    }
+                    return Ok(Some(Exit { reason }));
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        let mut reason = l
-            .sandbox
-            .exit_status()
-            .unwrap_or_else(|| "sandbox process ended".into());
-        if l.sandbox.cgroup.oom_kills() > 0 {
-            reason.push_str(" (out of memory)");
-        }
-        Ok(Some(Exit { reason }))
+        unreachable!("the last attempt returns")
     }
 
     async fn reattach(
