@@ -58,6 +58,9 @@ pub struct BuilderConfig {
     /// Bytes of the data disk uploads and builds leave free (the server's reserve): an upload
     /// that would eat into it is refused, a build stops between steps.
     pub min_free_bytes: u64,
+    /// Longest a whole build may take (all its stages and steps): past it the build sandbox is
+    /// killed and the build fails saying so, so no build holds the builder for ever.
+    pub build_timeout: std::time::Duration,
 }
 
 /// Runs template builds through a runtime.
@@ -377,18 +380,24 @@ impl Builder {
         self.reserve
             .check("a template build", 0)
             .map_err(|m| failure("base", m))?;
+        let deadline = tokio::time::Instant::now() + self.config.build_timeout;
         if job.spec.stages.is_empty() {
-            return self.build_image(job, log).await;
+            return self.build_image(job, log, deadline).await;
         }
-        let job = self.build_stages(job, log).await?;
-        self.build_image(&job, log).await
+        let job = self.build_stages(job, log, deadline).await?;
+        self.build_image(&job, log, deadline).await
     }
 
     /// Multi-stage builds: each stage a later one copies from is built first, through the
     /// same steps, cache and images as any build, into an image no template names; the
     /// returned job's `COPY --from` steps then name those images (so their cache keys change
     /// with the stages' content) and it has no stages left.
-    async fn build_stages(&self, job: &BuildJob, log: &BuildLog) -> Result<BuildJob, BuildFailure> {
+    async fn build_stages(
+        &self,
+        job: &BuildJob,
+        log: &BuildLog,
+        deadline: tokio::time::Instant,
+    ) -> Result<BuildJob, BuildFailure> {
         let mut images: Vec<String> = Vec::new();
         let total = job.spec.stages.len();
         for (i, stage) in job.spec.stages.iter().enumerate() {
@@ -409,7 +418,7 @@ impl Builder {
             sub.parent = job.stage_parents.get(i).cloned().flatten();
             sub.stage_parents = Vec::new();
             let image = self
-                .build_image(&sub, log)
+                .build_image(&sub, log, deadline)
                 .await
                 .map_err(|f| BuildFailure {
                     step: f.step,
@@ -437,6 +446,7 @@ impl Builder {
         &self,
         job: &BuildJob,
         log: &BuildLog,
+        deadline: tokio::time::Instant,
     ) -> Result<BuiltImage, BuildFailure> {
         // A registry image is pulled and packed into an image of its own first; its config
         // gives the build its defaults.
@@ -530,7 +540,7 @@ impl Builder {
             .start_box(job, &parent, snapshot)
             .await
             .map_err(|m| failure(if from == 0 { "base" } else { "1" }, m))?;
-        let outcome = async {
+        let work = async {
             let ctx = match ctx {
                 Some(c) => c,
                 None => Runner {
@@ -557,8 +567,19 @@ impl Builder {
                 .await
                 .map_err(|m| failure("finalize", m))?;
             Ok::<_, BuildFailure>(())
-        }
-        .await;
+        };
+        // The build sandbox is killed whatever ended the work, the deadline included.
+        let outcome = match tokio::time::timeout_at(deadline, work).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(BuildFailure {
+                step: None,
+                message: format!(
+                    "the build ran past its deadline of {} s and was stopped (the server's \
+                     --build-timeout-secs)",
+                    self.config.build_timeout.as_secs()
+                ),
+            }),
+        };
         self.kill_box(&b).await;
         outcome?;
         if spec.start_cmd.is_some() {

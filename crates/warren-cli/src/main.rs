@@ -67,6 +67,9 @@ pub struct ClientArgs {
     pub json: bool,
 }
 
+// Parsed once per process and matched at once: `serve`'s many flags make it the largest
+// variant by far, and boxing them would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Runs the API server and sandbox proxy.
@@ -108,6 +111,10 @@ enum Command {
         /// would leave less is refused (507, with the numbers).
         #[arg(long, value_name = "MIB", default_value_t = 1024)]
         min_free_mb: u64,
+        /// Longest a template build may run, in seconds, all its steps together (each RUN step
+        /// is also limited to an hour): past it the build fails and its sandbox is killed.
+        #[arg(long, value_name = "SECONDS", default_value_t = 7200)]
+        build_timeout_secs: u64,
         #[command(flatten)]
         registry: serve::RegistryArgs,
         #[command(flatten)]
@@ -214,6 +221,7 @@ fn main() -> std::process::ExitCode {
                 signed_url_max_age,
                 max_upload_mb,
                 min_free_mb,
+                build_timeout_secs,
                 registry,
                 net,
                 telemetry,
@@ -224,6 +232,7 @@ fn main() -> std::process::ExitCode {
                     data_dir,
                     max_upload_mb,
                     min_free_mb,
+                    build_timeout_secs,
                     runtime,
                     max_sandboxes,
                     metrics_per_sandbox,

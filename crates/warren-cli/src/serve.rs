@@ -20,6 +20,8 @@ pub struct ServeArgs {
     /// MiB of the data disk every writer leaves free (pauses, snapshots, volumes, uploads,
     /// builds).
     pub min_free_mb: u64,
+    /// Longest a template build may run, all steps together.
+    pub build_timeout_secs: u64,
     pub runtime: RuntimeKind,
     pub max_sandboxes: usize,
     pub metrics_per_sandbox: bool,
@@ -357,6 +359,7 @@ pub async fn run(
             data_dir: args.data_dir.clone(),
             max_upload_bytes: args.max_upload_mb.saturating_mul(1024 * 1024),
             min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
+            build_timeout: std::time::Duration::from_secs(args.build_timeout_secs),
             pull: Some(warren_oci::PullOptions {
                 mirrors: args.registry.mirrors.clone(),
                 insecure: args.registry.insecure.clone(),
