@@ -7,6 +7,7 @@ tests/e2e. Every network request goes to the server on loopback or stays inside 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -70,3 +71,18 @@ def proxy_get(server, sbx_id: str, port: int, headers: dict | None = None) -> re
     h = {"E2b-Sandbox-Id": sbx_id, "E2b-Sandbox-Port": str(port)}
     h.update(headers or {})
     return requests.get(server.url + "/", headers=h, timeout=30)
+
+
+@contextlib.contextmanager
+def restarted_with(server, *flags: str):
+    """The shared server's data dir and port, served for a while by a server started with
+    `flags` on top of the defaults; the shared server is back afterwards."""
+    server.stop()
+    srv = _e2e.Server(server.data_dir, flags)
+    srv.port, srv.url = server.port, server.url
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+        server.start()

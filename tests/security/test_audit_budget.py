@@ -63,15 +63,8 @@ def test_an_exec_flood_is_kept_at_the_budget_and_summed_up(server):
 def floored_server(server):
     """The shared server's data dir and port, started with a free-space floor no disk is
     above: the trail must store nothing more."""
-    server.stop()
-    srv = conftest._e2e.Server(server.data_dir, ("--audit-min-free-mb", str(1 << 40)))
-    srv.port, srv.url = server.port, server.url
-    try:
-        srv.start()
+    with conftest.restarted_with(server, "--audit-min-free-mb", str(1 << 40)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        server.start()
 
 
 def test_below_the_free_space_floor_the_trail_stores_nothing(floored_server):

@@ -6,7 +6,6 @@ killed. (A fair queue per team is the agent-driven cloud's issue.)"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 
@@ -17,19 +16,6 @@ import conftest
 
 DEADLINE = 45
 RUNTIME = os.environ.get("WARREN_E2E_RUNTIME", "ns")
-
-
-@contextlib.contextmanager
-def with_deadline(server):
-    server.stop()
-    srv = conftest._e2e.Server(server.data_dir, ("--build-timeout-secs", str(DEADLINE)))
-    srv.port, srv.url = server.port, server.url
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.stop()
-        server.start()
 
 
 def sleepers(marker: str) -> list[int]:
@@ -49,7 +35,7 @@ def sleepers(marker: str) -> list[int]:
 def test_a_build_past_its_deadline_fails_and_its_sandbox_goes(server):
     # A number of seconds no other test sleeps, so the sandbox's process can be found.
     nap = 3000 + int(uuid.uuid4().int % 500)
-    with with_deadline(server):
+    with conftest.restarted_with(server, "--build-timeout-secs", str(DEADLINE)):
         tpl = Template().from_base_image().run_cmd(f"echo {uuid.uuid4().hex}").run_cmd(f"sleep {nap}")
         with pytest.raises(Exception) as stopped:
             Template.build(tpl, f"deadline-{uuid.uuid4().hex[:8]}")

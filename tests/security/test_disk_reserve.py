@@ -8,7 +8,6 @@ agent-driven cloud's issue."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 
@@ -33,19 +32,9 @@ def new_volume(server, mib: int) -> str:
     return r.json()["volumeID"]
 
 
-@contextlib.contextmanager
 def reserved(server):
-    """The shared server's data dir and port, started with a reserve no disk has room for:
-    every writer must refuse."""
-    server.stop()
-    srv = conftest._e2e.Server(server.data_dir, ("--min-free-mb", str(1 << 30)))
-    srv.port, srv.url = server.port, server.url
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.stop()
-        server.start()
+    """A reserve no disk has room for: every writer must refuse."""
+    return conftest.restarted_with(server, "--min-free-mb", str(1 << 30))
 
 
 def says_why(r: requests.Response) -> str:

@@ -3,11 +3,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use warren_host::HostConfig;
-use warren_runtime::{CreateSpec, SandboxRuntime};
+use warren_runtime::SandboxRuntime;
 use warren_runtime_ns::NsRuntime;
 
 fn config() -> Option<HostConfig> {
@@ -22,28 +21,12 @@ fn config() -> Option<HostConfig> {
     .config()
 }
 
-fn spec(id: &str) -> CreateSpec {
-    CreateSpec {
-        volumes: Vec::new(),
-        id: id.into(),
-        template: "base".into(),
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_mb: 128,
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_that_dies_is_reported_at_once_with_its_cause() {
     let Some(cfg) = config() else { return };
     let rt = NsRuntime::start(cfg.clone()).await.expect("start");
     rt.reattach(vec![]).await;
-    let s = rt.create(spec("dies")).await.expect("create");
+    let s = rt.create(common::small_spec("dies")).await.expect("create");
     assert_eq!(rt.status("dies").await.expect("status"), None, "running");
     let signal = rt
         .exit_signal()

@@ -7,11 +7,10 @@ mod common;
 
 use common::run;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use warren_host::HostConfig;
-use warren_runtime::{CreateSpec, SandboxRuntime};
+use warren_runtime::SandboxRuntime;
 use warren_runtime_ns::NsRuntime;
 
 fn config(tag: &str, octet: u32) -> Option<HostConfig> {
@@ -24,22 +23,6 @@ fn config(tag: &str, octet: u32) -> Option<HostConfig> {
         private_data: true,
     }
     .config()
-}
-
-fn spec(id: &str) -> CreateSpec {
-    CreateSpec {
-        volumes: Vec::new(),
-        id: id.into(),
-        template: "base".into(),
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_mb: 128,
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-    }
 }
 
 /// This process's children that ended and were never waited for: `(pid, name)`.
@@ -68,7 +51,7 @@ fn zombies() -> Vec<(u32, String)> {
 }
 
 async fn cycle(rt: &NsRuntime, id: &str) {
-    let s = rt.create(spec(id)).await.expect("create");
+    let s = rt.create(common::small_spec(id)).await.expect("create");
     let (code, out) = run(s.agent, "sleep 60 & echo started").await;
     assert_eq!((code, out.as_str()), (0, "started\n"));
     rt.kill(id).await.expect("kill");

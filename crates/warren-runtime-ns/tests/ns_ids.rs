@@ -8,8 +8,6 @@ mod common;
 
 use common::run;
 
-use std::collections::BTreeMap;
-
 use warren_host::HostConfig;
 use warren_runtime::{CreateSpec, RuntimeSandbox, SandboxRuntime};
 use warren_runtime_ns::NsRuntime;
@@ -28,17 +26,8 @@ fn config() -> Option<HostConfig> {
 
 fn spec(id: &str, from_snapshot: Option<&str>) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.into(),
-        template: "base".into(),
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_mb: 128,
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
         from_snapshot: from_snapshot.map(String::from),
+        ..common::small_spec(id)
     }
 }
 

@@ -7,13 +7,12 @@ mod common;
 
 use common::run;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use warren_host::HostConfig;
 use warren_proto::journal::JournalEntry;
-use warren_runtime::{CreateSpec, SandboxRuntime};
+use warren_runtime::SandboxRuntime;
 use warren_runtime_ns::NsRuntime;
 
 fn config() -> Option<HostConfig> {
@@ -26,22 +25,6 @@ fn config() -> Option<HostConfig> {
         private_data: false,
     }
     .config()
-}
-
-fn spec(id: &str) -> CreateSpec {
-    CreateSpec {
-        volumes: Vec::new(),
-        id: id.into(),
-        template: "base".into(),
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_mb: 128,
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-    }
 }
 
 fn argv(e: &JournalEntry) -> Vec<String> {
@@ -83,8 +66,14 @@ async fn programs_run_in_a_sandbox_are_journaled_in_its_own_terms() {
     }
     let rt = NsRuntime::start(cfg.clone()).await.expect("start");
     rt.reattach(vec![]).await;
-    let a = rt.create(spec("procsa")).await.expect("create a");
-    let _b = rt.create(spec("procsb")).await.expect("create b");
+    let a = rt
+        .create(common::small_spec("procsa"))
+        .await
+        .expect("create a");
+    let _b = rt
+        .create(common::small_spec("procsb"))
+        .await
+        .expect("create b");
     assert!(rt.journal("nosuch", 0, 10).await.is_none());
 
     // Programs that live a while: one gone before its /proc is read is journaled by its name

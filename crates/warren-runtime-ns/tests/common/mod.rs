@@ -494,3 +494,21 @@ pub async fn restart(
         .await
         .expect("restart")
 }
+
+/// A create of a small sandbox of `base` (1 CPU, 256 MiB, a 128 MiB disk, no internet, token
+/// `tok`); tests change what they need with struct update syntax.
+pub fn small_spec(id: &str) -> warren_runtime::CreateSpec {
+    warren_runtime::CreateSpec {
+        volumes: Vec::new(),
+        id: id.into(),
+        template: "base".into(),
+        cpu_count: 1,
+        memory_mb: 256,
+        disk_mb: 128,
+        allow_internet_access: false,
+        egress: Default::default(),
+        env_vars: Default::default(),
+        access_token: Some("tok".into()),
+        from_snapshot: None,
+    }
+}
