@@ -100,6 +100,9 @@ async fn reaper(control: Control) {
     }
 }
 
+/// How long the exit watcher lets a burst of exit signals settle before it looks.
+const EXIT_SIGNAL_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 async fn exit_watcher(control: Control) {
     let inner = &control.inner;
     let mut tick = tokio::time::interval(inner.config.exit_poll);
@@ -116,7 +119,11 @@ async fn exit_watcher(control: Control) {
                     Some(s) => s.notified().await,
                     None => std::future::pending().await,
                 }
-            } => {}
+            } => {
+                // Signals come in bursts (every helper process a create runs ends too): one
+                // look per burst, at most five a second, keeps the scan off the create path.
+                tokio::time::sleep(EXIT_SIGNAL_SETTLE).await;
+            }
         }
         for id in control.running_ids() {
             match inner.runtime.status(&id).await {

@@ -448,7 +448,8 @@ impl SandboxRuntime for NsRuntime {
         }
         // nsinit writes how PID 1 ended right after PID 1 is gone from the cgroup: a moment
         // is allowed for it, so the cause is not lost to the generic reason.
-        for attempt in 0..=EXIT_STATUS_TRIES {
+        let mut attempt = 0;
+        loop {
             {
                 let live = self.live.lock().await;
                 let l = live
@@ -466,9 +467,9 @@ impl SandboxRuntime for NsRuntime {
                     return Ok(Some(Exit { reason }));
                 }
             }
+            attempt += 1;
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        unreachable!("the last attempt returns")
     }
 
     async fn reattach(
