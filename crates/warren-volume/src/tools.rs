@@ -9,6 +9,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -278,19 +279,56 @@ pub(crate) fn grow_offline(image: &Path) -> Result<(), VolumeError> {
 }
 
 /// Copies an image file as a reflink where the host filesystem can (instant, shared blocks),
-/// else as a sparse copy (holes stay holes).
+/// else its data only: the ranges `SEEK_DATA` finds, each copied in the kernel
+/// (`copy_file_range`), holes left holes. A volume's image is allocated in full but mostly
+/// unwritten, and unwritten ranges are holes to `SEEK_DATA`: `cp --sparse=always` read them
+/// all instead (17 s for an empty 10 GiB volume here, with the volume frozen meanwhile).
 pub(crate) fn copy_image(from: &Path, to: &Path) -> Result<(), VolumeError> {
-    run(
-        "copying the volume image",
-        "cp",
-        &[
-            "--reflink=auto".as_ref(),
-            "--sparse=always".as_ref(),
-            "--".as_ref(),
-            from.as_os_str(),
-            to.as_os_str(),
-        ],
-    )
+    use rustix::fs::SeekFrom;
+    let failed = |what: &str| {
+        let what = format!("{what} ({} to {})", from.display(), to.display());
+        move |e: io::Error| VolumeError::io(what, e)
+    };
+    let src = fs::File::open(from).map_err(failed("opening the image to copy"))?;
+    let dst = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(to)
+        .map_err(failed("creating the copy"))?;
+    if rustix::fs::ioctl_ficlone(&dst, &src).is_ok() {
+        return Ok(());
+    }
+    let len = src.metadata().map_err(failed("sizing the image"))?.len();
+    dst.set_len(len).map_err(failed("sizing the copy"))?;
+    let mut pos = 0;
+    while pos < len {
+        let data = match rustix::fs::seek(&src, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // No data past `pos`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(failed("finding the image's data")(e.into())),
+        };
+        let hole = rustix::fs::seek(&src, SeekFrom::Hole(data))
+            .map_err(|e| failed("finding the image's holes")(e.into()))?;
+        let (mut off_in, mut off_out) = (data, data);
+        while off_in < hole {
+            let left = usize::try_from(hole - off_in).unwrap_or(usize::MAX);
+            let n = rustix::fs::copy_file_range(
+                &src,
+                Some(&mut off_in),
+                &dst,
+                Some(&mut off_out),
+                left,
+            )
+            .map_err(|e| failed("copying the image's data")(e.into()))?;
+            if n == 0 {
+                break;
+            }
+        }
+        pos = hole;
+    }
+    Ok(())
 }
 
 /// Freezes the filesystem mounted at `mount_point` until the returned guard is dropped.
