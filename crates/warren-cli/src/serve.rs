@@ -365,6 +365,7 @@ pub async fn run(
                 insecure: args.registry.insecure.clone(),
                 ca_files: args.registry.ca_files.clone(),
                 allow: args.registry.allow.clone(),
+                min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
                 ..warren_oci::PullOptions::new(args.data_dir.join("oci"))
             }),
         },

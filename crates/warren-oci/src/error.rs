@@ -40,6 +40,18 @@ pub enum PullError {
     /// files they unpack to ([`crate::unpack_limited`]).
     #[error("the image is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
+    /// The cache's disk has no room for the image's layers without eating into the server's
+    /// reserve.
+    #[error(
+        "the host's disk has no room for the image: its layers take {needed} bytes, {free} \
+         are free and {reserve} of those stay free for the server; free space (prune \
+         templates) and try again"
+    )]
+    NoRoom {
+        needed: u64,
+        free: u64,
+        reserve: u64,
+    },
     /// A valid image this puller cannot handle (encrypted layers, another platform only, ...).
     #[error("unsupported image: {detail}")]
     Unsupported { detail: String },

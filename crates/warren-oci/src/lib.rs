@@ -99,6 +99,9 @@ pub struct PullOptions {
     /// `host:port`s at whatever address they have. Mirrors, `insecure` registries and the ECR
     /// endpoint are allowed without being listed.
     pub allow: Vec<RegistryAllow>,
+    /// Bytes of the cache's disk a pull leaves free (the server's reserve): an image whose
+    /// layers would eat into it is refused before any layer is fetched.
+    pub min_free_bytes: u64,
 }
 
 impl PullOptions {
@@ -113,6 +116,7 @@ impl PullOptions {
             max_bytes: 16 << 30,
             ecr_endpoint: None,
             allow: Vec::new(),
+            min_free_bytes: 0,
         }
     }
 }

@@ -261,6 +261,7 @@ impl Puller {
                 limit: self.opts.max_bytes,
             });
         }
+        self.check_room(total)?;
         let config_size = descriptor_size(&manifest.config)?;
         if config_size > MAX_CONFIG_BYTES {
             return Err(PullError::bad(format!(
@@ -302,6 +303,26 @@ impl Puller {
             layers,
             config,
         })
+    }
+
+    /// Refuses a pull whose layers (`needed` bytes, compressed: what the cache keeps) would
+    /// leave less than the reserve free on the cache's disk. Layers already cached count as
+    /// needed too: a little strict, never lenient. A disk that cannot be asked is not held
+    /// against the pull (its writes say if the disk is full).
+    fn check_room(&self, needed: u64) -> Result<(), PullError> {
+        let Ok(st) = nix::sys::statvfs::statvfs(&self.opts.cache_dir) else {
+            return Ok(());
+        };
+        let free = st.blocks_available().saturating_mul(st.fragment_size());
+        let reserve = self.opts.min_free_bytes;
+        if free < needed.saturating_add(reserve) {
+            return Err(PullError::NoRoom {
+                needed,
+                free,
+                reserve,
+            });
+        }
+        Ok(())
     }
 
     /// The blob in the cache, fetched and checked first if it is not there; says which on

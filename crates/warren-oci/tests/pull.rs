@@ -257,6 +257,35 @@ async fn an_image_over_the_limit_is_refused_before_any_layer_is_fetched() {
 }
 
 #[tokio::test]
+async fn an_image_the_disk_has_no_room_for_is_refused_before_any_layer_is_fetched() {
+    if !have_registry(false) {
+        return;
+    }
+    let reg = Registry::start();
+    reg.push("test/app", "1", &sample_image()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(cache.path(), &reg);
+    // A reserve no disk has room for.
+    opts.min_free_bytes = u64::MAX / 2;
+    let puller = Puller::new(opts).unwrap();
+    let before = reg.blob_gets();
+    let err = puller
+        .pull(
+            &format!("{}/test/app:1", reg.host()),
+            &Credentials::Anonymous,
+            &|_| {},
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PullError::NoRoom { reserve, .. } if reserve == u64::MAX / 2),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("free"), "{err}");
+    assert_eq!(reg.blob_gets(), before);
+}
+
+#[tokio::test]
 async fn a_throttling_registry_is_rate_limited() {
     let body = r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"You have reached your pull rate limit."}]}"#;
     let (url, _requests) = http_endpoint("429 Too Many Requests", body.into(), 8);
