@@ -232,16 +232,17 @@ async fn a_docker_hub_name_is_pulled_from_its_mirror() {
     );
 }
 
-#[tokio::test]
-async fn an_image_over_the_limit_is_refused_before_any_layer_is_fetched() {
+/// A pull of a sample image with `limit` applied to the options: its error, after checking
+/// that no blob was fetched for it.
+async fn refused_before_fetching(limit: impl FnOnce(&mut PullOptions)) -> Option<PullError> {
     if !have_registry(false) {
-        return;
+        return None;
     }
     let reg = Registry::start();
     reg.push("test/app", "1", &sample_image()).await;
     let cache = tempfile::tempdir().unwrap();
     let mut opts = options(cache.path(), &reg);
-    opts.max_bytes = 100;
+    limit(&mut opts);
     let puller = Puller::new(opts).unwrap();
     let before = reg.blob_gets();
     let err = puller
@@ -252,37 +253,29 @@ async fn an_image_over_the_limit_is_refused_before_any_layer_is_fetched() {
         )
         .await
         .unwrap_err();
+    assert_eq!(reg.blob_gets(), before, "a blob was fetched: {err:?}");
+    Some(err)
+}
+
+#[tokio::test]
+async fn an_image_over_the_limit_is_refused_before_any_layer_is_fetched() {
+    let Some(err) = refused_before_fetching(|o| o.max_bytes = 100).await else {
+        return;
+    };
     assert!(matches!(err, PullError::TooLarge { limit: 100 }), "{err:?}");
-    assert_eq!(reg.blob_gets(), before);
 }
 
 #[tokio::test]
 async fn an_image_the_disk_has_no_room_for_is_refused_before_any_layer_is_fetched() {
-    if !have_registry(false) {
-        return;
-    }
-    let reg = Registry::start();
-    reg.push("test/app", "1", &sample_image()).await;
-    let cache = tempfile::tempdir().unwrap();
-    let mut opts = options(cache.path(), &reg);
     // A reserve no disk has room for.
-    opts.min_free_bytes = u64::MAX / 2;
-    let puller = Puller::new(opts).unwrap();
-    let before = reg.blob_gets();
-    let err = puller
-        .pull(
-            &format!("{}/test/app:1", reg.host()),
-            &Credentials::Anonymous,
-            &|_| {},
-        )
-        .await
-        .unwrap_err();
+    let Some(err) = refused_before_fetching(|o| o.min_free_bytes = u64::MAX / 2).await else {
+        return;
+    };
     assert!(
         matches!(err, PullError::NoRoom { reserve, .. } if reserve == u64::MAX / 2),
         "{err:?}"
     );
     assert!(err.to_string().contains("free"), "{err}");
-    assert_eq!(reg.blob_gets(), before);
 }
 
 #[tokio::test]
