@@ -74,7 +74,7 @@ class Server:
 
     def start(self) -> None:
         binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
-        env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG="info")
+        env = dict(os.environ, WARREN_API_KEY=API_KEY, WARREN_LOG=os.environ.get("WARREN_E2E_LOG", "info"))
         self.log.flush()
         started_at = os.path.getsize(self.log.name)
         self.proc = subprocess.Popen(

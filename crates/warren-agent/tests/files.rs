@@ -417,3 +417,43 @@ async fn one_gib_each_way_in_bounded_memory() {
     assert!(hwm_mib < 200, "agent peaked at {hwm_mib} MiB");
     std::fs::remove_file(&target).expect("delete the big file");
 }
+
+/// An upload that does not fit on its disk is 507 with the cause, and its client gets that
+/// answer (the agent reads off the rest of the body rather than closing on a client still
+/// sending, which it would see as a broken pipe); the connection stays usable.
+#[tokio::test]
+async fn an_upload_past_a_full_disk_is_507_and_the_client_hears_it() {
+    let dir = Scratch::new("/tmp", "full");
+    std::fs::create_dir_all(&dir.0).expect("mkdir");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&dir.0)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mounting a small tmpfs needs root");
+    let agent = Agent::start(None).await;
+    let big = binary_sample(16 << 20);
+    let (content_type, form) = multipart(&[("file", Some("big.bin"), &big)]);
+    for (kind, body) in [
+        ("application/octet-stream", big.clone()),
+        (content_type.as_str(), form),
+    ] {
+        let resp = agent
+            .http
+            .post(agent.files(&[("path", &dir.path("big.bin"))]))
+            .header("content-type", kind)
+            .header("x-access-token", TOKEN)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: the client did not get the answer: {e}"));
+        assert!(
+            resp.headers().get("connection").is_none(),
+            "{kind}: {resp:?}"
+        );
+        assert_error(resp, StatusCode::INSUFFICIENT_STORAGE, "No space left").await;
+    }
+    let resp = agent.put(&dir.path("small.bin"), b"fits".to_vec()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let _ = std::process::Command::new("umount").arg(&dir.0).status();
+}

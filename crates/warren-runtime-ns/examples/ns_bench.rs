@@ -162,6 +162,7 @@ async fn main() {
     let bin_dir = exe.parent().unwrap().parent().unwrap();
     let cfg = NsConfig {
         state_dir: PathBuf::from(format!("/run/warren-bench-ns-{}", std::process::id())),
+        disk_dir: PathBuf::from(format!("/var/tmp/warren-bench-ns-{}", std::process::id())),
         nsinit_bin: bin_dir.join("warren-nsinit"),
         agent_bin: bin_dir.join("warren-agent"),
         cgroup_parent: format!("warren-bench-{}", std::process::id()),

@@ -19,6 +19,9 @@ use warren_host::cgroup::{self, Limits, SandboxCgroup};
 pub struct NsConfig {
     /// Directory of per-sandbox mount points and state (`<state_dir>/<id>/`).
     pub state_dir: PathBuf,
+    /// Directory of the sandboxes' disks (see [`crate::disk`]), on the data disk and on the
+    /// same filesystem as the saved pauses, which link their images.
+    pub disk_dir: PathBuf,
     /// The `warren-nsinit` helper binary.
     pub nsinit_bin: PathBuf,
     /// The guest agent binary, bound into every sandbox.
@@ -42,11 +45,12 @@ pub struct LaunchSpec {
     pub netns: PathBuf,
     pub resolv_conf: String,
     pub limits: Limits,
+    /// The size of the sandbox's disk (its writable layer).
     pub writable_bytes: u64,
     pub agent_args: Vec<String>,
     /// A saved writable layer (see [`crate::layer`]) to start from instead of an empty one:
     /// how paused sandboxes resume from their files and snapshots become new sandboxes.
-    pub seed: Option<PathBuf>,
+    pub seed: Option<Seed>,
     /// First host uid/gid of this sandbox's own id range (ids 0..65536 inside map onto
     /// `id_base..id_base+65536`); see [`crate::idrange`] for handing out disjoint ranges.
     pub id_base: u32,
@@ -59,6 +63,16 @@ pub struct LaunchSpec {
     pub volumes: Vec<warren_runtime::VolumeMount>,
 }
 
+/// A saved layer a sandbox starts from.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// The directory written by a pause or snapshot.
+    pub dir: PathBuf,
+    /// Take its disk image rather than copy it (a paused sandbox resuming; the pause's
+    /// directory is removed once the sandbox runs).
+    pub take: bool,
+}
+
 /// A started sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
@@ -67,6 +81,8 @@ pub struct Sandbox {
     pub pid1: u32,
     pub cgroup: SandboxCgroup,
     pub dir: PathBuf,
+    /// Its disk's image (see [`crate::disk`]).
+    pub disk: PathBuf,
     /// First host id of the sandbox's id range.
     pub id_base: u32,
     /// The runtime's parent cgroup (for the accounting cgroups of [`crate::lxcfs`]).
@@ -136,7 +152,8 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
     }
     let cg = SandboxCgroup::create(&cfg.cgroup_parent, &spec.id, spec.limits)
         .map_err(io("create cgroup"))?;
-    let started = match prepare_writable(spec, &dir).await {
+    let image = crate::disk::image_path(&cfg.disk_dir, &spec.id);
+    let started = match prepare_writable(cfg, spec, &dir, &image).await {
         Ok(()) => start(cfg, spec, &dir, cg.clone()).await,
         Err(e) => Err(e),
     };
@@ -149,7 +166,8 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
                 let _ = cg.kill_all();
                 let _ = cg.remove();
                 crate::lxcfs::remove_v1_accounting(&parent, &id);
-                let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
+                unmount_disk(&dir);
+                let _ = crate::disk::remove(&image);
                 let _ = remove_sandbox_dir(&dir);
             })
             .await;
@@ -158,50 +176,89 @@ pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, Launch
     }
 }
 
-/// Mounts the sandbox's writable layer, a tmpfs of bounded size, on the host (so the manager
-/// can save it while the sandbox is frozen) and fills it from `spec.seed`. The sandbox's mount
-/// namespace inherits it and builds its overlay on it; its root (the host's `id_base`) owns
-/// it. Its pages are charged to the sandbox's memory cgroup when the sandbox writes them.
-async fn prepare_writable(spec: &LaunchSpec, dir: &Path) -> Result<(), LaunchError> {
+/// Makes and mounts the sandbox's disk (see [`crate::disk`]) on the host at `rw` (so the
+/// manager can save it while the sandbox is frozen), filled from `spec.seed`. The sandbox's
+/// mount namespace inherits it and builds its overlay on it; its root (the host's `id_base`)
+/// owns the upper layer.
+async fn prepare_writable(
+    cfg: &NsConfig,
+    spec: &LaunchSpec,
+    dir: &Path,
+    image: &Path,
+) -> Result<(), LaunchError> {
+    use crate::disk::{self, Source};
     let rw = dir.join("rw");
-    let opts = format!(
-        "size={},mode=0755,uid={base},gid={base}",
-        spec.writable_bytes.max(1 << 20),
-        base = spec.id_base
+    // A seed saved before sandboxes had disks holds a directory tree instead of an image: it
+    // is copied onto a blank disk.
+    let (source, tree) = match &spec.seed {
+        None => (Source::Blank, None),
+        Some(seed) if seed.dir.join(disk::IMAGE).is_file() => {
+            let saved = seed.dir.join(disk::IMAGE);
+            // Files that change hands (another id range) are changed in place: never in the
+            // paused sandbox's own image, which must stay as it was if this start fails.
+            let same_ids = crate::layer::saved_id_base(&seed.dir).ok() == Some(spec.id_base);
+            let source = if seed.take && same_ids {
+                Source::Take(saved)
+            } else {
+                Source::Copy(saved)
+            };
+            (source, None)
+        }
+        Some(seed) => (Source::Blank, Some(seed.dir.clone())),
+    };
+    let (disk_dir, img, target, bytes) = (
+        cfg.disk_dir.clone(),
+        image.to_path_buf(),
+        rw.clone(),
+        spec.writable_bytes.max(MIN_DISK),
     );
-    mount(
-        Some("tmpfs"),
-        &rw,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(nix_io("mount the writable layer"))?;
-    let upper = rw.join("upper");
-    match &spec.seed {
-        Some(seed) => crate::layer::restore(seed, &upper, spec.id_base)
-            .await
-            .map_err(|e| LaunchError::Init(format!("restore the saved filesystem: {e}")))?,
-        None => fs::create_dir(&upper).map_err(io("create the upper layer"))?,
-    }
+    tokio::task::spawn_blocking(move || {
+        disk::make(&disk_dir, &img, bytes, &source)?;
+        disk::mount(&img, &target)
+    })
+    .await
+    .map_err(|e| LaunchError::Init(format!("disk task: {e}")))?
+    .map_err(io("make the sandbox's disk"))?;
     let owner = Some(nix::unistd::Uid::from_raw(spec.id_base));
     let group = Some(nix::unistd::Gid::from_raw(spec.id_base));
+    // nsinit, as the sandbox's root, makes the overlay's work directory here.
+    nix::unistd::chown(&rw, owner, group).map_err(nix_io("chown the sandbox's disk"))?;
+    let _ = fs::remove_dir_all(rw.join("lost+found"));
+    // The overlay's work directory is scratch space; an old one may belong to another range.
+    let _ = fs::remove_dir_all(rw.join("work"));
+    let upper = rw.join("upper");
+    match (&spec.seed, tree) {
+        (Some(_), Some(tree)) => crate::layer::restore(&tree, &upper, spec.id_base)
+            .await
+            .map_err(|e| LaunchError::Init(format!("restore the saved filesystem: {e}")))?,
+        (Some(seed), None) => {
+            let from = crate::layer::saved_id_base(&seed.dir)
+                .map_err(|e| LaunchError::Init(format!("read the saved filesystem: {e}")))?;
+            if from != spec.id_base {
+                let (upper, to) = (upper.clone(), spec.id_base);
+                tokio::task::spawn_blocking(move || crate::layer::shift_ids(&upper, from, to))
+                    .await
+                    .map_err(|e| LaunchError::Init(format!("id shift task: {e}")))?
+                    .map_err(io("give the saved files the sandbox's ids"))?;
+            }
+        }
+        (None, _) => fs::create_dir(&upper).map_err(io("create the upper layer"))?,
+    }
     nix::unistd::chown(&upper, owner, group).map_err(nix_io("chown the upper layer"))?;
     Ok(())
 }
 
-/// Gives a started sandbox's writable layer (still empty: a prepared sandbox) the size its
-/// create asks for. The size is the tmpfs's own, so the sandbox's copy of the mount sees it.
-pub fn resize_writable(dir: &Path, bytes: u64) -> Result<(), LaunchError> {
-    let opts = format!("size={}", bytes.max(1 << 20));
-    mount(
-        None::<&str>,
-        &dir.join("rw"),
-        None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(opts.as_str()),
-    )
-    .map_err(nix_io("resize the writable layer"))
+/// The smallest disk a sandbox gets: room for ext4's own structures and a little more.
+const MIN_DISK: u64 = 64 << 20;
+
+/// Unmounts a sandbox's disk from the host. Its processes are gone by now, so the mount is
+/// normally free and goes at once (and with it the loop device); a lazy unmount covers the
+/// rest.
+fn unmount_disk(dir: &Path) {
+    let rw = dir.join("rw");
+    if umount2(&rw, MntFlags::empty()).is_err() {
+        let _ = umount2(&rw, MntFlags::MNT_DETACH);
+    }
 }
 
 /// How long nsinit may take for each of its two steps (creating its user namespace; building
@@ -248,6 +305,7 @@ async fn start(
         pid1: 0,
         cgroup: cg,
         dir: dir.to_path_buf(),
+        disk: crate::disk::image_path(&cfg.disk_dir, &spec.id),
         id_base: spec.id_base,
         cgroup_parent: cfg.cgroup_parent.clone(),
         shim: Some(shim),
@@ -531,6 +589,7 @@ impl Sandbox {
             pid1,
             cgroup,
             dir: cfg.state_dir.join(id),
+            disk: crate::disk::image_path(&cfg.disk_dir, id),
             id_base,
             cgroup_parent: cfg.cgroup_parent.clone(),
             shim: None,
@@ -547,6 +606,11 @@ impl Sandbox {
     /// the sandbox changed relative to its image (overlayfs whiteouts mark deletions).
     pub fn upper_dir(&self) -> PathBuf {
         self.dir.join("rw").join("upper")
+    }
+
+    /// Where the host mounts the sandbox's disk.
+    pub fn disk_mount(&self) -> PathBuf {
+        self.dir.join("rw")
     }
 
     /// Whether PID 1 still runs.
@@ -580,12 +644,13 @@ impl Sandbox {
                 .map_err(|e| LaunchError::Init(e.to_string()))?;
         }
         // The cgroup's removal waits for it to empty; the tree may be large.
-        let (cg, dir, parent) = (
+        let (cg, dir, disk, parent) = (
             self.cgroup.clone(),
             self.dir.clone(),
+            self.disk.clone(),
             self.cgroup_parent.clone(),
         );
-        tokio::task::spawn_blocking(move || remove_state(&parent, &cg, &dir))
+        tokio::task::spawn_blocking(move || remove_state(&parent, &cg, &dir, &disk))
             .await
             .map_err(|e| LaunchError::Init(e.to_string()))?
     }
@@ -609,13 +674,19 @@ fn reap_orphaned(pid1: u32) {
     }
 }
 
-fn remove_state(parent: &str, cg: &SandboxCgroup, dir: &Path) -> Result<(), LaunchError> {
+fn remove_state(
+    parent: &str,
+    cg: &SandboxCgroup,
+    dir: &Path,
+    disk: &Path,
+) -> Result<(), LaunchError> {
     cg.remove().map_err(io("remove cgroup"))?;
     if let Some(id) = dir.file_name() {
         crate::lxcfs::remove_v1_accounting(parent, &id.to_string_lossy());
     }
-    // Detach before deleting: removing files through the mount would only empty it.
-    let _ = umount2(&dir.join("rw"), MntFlags::MNT_DETACH);
+    // Unmount before deleting: removing files through the mount would only empty it.
+    unmount_disk(dir);
+    crate::disk::remove(disk).map_err(io(format!("remove {}", disk.display())))?;
     match remove_sandbox_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -634,7 +705,12 @@ pub fn remove_sandbox(cfg: &NsConfig, id: &str) -> Result<(), LaunchError> {
     }
     let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
     cg.kill_all().map_err(io("kill the sandbox"))?;
-    remove_state(&cfg.cgroup_parent, &cg, &cfg.state_dir.join(id))
+    remove_state(
+        &cfg.cgroup_parent,
+        &cg,
+        &cfg.state_dir.join(id),
+        &crate::disk::image_path(&cfg.disk_dir, id),
+    )
 }
 
 /// Removes every sandbox under this configuration that is not in `keep`: processes, cgroups,
@@ -653,8 +729,15 @@ pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
     for id in &ids {
         let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
         let _ = cg.kill_all();
-        if let Err(e) = remove_state(&cfg.cgroup_parent, &cg, &cfg.state_dir.join(id)) {
+        let disk = crate::disk::image_path(&cfg.disk_dir, id);
+        if let Err(e) = remove_state(&cfg.cgroup_parent, &cg, &cfg.state_dir.join(id), &disk) {
             tracing::warn!(sandbox = %id, error = %e, "could not clean up a stale sandbox");
+        }
+    }
+    // Disks whose sandbox left nothing else (a crash between making the disk and starting).
+    for id in crate::disk::remove_unkept(&cfg.disk_dir, keep) {
+        if !ids.contains(&id) {
+            ids.push(id);
         }
     }
     ids
@@ -666,6 +749,15 @@ pub fn remove_empty_parents(cfg: &NsConfig) -> std::io::Result<()> {
     match fs::remove_dir(&cfg.state_dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
+    }
+    crate::disk::remove_cache(&cfg.disk_dir);
+    match fs::remove_dir(&cfg.disk_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    // The directory of every runtime's disks, if this was the last.
+    if let Some(all) = cfg.disk_dir.parent().filter(|p| p.ends_with("disks")) {
+        let _ = fs::remove_dir(all);
     }
     crate::stage::remove(cfg)?;
     crate::lxcfs::remove_v1_accounting(&cfg.cgroup_parent, "");

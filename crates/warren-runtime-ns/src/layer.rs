@@ -2,14 +2,18 @@
 //!
 //! The writable layer is the overlayfs upper directory: every file the sandbox created or
 //! changed, plus whiteouts (0/0 character devices) and opaque-directory xattrs for what it
-//! deleted. Copying it with ownership, modes, times, xattrs, device nodes and hard links kept
-//! is all a pause or snapshot of a namespace sandbox's filesystem needs, since the image below
-//! it never changes. The copy is made while the sandbox is frozen, so it is consistent.
+//! deleted. It lives on the sandbox's disk (see [`crate::disk`]), so a save keeps that disk's
+//! image: linked for a pause (nothing is copied), copied by data or as a reflink for a
+//! snapshot ([`save_disk`]). The image is saved while the sandbox is frozen and its filesystem
+//! synced, so it is consistent. A saved directory holds the image and the host id range its
+//! files are owned by.
 //!
-//! `cp -a` does the copying: it preserves every one of those properties, handles sparse files
-//! and is on every Debian host. A save is durable before it returns (every file and directory
-//! fsynced, then renamed into place and the parent directory synced), and replacing an earlier save is atomic: a crash leaves
-//! either the old or the new copy, never a mix.
+//! Saves made before sandboxes had disks (and the staging of an export) hold the upper
+//! directory itself, copied with `cp -a`, which keeps ownership, modes, times, xattrs, device
+//! nodes, hard links and holes ([`save`]); a sandbox resumed from one gets a blank disk with
+//! the tree copied onto it. Every save is durable before it returns (every file and
+//! directory fsynced, then renamed into place and the parent directory synced), and replacing
+//! an earlier save is atomic: a crash leaves either the old or the new copy, never a mix.
 
 use std::fs;
 use std::io;
@@ -39,6 +43,25 @@ pub async fn save(upper: &Path, dest: &Path, id_base: u32) -> io::Result<u64> {
     warren_host::durable::remove_tree(&staging)?;
     fs::create_dir(&staging)?;
     copy(upper, &staging.join(UPPER)).await?;
+    fs::write(staging.join(IDS), format!("{id_base}\n"))?;
+    warren_host::durable::install(&staging, dest).await
+}
+
+/// Saves the disk `image` of a sandbox whose ids start at host id `id_base` into the
+/// directory `dest` (created or atomically replaced): linked when `link` (a pause), else
+/// copied (a snapshot). Returns the bytes the saved image takes. Durable when it returns.
+pub async fn save_disk(image: &Path, dest: &Path, id_base: u32, link: bool) -> io::Result<u64> {
+    let parent = dest
+        .parent()
+        .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
+    fs::create_dir_all(parent)?;
+    let staging = warren_host::durable::sibling(dest, "partial");
+    warren_host::durable::remove_tree(&staging)?;
+    fs::create_dir(&staging)?;
+    let (img, st) = (image.to_path_buf(), staging.clone());
+    tokio::task::spawn_blocking(move || crate::disk::save(&img, &st, link))
+        .await
+        .map_err(io::Error::other)??;
     fs::write(staging.join(IDS), format!("{id_base}\n"))?;
     warren_host::durable::install(&staging, dest).await
 }
@@ -110,9 +133,9 @@ pub fn shift_ids(root: &Path, from: u32, to: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `saved` holds a layer written by [`save`].
+/// Whether `saved` holds a layer written by [`save_disk`] or [`save`].
 pub fn exists(saved: &Path) -> bool {
-    saved.join(UPPER).is_dir()
+    saved.join(crate::disk::IMAGE).is_file() || saved.join(UPPER).is_dir()
 }
 
 /// Deletes a saved directory. Idempotent.

@@ -10,6 +10,7 @@
 
 pub mod caps;
 pub mod config;
+pub mod disk;
 pub mod idrange;
 pub mod launch;
 pub mod layer;

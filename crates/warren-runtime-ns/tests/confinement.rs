@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -299,26 +300,41 @@ async fn h4_saved_layers_restore_into_another_range_with_their_ownership() {
         (0, "user:user 640\nuser:user 4755\n"),
         "{out}"
     );
-    let saved = std::env::temp_dir().join(format!("warren-test-layer-{}", std::process::id()));
+    // A copy of its disk, and (as saves made before sandboxes had disks) of its upper tree.
+    let saved = PathBuf::from(format!("/var/tmp/warren-test-layer-{}", std::process::id()));
+    let tree = PathBuf::from(format!("/var/tmp/warren-test-tree-{}", std::process::id()));
     let from = a.sbx().id_base;
-    warren_runtime_ns::layer::save(&a.sbx().upper_dir(), &saved, from)
+    warren_runtime_ns::disk::sync(&a.sbx().disk_mount()).unwrap();
+    warren_runtime_ns::layer::save_disk(&a.sbx().disk, &saved, from, false)
+        .await
+        .unwrap();
+    warren_runtime_ns::layer::save(&a.sbx().upper_dir(), &tree, from)
         .await
         .unwrap();
     a.destroy().await;
-    let b = start_with("h4b", limits(), 128 * MIB, |s| s.seed = Some(saved.clone())).await;
-    assert_ne!(b.sbx().id_base, from);
-    let (code, out) = b.run("stat -c '%U:%G %a' /home/user/mine /opt/suid");
-    assert_eq!(
-        (code, out.as_str()),
-        (0, "user:user 640\nuser:user 4755\n"),
-        "{out}"
-    );
-    // On the host the files belong to b's range now.
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(b.sbx().upper_dir().join("home/user/mine")).unwrap();
-    assert_eq!(meta.uid(), b.sbx().id_base + 1000);
-    b.destroy().await;
+    for (test, dir) in [("h4b", &saved), ("h4c", &tree)] {
+        let b = start_with(test, limits(), 128 * MIB, |s| {
+            s.seed = Some(launch::Seed {
+                dir: dir.clone(),
+                take: false,
+            })
+        })
+        .await;
+        assert_ne!(b.sbx().id_base, from);
+        let (code, out) = b.run("stat -c '%U:%G %a' /home/user/mine /opt/suid");
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "user:user 640\nuser:user 4755\n"),
+            "{test}: {out}"
+        );
+        // On the host the files belong to b's range now.
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(b.sbx().upper_dir().join("home/user/mine")).unwrap();
+        assert_eq!(meta.uid(), b.sbx().id_base + 1000);
+        b.destroy().await;
+    }
     warren_runtime_ns::layer::remove(&saved).unwrap();
+    warren_runtime_ns::layer::remove(&tree).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -58,13 +58,16 @@ async fn cycle(rt: &NsRuntime, id: &str) {
 }
 
 /// What a manager holds on the host, counted: its open descriptors, the mounts under its run
-/// and data dirs, its sandboxes' cgroups and the network namespaces of its slots.
+/// and data dirs, its sandboxes' cgroups, the network namespaces of its slots, the loop
+/// devices backed by files in its data dir and the sandbox disks there.
 #[derive(Debug, PartialEq)]
 struct HostCounts {
     descriptors: usize,
     mounts: usize,
     cgroups: usize,
     netns: usize,
+    loops: usize,
+    disks: usize,
 }
 
 impl HostCounts {
@@ -106,8 +109,24 @@ impl HostCounts {
                 .count(),
             cgroups,
             netns: count("/run/netns", &|n| n.starts_with(&cfg.net.prefix)),
+            loops: loops_under(&ours[1]),
+            disks: count(&format!("{}/disks", ours[1]), &|n| n.ends_with(".img")),
         }
     }
+}
+
+/// Loop devices whose backing file is under `dir`.
+fn loops_under(dir: &str) -> usize {
+    std::fs::read_dir("/sys/block")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("loop/backing_file"))
+                        .is_ok_and(|f| f.starts_with(dir))
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread")]

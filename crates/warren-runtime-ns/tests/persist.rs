@@ -125,16 +125,23 @@ async fn memory_pause_survives_a_restart_and_processes_continue() {
     cleanup(&cfg);
 }
 
-/// The counter as the paused sandbox's saved files hold it.
+/// The counter as the paused sandbox's saved files hold it: read from its saved disk image
+/// with `debugfs`, which reads an ext4 image without mounting it.
 fn counter_from_disk(cfg: &HostConfig, id: &str) -> u64 {
-    let p = cfg
-        .data_dir
-        .join(format!("paused/{id}/upper/home/user/counter"));
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .trim()
-        .parse()
-        .unwrap()
+    let image = cfg.data_dir.join(format!("paused/{id}/disk.img"));
+    let out = std::process::Command::new("debugfs")
+        .args(["-R", "cat /upper/home/user/counter"])
+        .arg(&image)
+        .output()
+        .expect("debugfs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().parse().unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: {text:?} {}",
+            image.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]

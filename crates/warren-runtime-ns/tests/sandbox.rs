@@ -131,6 +131,46 @@ async fn limits_hold_and_the_agent_survives() {
     r.destroy().await;
 }
 
+/// Files live on the sandbox's disk, not in its memory: a sandbox keeps more files than its
+/// memory limit without an OOM kill, and a full disk is ENOSPC to a sandbox that lives on.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_are_disk_not_memory() {
+    if !common::have_root() {
+        return;
+    }
+    let small = Limits {
+        memory_bytes: Some(128 * MIB),
+        ..limits()
+    };
+    let r = start("diskfiles", small, 512 * MIB).await;
+    let image = r.sbx().disk.clone();
+    assert!(image.is_file(), "the sandbox's disk {}", image.display());
+    let (code, out) = r.run(
+        "dd if=/dev/urandom of=/home/user/big bs=1M count=300 2>&1 >/dev/null | tail -n1; \
+         sync; sha256sum /home/user/big | cut -c1-16",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        r.sbx().cgroup.oom_kills(),
+        0,
+        "OOM-killed for keeping files"
+    );
+    let sum = out.trim().lines().last().unwrap().to_string();
+    // Past the disk's size: ENOSPC, and the sandbox and its files are fine.
+    let (_, out) = r.run("dd if=/dev/zero of=/home/user/more bs=1M count=400 2>&1 | head -n1");
+    assert!(out.contains("No space left on device"), "{out}");
+    let (code, out) = r.run("rm /home/user/more; sha256sum /home/user/big | cut -c1-16");
+    assert_eq!((code, out.trim()), (0, sum.as_str()));
+    assert_eq!(r.sbx().cgroup.oom_kills(), 0);
+    let (_, cfg) = r.destroy().await;
+    assert!(
+        !image.exists(),
+        "the disk {} outlived its sandbox",
+        image.display()
+    );
+    launch::remove_empty_parents(&cfg).expect("nothing left under the test's parents");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_leaves_the_host_clean_and_stale_sandboxes_are_swept() {
     if !common::have_root() {

@@ -355,17 +355,23 @@ fn make_disk(spec: &TemplateSpec, staging: &Path, disk: &Path) -> Result<()> {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
             .map_err(Error::io("chmod", &p))?;
     }
+    // The guest's filesystem shows the size asked for; the image is larger by ext4's own
+    // structures. `-m 0`: no blocks kept for root, the disk is all the sandbox's.
+    let shape = ["-m", "0"];
+    let scratch = disk.parent().unwrap_or(Path::new("/tmp"));
+    let bytes = warren_volume::ext4_image_bytes(scratch, u64::from(spec.disk_mb) << 20, &shape)
+        .map_err(Error::io("size the disk", disk))?;
     run(Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .args(shape)
         .args([
-            "-q",
-            "-F",
             "-E",
             "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0",
             "-d",
         ])
         .arg(staging)
         .arg(disk)
-        .arg(format!("{}M", spec.disk_mb)))?;
+        .arg(format!("{}k", bytes / 1024)))?;
     Ok(())
 }
 
@@ -418,7 +424,9 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
     if let Some(user) = spec.run_as {
         // It writes the memory file, the disk and (at the snapshot) `state`, all in `dir`.
         let write = vec![dir.to_path_buf()];
-        let disk_bytes = u64::from(spec.disk_mb) << 20;
+        let disk_bytes = std::fs::metadata(&cfg.rw_disk)
+            .map_err(Error::io("stat", &cfg.rw_disk))?
+            .len();
         cfg.jail = Some(qemu_jail(
             &cfg,
             user,

@@ -80,3 +80,4 @@ pub use content::{
 };
 pub use error::{ErrorKind, VolumeError};
 pub use host::{Quota, Usage, VolumeHost, MAX_INODES, MIN_BYTES, MIN_INODES};
+pub use tools::{copy_data, ext4_image_bytes};

@@ -394,10 +394,11 @@ pub async fn upload(
             tracing::debug!(status = %f.status, message = %f.message, "upload failed");
             let mut resp = f.into_response();
             // Rejected before the whole body was read (a bad query, a part that cannot be
-            // written, a broken gzip stream): read the rest off (if small), so the client sees
-            // this answer instead of a broken pipe and its connection stays usable; else tell
-            // it the connection closes.
-            if !warren_proto::server::drain(Body::from_stream(body)).await {
+            // written, a full disk, a broken gzip stream): read the rest off (within limits),
+            // so the client sees this answer instead of a broken pipe and its connection stays
+            // usable; else tell it the connection closes.
+            if !warren_proto::server::drain_up_to(Body::from_stream(body), UPLOAD_DRAIN_LIMIT).await
+            {
                 resp.headers_mut().insert(
                     header::CONNECTION,
                     axum::http::HeaderValue::from_static("close"),
@@ -407,6 +408,10 @@ pub async fn upload(
         }
     }
 }
+
+/// Most of a refused upload's body read off so its client gets the answer (a few seconds of
+/// local traffic; [`warren_proto::server::drain_up_to`] gives up after 5 s in any case).
+const UPLOAD_DRAIN_LIMIT: usize = 256 << 20;
 
 /// The request body as a stream that the handler can still read off after the form parser
 /// or the gzip decoder (each holding a clone) stopped reading it at an error.
@@ -585,25 +590,37 @@ impl Sink {
                 .map_err(internal)??
         };
         let mut file = tokio::fs::File::from_std(file);
-        // The body arrives in pieces of a few KiB; they are gathered into writes of
-        // STREAM_CHUNK. tokio writes behind: the next piece is received while one is written.
-        let mut pending = BytesMut::new();
-        let mut chunk = first;
-        while let Some(bytes) = chunk {
-            pending.extend_from_slice(&bytes);
-            if pending.len() >= STREAM_CHUNK {
-                file.write_all(&pending)
-                    .await
-                    .map_err(|e| write_failure(&e))?;
-                pending.clear();
+        let written = async {
+            // The body arrives in pieces of a few KiB; they are gathered into writes of
+            // STREAM_CHUNK. tokio writes behind: the next piece is received while one is
+            // written.
+            let mut pending = BytesMut::new();
+            let mut chunk = first;
+            while let Some(bytes) = chunk {
+                pending.extend_from_slice(&bytes);
+                if pending.len() >= STREAM_CHUNK {
+                    file.write_all(&pending)
+                        .await
+                        .map_err(|e| write_failure(&e))?;
+                    pending.clear();
+                }
+                chunk = self.next_chunk(&mut source).await?;
             }
-            chunk = self.next_chunk(&mut source).await?;
+            file.write_all(&pending)
+                .await
+                .map_err(|e| write_failure(&e))?;
+            // tokio writes in the background: errors of the last write only surface here.
+            file.flush().await.map_err(|e| write_failure(&e))
         }
-        file.write_all(&pending)
-            .await
-            .map_err(|e| write_failure(&e))?;
-        // tokio writes in the background: errors of the last write only surface here.
-        file.flush().await.map_err(|e| write_failure(&e))?;
+        .await;
+        if let Err(f) = written {
+            if f.status == StatusCode::INSUFFICIENT_STORAGE && regular {
+                // The file was truncated when opened; what did fit of the upload would only
+                // keep the disk full. Through the descriptor: the path may have changed.
+                let _ = file.set_len(0).await;
+            }
+            return Err(f);
+        }
         let file = file.into_std().await;
 
         let metadata = if regular {

@@ -14,7 +14,6 @@ mod start;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -35,6 +34,12 @@ use crate::launch::{self, NsConfig, Sandbox};
 pub fn ns_config(cfg: &HostConfig) -> NsConfig {
     NsConfig {
         state_dir: cfg.run_dir.join("sandboxes"),
+        // Named after the runtime's cgroup parent: runtimes that share a data dir (tests do)
+        // never sweep each other's disks.
+        disk_dir: cfg
+            .data_dir
+            .join("disks")
+            .join(cfg.cgroup_parent.replace('/', "-")),
         nsinit_bin: cfg.nsinit_bin.clone(),
         agent_bin: cfg.agent_bin.clone(),
         cgroup_parent: cfg.cgroup_parent.clone(),
@@ -524,11 +529,11 @@ impl SandboxRuntime for NsRuntime {
 }
 
 impl NsRuntime {
-    /// Creates a sandbox whose writable layer starts as a copy of `seed` (or empty).
+    /// Creates a sandbox whose writable layer starts from `seed` (or empty).
     async fn create_from(
         &self,
         spec: CreateSpec,
-        seed: Option<PathBuf>,
+        seed: Option<launch::Seed>,
     ) -> Result<RuntimeSandbox, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -551,6 +556,7 @@ impl NsRuntime {
             match self.claim(&spec, p).await {
                 Ok(out) => return Ok(out),
                 // Discarded; a sandbox started now takes its place.
+                Err(RuntimeError::Conflict(_)) => {}
                 Err(e) => {
                     tracing::warn!(sandbox = %spec.id, error = %warren_runtime::chain(&e), "could not claim the prepared sandbox")
                 }

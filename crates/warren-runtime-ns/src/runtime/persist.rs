@@ -1,13 +1,14 @@
 //! Pause, resume and snapshots of namespace sandboxes.
 //!
 //! - **Memory pause** freezes every process of the sandbox (cgroup freezer) and keeps its
-//!   network slot: resume thaws them and they continue where they were. The sandbox's files are
-//!   also saved to disk while it is frozen, so if its memory is lost while paused (the host
-//!   reboots) it still resumes, from its files.
-//! - **Filesystem pause** saves the writable layer to disk, then kills the sandbox and frees its
-//!   slot; resume starts a new sandbox on the saved layer.
-//! - **Snapshots** save the writable layer of a briefly frozen sandbox, which then runs on; new
-//!   sandboxes start on a copy. They carry files, not processes.
+//!   network slot: resume thaws them and they continue where they were. The sandbox's disk is
+//!   also synced and kept (linked, not copied) while it is frozen, so if its memory is lost
+//!   while paused (the host reboots) it still resumes, from its files.
+//! - **Filesystem pause** keeps the sandbox's disk the same way, then kills the sandbox and
+//!   frees its slot; resume starts a new sandbox on that same disk (linked back, not copied).
+//! - **Snapshots** copy the disk of a briefly frozen sandbox (by data, or as a reflink where
+//!   the data disk's filesystem can), which then runs on; new sandboxes start on a copy. They
+//!   carry files, not processes.
 //!
 //! Saved layers live on the data disk: `<data_dir>/paused/<id>` and
 //! `<data_dir>/snapshots/<key>`. Every save is durable before the call returns, which is what
@@ -23,7 +24,19 @@ use warren_runtime::{
 };
 
 use super::{NsRuntime, Record};
+use crate::launch::Seed;
 use crate::layer;
+
+/// How a save keeps a sandbox's files.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// Its disk, linked: a pause (the sandbox does not write to it until the pause ends).
+    Link,
+    /// A copy of its disk: a snapshot.
+    Copy,
+    /// A copy of its upper directory as a tree: the staging of an export.
+    Tree,
+}
 
 /// Host id ranges that saved layers under `data_dir` (pauses and snapshots) are owned by: a
 /// new sandbox must not get one of them, or it could reach those files on the host.
@@ -46,6 +59,9 @@ pub(super) struct Handle {
     pub(super) cgroup: SandboxCgroup,
     id_base: u32,
     upper: PathBuf,
+    /// The sandbox's disk: its image and where the host mounts it.
+    disk: PathBuf,
+    disk_mount: PathBuf,
     pub(super) agent: SocketAddr,
     pub(super) record: Record,
 }
@@ -60,10 +76,10 @@ impl NsRuntime {
     }
 
     /// The saved layer a create from snapshot `key` starts on.
-    pub(crate) fn snapshot_seed(&self, key: &str) -> Result<PathBuf, RuntimeError> {
+    pub(crate) fn snapshot_seed(&self, key: &str) -> Result<Seed, RuntimeError> {
         let dir = self.snapshot_dir(key);
         if valid_key(key) && layer::exists(&dir) {
-            Ok(dir)
+            Ok(Seed { dir, take: false })
         } else {
             Err(RuntimeError::UnknownTemplate(format!("snapshot {key}")))
         }
@@ -124,25 +140,40 @@ impl NsRuntime {
             cgroup: l.sandbox.cgroup.clone(),
             id_base: l.sandbox.id_base,
             upper: l.sandbox.upper_dir(),
+            disk: l.sandbox.disk.clone(),
+            disk_mount: l.sandbox.disk_mount(),
             agent: SocketAddr::V4(l.slot.agent_endpoint()),
             record: Record::running(l.sandbox.pid1, &l.slot, l.template.clone()),
         })
     }
 
-    /// Saves the layer of a sandbox into `dest` while its processes are frozen. Leaves it
-    /// frozen if `stay_frozen`, else as it was.
+    /// Saves the layer of a sandbox into `dest` while its processes are frozen, as `keep`
+    /// says. Leaves it frozen if `stay_frozen`, else as it was.
     async fn save_frozen(
         &self,
         h: &Handle,
         dest: PathBuf,
         stay_frozen: bool,
+        keep: Keep,
     ) -> Result<u64, RuntimeError> {
         let was_frozen = h.cgroup.is_frozen();
         let cg = h.cgroup.clone();
         blocking(move || cg.freeze())
             .await
             .map_err(failed("freeze the sandbox"))?;
-        let saved = layer::save(&h.upper, &dest, h.id_base).await;
+        let saved = match keep {
+            Keep::Tree => layer::save(&h.upper, &dest, h.id_base).await,
+            Keep::Link | Keep::Copy => {
+                let mount = h.disk_mount.clone();
+                match blocking(move || crate::disk::sync(&mount)).await {
+                    Ok(()) => {
+                        layer::save_disk(&h.disk, &dest, h.id_base, matches!(keep, Keep::Link))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
         if saved.is_err() || (!stay_frozen && !was_frozen) {
             let cg = h.cgroup.clone();
             blocking(move || cg.thaw())
@@ -163,7 +194,8 @@ impl NsRuntime {
                 "sandbox {id} is paused"
             )));
         }
-        self.save_frozen(&h, self.paused_dir(id), true).await?;
+        self.save_frozen(&h, self.paused_dir(id), true, Keep::Link)
+            .await?;
         let record = Record {
             paused: Some(mode),
             ..h.record
@@ -206,7 +238,10 @@ impl NsRuntime {
     ) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
         let id = spec.id.clone();
         if self.paused_fs.lock().await.contains(&id) {
-            let seed = self.paused_dir(&id);
+            let seed = Seed {
+                dir: self.paused_dir(&id),
+                take: true,
+            };
             // Take it out of the paused set for the create, and put it back if that fails:
             // the saved files stay until the new sandbox runs.
             self.paused_fs.lock().await.remove(&id);
@@ -254,7 +289,9 @@ impl NsRuntime {
             )));
         }
         let h = self.handle(id).await?;
-        let bytes = self.save_frozen(&h, self.snapshot_dir(key), false).await?;
+        let bytes = self
+            .save_frozen(&h, self.snapshot_dir(key), false, Keep::Copy)
+            .await?;
         Ok(SnapshotInfo {
             memory: false,
             bytes,
@@ -278,7 +315,8 @@ impl NsRuntime {
         })?;
         let root = self.template_root(&template).await?;
         let staging = out.with_extension("layer");
-        self.save_frozen(&h, staging.clone(), false).await?;
+        self.save_frozen(&h, staging.clone(), false, Keep::Tree)
+            .await?;
         let (out, id_base, st) = (out.to_path_buf(), h.id_base, staging.clone());
         let packed = tokio::task::spawn_blocking(move || {
             let upper = layer::upper_of(&st);

@@ -34,7 +34,7 @@ use warren_runtime::{CreateSpec, PreparedStats, RuntimeError, RuntimeSandbox};
 
 use super::start::{limits_of, writable_of, Start};
 use super::{ids_holder, NsRuntime};
-use crate::launch::{self, Sandbox};
+use crate::launch::Sandbox;
 
 /// How long a create may take to claim the sandbox it reserved before it is discarded.
 const RESERVATION: Duration = Duration::from_secs(60);
@@ -264,6 +264,24 @@ impl NsRuntime {
             limits,
             writable_bytes,
         } = p;
+        if writable_bytes != writable_of(spec) {
+            // A disk's size is set when it is made: a create asking another size gets a
+            // sandbox of its own (the pool follows the latest create's size).
+            tracing::debug!(sandbox = %id, "prepared sandbox has another disk size");
+            self.discard(Prepared {
+                id,
+                template,
+                sandbox,
+                slot,
+                token,
+                limits,
+                writable_bytes,
+            })
+            .await;
+            return Err(RuntimeError::Conflict(
+                "the prepared sandbox's disk has another size".into(),
+            ));
+        }
         let result = async {
             let want = limits_of(spec);
             if want != limits {
@@ -271,11 +289,6 @@ impl NsRuntime {
                     .cgroup
                     .apply(want)
                     .map_err(RuntimeError::io("apply the sandbox's limits"))?;
-            }
-            let want = writable_of(spec);
-            if want != writable_bytes {
-                launch::resize_writable(&sandbox.dir, want)
-                    .map_err(|e| super::launch_error("size the writable layer", e))?;
             }
             // Before the tenant can run anything.
             let policy = warren_host::egress::slot_policy(&spec.egress_policy());

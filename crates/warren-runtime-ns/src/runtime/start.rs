@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use tracing::Instrument;
 use warren_host::cgroup::Limits;
@@ -12,7 +11,7 @@ use warren_net::Slot;
 use warren_runtime::{CreateSpec, RuntimeError, RuntimeSandbox, VolumeMount};
 
 use super::{tagged, Live, NsRuntime, Record};
-use crate::launch::{self, LaunchSpec, Sandbox};
+use crate::launch::{self, LaunchSpec, Sandbox, Seed};
 
 /// What one sandbox is started with.
 pub(super) struct Start<'a> {
@@ -24,7 +23,7 @@ pub(super) struct Start<'a> {
     /// Held by the sandbox for its life, so the template stays mounted for the next create.
     pub image_root: TemplateRoot,
     /// A saved writable layer to start from (resume, snapshot); `None`: empty.
-    pub seed: Option<PathBuf>,
+    pub seed: Option<Seed>,
     pub id_base: u32,
     /// The token the agent requires from its first request on.
     pub token: Option<&'a str>,
@@ -127,7 +126,7 @@ impl NsRuntime {
         spec: &CreateSpec,
         slot: &Slot,
         image_root: TemplateRoot,
-        seed: Option<PathBuf>,
+        seed: Option<Seed>,
         id_base: u32,
     ) -> Result<Sandbox, RuntimeError> {
         let sandbox = self

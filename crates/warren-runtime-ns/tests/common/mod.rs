@@ -258,6 +258,11 @@ impl Drop for NetNs {
 pub fn config_for(test: &str) -> NsConfig {
     NsConfig {
         state_dir: PathBuf::from(format!("/run/warren-test-ns-{}-{test}", std::process::id())),
+        // On a real disk, as the data dir is.
+        disk_dir: PathBuf::from(format!(
+            "/var/tmp/warren-test-ns-{}-{test}",
+            std::process::id()
+        )),
         nsinit_bin: nsinit_bin(),
         agent_bin: agent_bin(),
         cgroup_parent: format!("warren-test-{}-{test}", std::process::id()),
@@ -440,8 +445,8 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Some(s) = &self.sbx {
-            let _ = s.cgroup.kill_all();
-            let _ = s.cgroup.remove();
+            // Processes, cgroup, the disk's mount and image, state.
+            let _ = launch::remove_sandbox(&self.cfg, &s.id);
         }
     }
 }

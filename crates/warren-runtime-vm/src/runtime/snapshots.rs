@@ -60,7 +60,7 @@ pub fn inputs(
     };
     let mut h = Sha256::new();
     // Bumped when the snapshot's layout or file modes change.
-    h.update(b"warren-vm-snapshot-5\0");
+    h.update(b"warren-vm-snapshot-6\0");
     for part in [
         accel.as_str(),
         accel.cpu_model(),
