@@ -75,3 +75,33 @@ def test_create_run_files_pty_list_pause_connect_kill(sdk_server):
     finally:
         sbx.kill()
     assert sbx.sandbox_id not in _listed_ids()
+
+
+def test_a_command_whose_sandbox_is_killed_ends_with_the_sandbox_gone(sdk_server):
+    """Upstream's test_kill_sandbox_while_command_is_running, in every release's terms: the
+    command's call ends (it does not hang for its whole run) with an error, and releases that
+    probe the sandbox's health after a dropped stream say it was killed."""
+    import threading
+    import time
+
+    sbx = _create(timeout=120)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            sbx.commands.run("sleep 60", timeout=90)
+            outcome["returned"] = True
+        except Exception as e:  # noqa: BLE001 - which class depends on the release
+            outcome["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(2)
+    started = time.monotonic()
+    sbx.kill()
+    t.join(45)
+    assert not t.is_alive(), "the command's call still waits on a killed sandbox"
+    assert time.monotonic() - started < 45
+    assert "error" in outcome, f"the command returned: {outcome}"
+    if VERSION >= (2, 45):
+        assert "end of life" in str(outcome["error"]), repr(outcome["error"])

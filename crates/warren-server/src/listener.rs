@@ -32,6 +32,40 @@ pub struct TlsListener {
     pub config: Arc<rustls::ServerConfig>,
 }
 
+/// The TCP socket under a connection, in the extensions of each HTTP/1 request it carries,
+/// so that a proxied response cut short (its sandbox killed or gone) ends the connection with
+/// a reset instead of a clean close. Clients tell the two apart: a clean close in the middle
+/// of a body reads as the server breaking HTTP's framing, a reset as the connection breaking,
+/// which is what happened (the E2B SDKs then ask the sandbox's health and say it was killed).
+/// Never on HTTP/2 requests: their connection carries other streams, and hyper resets just the
+/// stream.
+///
+/// It holds a duplicate of the socket's descriptor (socket options are the socket's, shared by
+/// both): the socket closes, with the reset, once hyper's descriptor and every copy of this
+/// are gone, that is when the connection ends.
+#[derive(Clone, Debug)]
+pub struct ConnectionSocket(Arc<std::os::fd::OwnedFd>);
+
+impl ConnectionSocket {
+    fn of(stream: &TcpStream) -> Option<ConnectionSocket> {
+        use std::os::fd::AsFd;
+        match stream.as_fd().try_clone_to_owned() {
+            Ok(fd) => Some(ConnectionSocket(Arc::new(fd))),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not keep a handle on the connection's socket");
+                None
+            }
+        }
+    }
+
+    /// Makes the connection's close a reset (`SO_LINGER` with a zero timeout).
+    pub fn reset_on_close(&self) {
+        if let Err(e) = socket2::SockRef::from(&*self.0).set_linger(Some(Duration::ZERO)) {
+            tracing::debug!(error = %e, "could not set SO_LINGER");
+        }
+    }
+}
+
 /// Limits of the listener.
 #[derive(Debug, Clone)]
 pub struct ListenerLimits {
@@ -218,14 +252,15 @@ fn spawn_connection(
 ) {
     let builder = builder.clone();
     let watcher = graceful.watcher();
+    let socket = ConnectionSocket::of(&stream);
     tokio::spawn(async move {
         match tls {
-            None => serve_connection(&builder, watcher, stream, app).await,
+            None => serve_connection(&builder, watcher, stream, socket, app).await,
             Some(acceptor) => {
                 // A client that never finishes its handshake holds a slot no longer than one
                 // that never finishes its request head.
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => serve_connection(&builder, watcher, tls, app).await,
+                    Ok(Ok(tls)) => serve_connection(&builder, watcher, tls, socket, app).await,
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
@@ -239,10 +274,22 @@ async fn serve_connection<I>(
     builder: &Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     io: I,
+    socket: Option<ConnectionSocket>,
     app: Router,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let app = tower::ServiceBuilder::new()
+        .map_request(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            if let Some(socket) = socket
+                .as_ref()
+                .filter(|_| req.version() < hyper::Version::HTTP_2)
+            {
+                req.extensions_mut().insert(socket.clone());
+            }
+            req
+        })
+        .service(app);
     let service = TowerToHyperService::new(app);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     if let Err(e) = watcher.watch(conn.into_owned()).await {

@@ -464,6 +464,10 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
         .then(std::time::Instant::now);
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let socket = req
+        .extensions()
+        .get::<crate::listener::ConnectionSocket>()
+        .cloned();
     let outbound = outbound_request(req, &target, &route, addr, uri, upgrade);
     let resp = match send(st, &target, &route, outbound).await {
         Ok(resp) => resp,
@@ -480,7 +484,7 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
             (!resp.status().is_success()).then(|| format!("the agent answered {}", resp.status()));
         st.control.observe_exec(started, failure);
     }
-    respond(resp, client_upgrade, &route.cancel)
+    respond(resp, client_upgrade, &route.cancel, socket)
 }
 
 /// The route to the sandbox if this request may reach it: a paused sandbox whose lifecycle
@@ -605,6 +609,7 @@ fn respond(
     mut resp: hyper::Response<hyper::body::Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     cancel: &CancellationToken,
+    socket: Option<crate::listener::ConnectionSocket>,
 ) -> Response {
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
@@ -620,23 +625,37 @@ fn respond(
     // (Python's http.server) would otherwise close every client connection after one
     // response, a new TCP and TLS handshake per request.
     parts.version = Version::HTTP_11;
-    Response::from_parts(parts, cancellable(body, cancel.clone()))
+    Response::from_parts(parts, cancellable(body, cancel.clone(), socket))
 }
 
 /// The response body, streamed frame by frame; cut with an error (no clean end of stream)
-/// when the sandbox is killed.
-fn cancellable(body: hyper::body::Incoming, cancel: CancellationToken) -> Body {
+/// when the sandbox is killed or its side of the stream breaks. An HTTP/1 client's
+/// connection then ends with a reset (see [`crate::listener::ConnectionSocket`]).
+fn cancellable(
+    body: hyper::body::Incoming,
+    cancel: CancellationToken,
+    socket: Option<crate::listener::ConnectionSocket>,
+) -> Body {
     let frames = BodyStream::new(body);
-    let stream = futures::stream::unfold(Some((frames, cancel)), |state| async move {
-        let (mut frames, cancel) = state?;
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Some((Err(std::io::Error::other("sandbox was killed")), None)),
-            next = frames.next() => match next {
-                Some(Ok(frame)) => Some((Ok::<Frame<Bytes>, std::io::Error>(frame), Some((frames, cancel)))),
-                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
-                None => None,
-            },
+    let stream = futures::stream::unfold(Some((frames, cancel)), move |state| {
+        let socket = socket.clone();
+        async move {
+            let (mut frames, cancel) = state?;
+            let broken = |e: std::io::Error| {
+                if let Some(s) = &socket {
+                    s.reset_on_close();
+                }
+                Some((Err(e), None))
+            };
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => broken(std::io::Error::other("sandbox was killed")),
+                next = frames.next() => match next {
+                    Some(Ok(frame)) => Some((Ok::<Frame<Bytes>, std::io::Error>(frame), Some((frames, cancel)))),
+                    Some(Err(e)) => broken(std::io::Error::other(e)),
+                    None => None,
+                },
+            }
         }
     });
     Body::new(StreamBody::new(stream))
