@@ -196,13 +196,13 @@ pub const DRAIN_LIMIT: usize = 1024 * 1024;
 /// Reads and discards the rest of a request body (up to [`DRAIN_LIMIT`] bytes or 5 s). Returns
 /// whether the whole body was read.
 pub async fn drain(body: Body) -> bool {
-    drain_up_to(body, DRAIN_LIMIT).await
+    drain_up_to(body, DRAIN_LIMIT, Duration::from_secs(5)).await
 }
 
-/// [`drain`] with another limit in bytes, for requests whose bodies are large by nature (a
-/// file upload refused when the disk is full: its client only sees the answer once it has
+/// [`drain`] with other limits (bytes, time), for requests whose bodies are large by nature
+/// (a file upload refused when the disk is full: its client only sees the answer once it has
 /// sent the body).
-pub async fn drain_up_to(body: Body, limit: usize) -> bool {
+pub async fn drain_up_to(body: Body, limit: usize, within: Duration) -> bool {
     let mut stream = body.into_data_stream();
     let mut seen = 0usize;
     let read_all = async {
@@ -219,7 +219,7 @@ pub async fn drain_up_to(body: Body, limit: usize) -> bool {
         }
         true
     };
-    tokio::time::timeout(Duration::from_secs(5), read_all)
+    tokio::time::timeout(within, read_all)
         .await
         .unwrap_or(false)
 }

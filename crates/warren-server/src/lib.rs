@@ -23,6 +23,7 @@ pub mod otel;
 mod persistence;
 mod prometheus;
 pub mod proxy;
+mod proxy_body;
 mod routes;
 mod secrets;
 mod template_disk;

@@ -24,10 +24,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Ve
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
-use futures::StreamExt;
-use http_body_util::{BodyExt, BodyStream, StreamBody};
-use hyper::body::Frame;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -468,6 +465,7 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
         .extensions()
         .get::<crate::listener::ConnectionSocket>()
         .cloned();
+    let (req, sent) = crate::proxy_body::track_request(req);
     let outbound = outbound_request(req, &target, &route, addr, uri, upgrade);
     let resp = match send(st, &target, &route, outbound).await {
         Ok(resp) => resp,
@@ -483,6 +481,12 @@ async fn forward(st: &AppState, target: Target, mut req: Request) -> Response {
         let failure =
             (!resp.status().is_success()).then(|| format!("the agent answered {}", resp.status()));
         st.control.observe_exec(started, failure);
+    }
+    if !resp.status().is_success() {
+        // A refusal that came before the client finished sending (a full disk refusing an
+        // upload): the sandbox reads the rest off; answer once it has, or the client, still
+        // sending, would meet a closed connection instead of the answer.
+        sent.wait(REQUEST_TAIL).await;
     }
     respond(resp, client_upgrade, &route.cancel, socket)
 }
@@ -575,6 +579,9 @@ fn outbound_request(
     Request::from_parts(parts, body)
 }
 
+/// How long a refusal waits for the rest of the request it refused to reach the sandbox.
+const REQUEST_TAIL: Duration = Duration::from_secs(30);
+
 /// Sends `outbound` through the sandbox's pool; a sandbox killed meanwhile is not found,
 /// an upstream failure a 502 that says whether the port was closed.
 async fn send(
@@ -589,7 +596,7 @@ async fn send(
         _ = route.cancel.cancelled() => return Err(not_found(&target.id)),
     };
     result.map_err(|e| {
-        tracing::debug!(sandbox_id = %target.id, port = target.port, error = %e, "proxy upstream error");
+        tracing::debug!(sandbox_id = %target.id, port = target.port, error = ?e, "proxy upstream error");
         if route.cancel.is_cancelled() || st.control.route(&target.id).is_none() {
             return not_found(&target.id);
         }
@@ -625,40 +632,10 @@ fn respond(
     // (Python's http.server) would otherwise close every client connection after one
     // response, a new TCP and TLS handshake per request.
     parts.version = Version::HTTP_11;
-    Response::from_parts(parts, cancellable(body, cancel.clone(), socket))
-}
-
-/// The response body, streamed frame by frame; cut with an error (no clean end of stream)
-/// when the sandbox is killed or its side of the stream breaks. An HTTP/1 client's
-/// connection then ends with a reset (see [`crate::listener::ConnectionSocket`]).
-fn cancellable(
-    body: hyper::body::Incoming,
-    cancel: CancellationToken,
-    socket: Option<crate::listener::ConnectionSocket>,
-) -> Body {
-    let frames = BodyStream::new(body);
-    let stream = futures::stream::unfold(Some((frames, cancel)), move |state| {
-        let socket = socket.clone();
-        async move {
-            let (mut frames, cancel) = state?;
-            let broken = |e: std::io::Error| {
-                if let Some(s) = &socket {
-                    s.reset_on_close();
-                }
-                Some((Err(e), None))
-            };
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => broken(std::io::Error::other("sandbox was killed")),
-                next = frames.next() => match next {
-                    Some(Ok(frame)) => Some((Ok::<Frame<Bytes>, std::io::Error>(frame), Some((frames, cancel)))),
-                    Some(Err(e)) => broken(std::io::Error::other(e)),
-                    None => None,
-                },
-            }
-        }
-    });
-    Body::new(StreamBody::new(stream))
+    Response::from_parts(
+        parts,
+        crate::proxy_body::cancellable(body, cancel.clone(), socket),
+    )
 }
 
 async fn splice(

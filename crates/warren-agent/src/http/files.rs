@@ -397,7 +397,9 @@ pub async fn upload(
             // written, a full disk, a broken gzip stream): read the rest off (within limits),
             // so the client sees this answer instead of a broken pipe and its connection stays
             // usable; else tell it the connection closes.
-            if !warren_proto::server::drain_up_to(Body::from_stream(body), UPLOAD_DRAIN_LIMIT).await
+            let rest = Body::from_stream(body);
+            if !warren_proto::server::drain_up_to(rest, UPLOAD_DRAIN_LIMIT, UPLOAD_DRAIN_TIME)
+                .await
             {
                 resp.headers_mut().insert(
                     header::CONNECTION,
@@ -409,9 +411,10 @@ pub async fn upload(
     }
 }
 
-/// Most of a refused upload's body read off so its client gets the answer (a few seconds of
-/// local traffic; [`warren_proto::server::drain_up_to`] gives up after 5 s in any case).
+/// Most of a refused upload's body read off so its client gets the answer, and for how long
+/// (uploads come from clients far away, over links much slower than the host's).
 const UPLOAD_DRAIN_LIMIT: usize = 256 << 20;
+const UPLOAD_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The request body as a stream that the handler can still read off after the form parser
 /// or the gzip decoder (each holding a clone) stopped reading it at an error.
