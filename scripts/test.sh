@@ -128,6 +128,8 @@ WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/volumes.py --sm
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/volumes.py --smoke --data-dir /var/lib/warren \
   --runtime vm --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
+WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/disk.py --smoke --data-dir /var/lib/warren \
+  --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/brokering.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/observability.py --smoke --data-dir /var/lib/warren \
