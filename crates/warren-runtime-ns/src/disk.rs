@@ -194,14 +194,20 @@ fn run(program: &str, args: &[&std::ffi::OsStr]) -> io::Result<()> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(tool_failed(
+        &format!("{program} exited with {}", out.status),
+        &out.stderr,
+    ))
+}
+
+/// The error of a host tool that failed doing `what`, with its stderr; a full disk is
+/// `StorageFull`, which callers report as the host's capacity.
+pub(crate) fn tool_failed(what: &str, stderr: &[u8]) -> io::Error {
+    let stderr = String::from_utf8_lossy(stderr);
     let kind = if stderr.contains("No space left") {
         io::ErrorKind::StorageFull
     } else {
         io::ErrorKind::Other
     };
-    Err(io::Error::new(
-        kind,
-        format!("{program} exited with {}: {}", out.status, stderr.trim()),
-    ))
+    io::Error::new(kind, format!("{what}: {}", stderr.trim()))
 }

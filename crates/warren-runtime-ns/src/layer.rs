@@ -35,13 +35,7 @@ const LEGACY_ID_BASE: u32 = 100_000;
 /// directory `dest` (created or atomically replaced) and returns the bytes it takes. Durable
 /// when it returns.
 pub async fn save(upper: &Path, dest: &Path, id_base: u32) -> io::Result<u64> {
-    let parent = dest
-        .parent()
-        .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
-    fs::create_dir_all(parent)?;
-    let staging = warren_host::durable::sibling(dest, "partial");
-    warren_host::durable::remove_tree(&staging)?;
-    fs::create_dir(&staging)?;
+    let staging = staging_for(dest)?;
     copy(upper, &staging.join(UPPER)).await?;
     fs::write(staging.join(IDS), format!("{id_base}\n"))?;
     warren_host::durable::install(&staging, dest).await
@@ -51,6 +45,17 @@ pub async fn save(upper: &Path, dest: &Path, id_base: u32) -> io::Result<u64> {
 /// directory `dest` (created or atomically replaced): linked when `link` (a pause), else
 /// copied (a snapshot). Returns the bytes the saved image takes. Durable when it returns.
 pub async fn save_disk(image: &Path, dest: &Path, id_base: u32, link: bool) -> io::Result<u64> {
+    let staging = staging_for(dest)?;
+    let (img, st) = (image.to_path_buf(), staging.clone());
+    tokio::task::spawn_blocking(move || crate::disk::save(&img, &st, link))
+        .await
+        .map_err(io::Error::other)??;
+    fs::write(staging.join(IDS), format!("{id_base}\n"))?;
+    warren_host::durable::install(&staging, dest).await
+}
+
+/// A new, empty staging directory beside `dest`, for a save to be installed there.
+fn staging_for(dest: &Path) -> io::Result<std::path::PathBuf> {
     let parent = dest
         .parent()
         .ok_or_else(|| io::Error::other(format!("{} has no parent", dest.display())))?;
@@ -58,12 +63,7 @@ pub async fn save_disk(image: &Path, dest: &Path, id_base: u32, link: bool) -> i
     let staging = warren_host::durable::sibling(dest, "partial");
     warren_host::durable::remove_tree(&staging)?;
     fs::create_dir(&staging)?;
-    let (img, st) = (image.to_path_buf(), staging.clone());
-    tokio::task::spawn_blocking(move || crate::disk::save(&img, &st, link))
-        .await
-        .map_err(io::Error::other)??;
-    fs::write(staging.join(IDS), format!("{id_base}\n"))?;
-    warren_host::durable::install(&staging, dest).await
+    Ok(staging)
 }
 
 /// The host id range the layer saved in `saved` is owned by.
@@ -155,20 +155,9 @@ async fn copy(from: &Path, to: &Path) -> io::Result<()> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let kind = if stderr.contains("No space left") {
-        io::ErrorKind::StorageFull
-    } else {
-        io::ErrorKind::Other
-    };
-    Err(io::Error::new(
-        kind,
-        format!(
-            "copy {} to {}: {}",
-            from.display(),
-            to.display(),
-            stderr.trim()
-        ),
+    Err(crate::disk::tool_failed(
+        &format!("copy {} to {}", from.display(), to.display()),
+        &out.stderr,
     ))
 }
 

@@ -398,8 +398,7 @@ pub async fn upload(
             // so the client sees this answer instead of a broken pipe and its connection stays
             // usable; else tell it the connection closes.
             let rest = Body::from_stream(body);
-            if !warren_proto::server::drain_up_to(rest, UPLOAD_DRAIN_LIMIT, UPLOAD_DRAIN_TIME)
-                .await
+            if !warren_proto::server::drain_up_to(rest, UPLOAD_DRAIN_LIMIT, UPLOAD_DRAIN_TIME).await
             {
                 resp.headers_mut().insert(
                     header::CONNECTION,

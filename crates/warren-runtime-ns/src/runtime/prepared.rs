@@ -255,6 +255,15 @@ impl NsRuntime {
         spec: &CreateSpec,
         p: Prepared,
     ) -> Result<RuntimeSandbox, RuntimeError> {
+        if p.writable_bytes != writable_of(spec) {
+            // A disk's size is set when it is made: a create asking another size gets a
+            // sandbox of its own (the pool follows the latest create's size).
+            tracing::debug!(sandbox = %p.id, "prepared sandbox has another disk size");
+            self.discard(p).await;
+            return Err(RuntimeError::Conflict(
+                "the prepared sandbox's disk has another size".into(),
+            ));
+        }
         let Prepared {
             id,
             template,
@@ -264,24 +273,6 @@ impl NsRuntime {
             limits,
             writable_bytes,
         } = p;
-        if writable_bytes != writable_of(spec) {
-            // A disk's size is set when it is made: a create asking another size gets a
-            // sandbox of its own (the pool follows the latest create's size).
-            tracing::debug!(sandbox = %id, "prepared sandbox has another disk size");
-            self.discard(Prepared {
-                id,
-                template,
-                sandbox,
-                slot,
-                token,
-                limits,
-                writable_bytes,
-            })
-            .await;
-            return Err(RuntimeError::Conflict(
-                "the prepared sandbox's disk has another size".into(),
-            ));
-        }
         let result = async {
             let want = limits_of(spec);
             if want != limits {
