@@ -110,7 +110,10 @@ impl HostCounts {
             cgroups,
             netns: count("/run/netns", &|n| n.starts_with(&cfg.net.prefix)),
             loops: loops_under(&ours[1]),
-            disks: count(&format!("{}/disks", ours[1]), &|n| n.ends_with(".img")),
+            disks: count(
+                &format!("{}/disks/{}", ours[1], cfg.cgroup_parent.replace('/', "-")),
+                &|n| n.ends_with(".img"),
+            ),
         }
     }
 }
