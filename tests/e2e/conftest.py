@@ -80,6 +80,9 @@ class Server:
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
              "--runtime", self.runtime, "--max-sandboxes", "40",
+             # A volume owns its size on the data disk: the SDK's volumes (which name no size)
+             # get 1 GiB here, not 10, so the suites fit a test machine's free disk.
+             "--volume-size-mb", "1024",
              *self.extra_args],
             env=env, stdout=self.log, stderr=self.log,
         )

@@ -111,6 +111,11 @@ enum Command {
         /// would leave less is refused (507, with the numbers).
         #[arg(long, value_name = "MIB", default_value_t = 1024)]
         min_free_mb: u64,
+        /// MiB a new volume gets when its create names no size (E2B's SDKs never do). A
+        /// volume owns its whole size on the data disk from its create.
+        #[arg(long, value_name = "MIB", default_value_t = 10240,
+              value_parser = clap::value_parser!(u64).range(1..=1024 * 1024))]
+        volume_size_mb: u64,
         /// Longest a template build may run, in seconds, all its steps together (each RUN step
         /// is also limited to an hour): past it the build fails and its sandbox is killed.
         #[arg(long, value_name = "SECONDS", default_value_t = 7200)]
@@ -221,6 +226,7 @@ fn main() -> std::process::ExitCode {
                 signed_url_max_age,
                 max_upload_mb,
                 min_free_mb,
+                volume_size_mb,
                 build_timeout_secs,
                 registry,
                 net,
@@ -232,6 +238,7 @@ fn main() -> std::process::ExitCode {
                     data_dir,
                     max_upload_mb,
                     min_free_mb,
+                    volume_size_mb,
                     build_timeout_secs,
                     runtime,
                     max_sandboxes,

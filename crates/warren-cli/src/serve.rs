@@ -20,6 +20,8 @@ pub struct ServeArgs {
     /// MiB of the data disk every writer leaves free (pauses, snapshots, volumes, uploads,
     /// builds).
     pub min_free_mb: u64,
+    /// MiB a volume gets when its create names no size.
+    pub volume_size_mb: u64,
     /// Longest a template build may run, all steps together.
     pub build_timeout_secs: u64,
     pub runtime: RuntimeKind,
@@ -333,6 +335,7 @@ pub async fn run(
         audit: !args.telemetry.no_audit,
         audit_budget: args.telemetry.audit_budget(),
         min_free_bytes: args.min_free_mb.saturating_mul(1024 * 1024),
+        volume_bytes: args.volume_size_mb.saturating_mul(1024 * 1024),
         domain: domain.clone(),
         template_names: warren_template::TEMPLATES
             .iter()

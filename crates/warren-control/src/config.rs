@@ -53,7 +53,8 @@ pub struct Config {
     /// should not hold addresses sandboxes must reach otherwise.
     pub network_range: ipnet::Ipv4Net,
     /// A new volume's quota when its creator names none: bytes (the size of its
-    /// filesystem, allocated only as it fills) and inodes (files and directories).
+    /// filesystem, which the volume owns on the data disk from its create) and inodes
+    /// (files and directories).
     pub volume_bytes: u64,
     pub volume_inodes: u64,
     /// The largest quota a creator may ask for, and how many volumes the server keeps.
