@@ -2,16 +2,21 @@
 """Soak benchmark: many sandbox lives against one `warren serve`, then what is lost and what
 is leaked.
 
-  sudo .venv/bin/python benches/soak.py                 # ns: 1000 cycles, 20 bursts of 50, 100 pauses
+  sudo .venv/bin/python benches/soak.py                 # ns: 1000 cycles, 20 bursts of 50, 100 pauses, 30 crashes
   sudo .venv/bin/python benches/soak.py --runtime vm    # smaller counts (a VM under TCG is slow)
-  sudo .venv/bin/python benches/soak.py --smoke         # a minute; scripts/test.sh runs it
+  sudo .venv/bin/python benches/soak.py --smoke         # a few minutes; scripts/test.sh runs it
+  sudo .venv/bin/python benches/soak.py --seed 7        # the same crash points again
 
 Starts its own server and runs, with the official E2B SDK:
   1. sequential create / run `true` / kill cycles (create+run and kill times);
   2. bursts of concurrent creates, each sandbox killed after its burst (per-create times);
   3. memory pause / resume cycles of one sandbox that runs a counter and keeps checksummed
      files: after every resume the counter must have gone on from where it was and every
-     file must read back the same (a loss is counted, never ignored).
+     file must read back the same (a loss is counted, never ignored);
+  4. crashes (`harness/faults.py`): the server SIGKILLed at a random point of a create, pause,
+     resume, fork, upload, kill or snapshot, in turn, and restarted on the same data dir:
+     every sandbox, file and snapshot it acknowledged must be there, what the cut operation
+     made must be whole, and once all is deleted the host must hold what it held before.
 Around it, what the host holds is counted: the server's zombie children, its open descriptors
 (but sockets and the vm jails' cached user namespaces),
 mounts under the data and run dirs, network namespaces, sandbox cgroups, sandbox state dirs
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -34,6 +41,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness.common import API_KEY, REPO_ROOT, Server, percentile  # noqa: E402
+from harness import fulldisk  # noqa: E402
+from harness.faults import Crashes  # noqa: E402
 
 COUNTER = "nohup sh -c 'n=0; while :; do n=$((n+1)); echo $n > /tmp/counter; sleep 0.05; done' >/dev/null 2>&1 &"
 
@@ -67,8 +76,18 @@ def host_counts(server_pid: int, data_dir: str) -> dict:
     for d in ("/run/warren/sandboxes", os.path.join(data_dir, "paused")):
         if os.path.isdir(d):
             state += len(os.listdir(d))
+    # The ns runtime's sandbox disks (but the blank images it copies them from) and the loop
+    # devices backed by anything in the data dir.
+    disks = 0
+    for root, dirs, names in os.walk(os.path.join(data_dir, "disks")):
+        dirs[:] = [d for d in dirs if d != "blank"]
+        disks += sum(1 for n in names if n.endswith(".img"))
+    loops = 0
+    for backing in glob.glob("/sys/block/loop*/loop/backing_file"):
+        with contextlib.suppress(OSError), open(backing) as f:
+            loops += f.read().startswith(os.path.realpath(data_dir) + "/")
     return {"zombies": zombies, "server_files": fds, "mounts": mounts, "netns": netns,
-            "sandbox_cgroups": cgroups, "sandbox_state": state}
+            "sandbox_cgroups": cgroups, "sandbox_state": state, "disks": disks, "loops": loops}
 
 
 def server_files(server_pid: int) -> dict:
@@ -111,6 +130,8 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--data-dir", default="/var/lib/warren")
     ap.add_argument("--bin", default=os.environ.get("WARREN_BIN", os.path.join(REPO_ROOT, "target", "release", "warren")))
+    ap.add_argument("--crashes", type=int, help="server SIGKILLs (default: 30, smoke 7)")
+    ap.add_argument("--seed", type=int, default=int(time.time()), help="picks the crash points")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("benches/soak.py must run as root", file=sys.stderr)
@@ -119,6 +140,7 @@ def main() -> int:
         cycles, bursts, burst, pauses = (20, 2, 5, 3) if args.runtime == "ns" else (3, 1, 2, 2)
     else:
         cycles, bursts, burst, pauses = (1000, 20, 50, 100) if args.runtime == "ns" else (50, 5, 5, 20)
+    crashes = args.crashes if args.crashes is not None else (7 if args.smoke else 30)
     out = args.out or os.path.join(REPO_ROOT, "benches", "results", "soak-" + time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     # The ns runtime's prepared pool grows with demand (a burst of 50 leaves more sandboxes
@@ -130,7 +152,8 @@ def main() -> int:
     from e2b import Sandbox
 
     results: dict = {"runtime": args.runtime, "smoke": args.smoke,
-                     "counts": {"cycles": cycles, "bursts": bursts, "burst": burst, "pauses": pauses}}
+                     "counts": {"cycles": cycles, "bursts": bursts, "burst": burst, "pauses": pauses,
+                                "crashes": crashes, "seed": args.seed}}
     lost: list = []
     try:
         pid = server.proc.pid
@@ -199,11 +222,37 @@ def main() -> int:
 
         after = settle(pid, args.data_dir, before)
         files_after = server_files(pid)
+
+        # Crashes: a new server process each round, so only what the host holds is compared
+        # (not the server's own descriptors), and no zombie may outlive a restart's adoption.
+        crash = Crashes(server, lambda m, p, **kw: server.session.request(m, server.url + p, timeout=120, **kw),
+                        crashes, args.seed)
+        crash.run()
+        crash.finish()
+        lost += crash.report.lost
+        host = ("mounts", "netns", "sandbox_cgroups", "sandbox_state", "disks", "loops")
+        crash_want = {k: before[k] for k in host}
+        crash_want["zombies"] = 0
+        deadline = time.monotonic() + 15
+        while True:
+            now = host_counts(server.proc.pid, args.data_dir)
+            crash_after = {k: now[k] for k in crash_want}
+            if crash_after == crash_want or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        results["crashes"] = {"seed": args.seed, "cut": crash.report.cut, "finished": crash.report.done,
+                              "restart_ms": crash.report.restart_ms, "host_after": crash_after}
     finally:
         server.stop()
+    if args.runtime == "ns":
+        # A data disk filled from outside: 507s with the cause, then recovery once freed.
+        full = fulldisk.run(args.bin, args.data_dir, os.path.join(out, "serve-fulldisk.log"))
+        results["full_disk"] = full
+        lost += full
     results["host_before"], results["host_after"] = before, after
     results["lost"] = lost
     leaked = {k: (before[k], after[k]) for k in before if after[k] != before[k]}
+    leaked.update({f"after crashes: {k}": (crash_want[k], v) for k, v in crash_after.items() if v != crash_want[k]})
     if "server_files" in leaked:
         leaked["server_files_by_target"] = {
             k: (files_before.get(k, 0), files_after.get(k, 0))
@@ -218,6 +267,8 @@ def main() -> int:
     print(f"  create in bursts of {burst:3d}          {summary(burst_ms)}")
     print(f"  memory pause                      {summary(pause_ms)}")
     print(f"  resume (connect)                  {summary(resume_ms)}")
+    print(f"  restart after a SIGKILL           {summary(crash.report.restart_ms)}")
+    print(f"  crashes (seed {args.seed}): cut {crash.report.cut}, finished first {crash.report.done}")
     print(f"  host before {before}")
     print(f"  host after  {after}")
     with open(os.path.join(out, "results.json"), "w") as f:

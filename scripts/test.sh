@@ -134,8 +134,9 @@ WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/brokering.py --
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/observability.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
-# The soak's smoke run fails if a sandbox lost a file or its counter across pauses, or if the
-# host holds more after its sandboxes than before (zombies, descriptors, mounts, cgroups, ...).
+# The soak's smoke run fails if a sandbox lost a file or its counter across pauses, if a server
+# SIGKILLed during an operation restarts without something it acknowledged, or if the host
+# holds more after its sandboxes than before (zombies, descriptors, mounts, cgroups, disks, ...).
 for runtime in ns vm; do
   WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/soak.py --smoke --runtime "$runtime" \
     --data-dir /var/lib/warren --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"

@@ -131,15 +131,17 @@ class Server:
         self.log_path = log_path
         self.max_sandboxes = max_sandboxes
         self.proc: Optional[subprocess.Popen] = None
+        self.port = 0
         self.url = ""
         self.session = requests.Session()
         self.session.headers["X-API-KEY"] = API_KEY
 
-    def start(self, lock_wait: float = 900.0) -> None:
+    def start(self, lock_wait: float = 900.0, port: Optional[int] = None) -> None:
+        """Starts the server on `port` (a restart keeps its clients' URL), else a free one."""
         deadline = time.monotonic() + lock_wait
         while True:
             try:
-                self._start_once()
+                self._start_once(port)
                 return
             except LockBusy as e:
                 if time.monotonic() > deadline:
@@ -147,7 +149,7 @@ class Server:
                 print(f"  warren serve could not take the network prefix lock ({e}); retrying in 10 s", flush=True)
                 time.sleep(10)
 
-    def _start_once(self) -> None:
+    def _start_once(self, port: Optional[int] = None) -> None:
         # Another `warren serve` (or a network test) holding the prefix lock: wait, do not
         # start beside it (a start reattaches or reaps the sandboxes recorded in the data dir).
         lock = "/run/warren-net/warren.lock"
@@ -158,7 +160,8 @@ class Server:
                     fcntl.flock(f, fcntl.LOCK_UN)
                 except BlockingIOError:
                     raise LockBusy(f"{lock} is held by another process") from None
-        port = free_port()
+        port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         log = open(self.log_path, "ab")
         start_offset = log.tell()

@@ -258,8 +258,8 @@ impl Control {
         self.peers_moved(&sandbox.id);
     }
 
-    /// Refuses to save more state (a pause, a snapshot, a fork's checkpoint) when the disk it
-    /// goes to is nearly full of bytes or of inodes.
+    /// Refuses to put more on the data disk (a new sandbox's disk, a pause, a snapshot, a
+    /// fork's checkpoint) when it is nearly full of bytes or of inodes.
     pub(crate) fn check_headroom(&self) -> Result<(), ControlError> {
         let Some(h) = self.inner.runtime.headroom() else {
             return Ok(());
@@ -267,9 +267,10 @@ impl Control {
         let cfg = &self.inner.config;
         if h.free_bytes < cfg.min_free_bytes || h.free_inodes < cfg.min_free_inodes {
             return Err(ControlError::QuotaExceeded(format!(
-                "the disk that keeps paused sandboxes and snapshots is nearly full ({} bytes, \
-                 {} inodes free); delete snapshots or kill paused sandboxes first",
-                h.free_bytes, h.free_inodes
+                "the data disk that keeps sandboxes' disks, paused sandboxes and snapshots is \
+                 nearly full ({} bytes and {} inodes free, {} bytes and {} inodes stay free for \
+                 the server); delete snapshots or kill sandboxes first",
+                h.free_bytes, h.free_inodes, cfg.min_free_bytes, cfg.min_free_inodes
             )));
         }
         Ok(())
@@ -402,6 +403,8 @@ impl Control {
         }
         self.check_lifecycle(&req.lifecycle)?;
         self.check_egress(&req.network.egress)?;
+        // A sandbox's disk is on the data disk and fills as it writes.
+        self.check_headroom()?;
         let mut joins = req.networks.clone();
         joins.extend(crate::networks::joins_from_metadata(&req.metadata)?);
         self.check_joins(&team_of(&req.team), &joins)?;

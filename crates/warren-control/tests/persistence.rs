@@ -545,9 +545,10 @@ async fn snapshots_and_pauses_have_quotas() {
     assert_eq!(c.get(&b.id).await.unwrap().state, SandboxState::Running);
 }
 
-/// Threat model M5: a nearly full disk (bytes or inodes) refuses new saved state with 507.
+/// Threat model M5: a nearly full disk (bytes or inodes) refuses new saved state with 507,
+/// and new sandboxes, whose disks live there too.
 #[tokio::test]
-async fn a_nearly_full_disk_refuses_pauses_snapshots_and_forks() {
+async fn a_nearly_full_disk_refuses_creates_pauses_snapshots_and_forks() {
     let (c, _, rt) = start_with(full_caps(), Config::default()).await;
     let sb = c.create(base()).await.unwrap();
     for (bytes, inodes) in [
@@ -573,12 +574,19 @@ async fn a_nearly_full_disk_refuses_pauses_snapshots_and_forks() {
             matches!(pause, Err(ControlError::QuotaExceeded(_))),
             "{pause:?}"
         );
+        let create = c.create(base()).await;
+        assert!(
+            matches!(&create, Err(ControlError::QuotaExceeded(m)) if m.contains("stay free")),
+            "{create:?}"
+        );
         assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
     }
     *rt.headroom.lock().unwrap() = Some(warren_runtime::Headroom {
         free_bytes: 100 * 1024 * 1024 * 1024,
         free_inodes: 10_000_000,
     });
+    // Space freed: everything works again, with no restart.
+    c.create(base()).await.unwrap().id;
     c.create_snapshot(&sb.id, None, None).await.unwrap();
     c.pause(&sb.id, None).await.unwrap();
 }
