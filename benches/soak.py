@@ -90,6 +90,19 @@ def host_counts(server_pid: int, data_dir: str) -> dict:
             "sandbox_cgroups": cgroups, "sandbox_state": state, "disks": disks, "loops": loops}
 
 
+def zombies_of(server_pid: int) -> list:
+    """The server's zombie children, as `pid comm` (what a leak report names)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            rest = stat[stat.rfind(")") + 2:].split()
+            if rest[0] == "Z" and int(rest[1]) == server_pid:
+                out.append(f"{pid} {stat[stat.find('(') + 1:stat.rfind(')')]}")
+    return out
+
+
 def server_files(server_pid: int) -> dict:
     """The server's descriptors by what they point at, but for two kinds that are not its to
     give back: sockets (the SDK's own connection pool keeps connections to the server open, as
@@ -241,7 +254,8 @@ def main() -> int:
                 break
             time.sleep(0.25)
         results["crashes"] = {"seed": args.seed, "cut": crash.report.cut, "finished": crash.report.done,
-                              "restart_ms": crash.report.restart_ms, "host_after": crash_after}
+                              "restart_ms": crash.report.restart_ms, "host_after": crash_after,
+                              "zombies": zombies_of(server.proc.pid)}
     finally:
         server.stop()
     if args.runtime == "ns":
@@ -276,6 +290,8 @@ def main() -> int:
     print(f"results in {out}/results.json")
     if lost or leaked:
         print(f"LOST: {lost}\nLEAKED (before, after): {leaked}", file=sys.stderr)
+        if results["crashes"]["zombies"]:
+            print(f"zombies after the crashes: {results['crashes']['zombies']}", file=sys.stderr)
         return 1
     return 0
 

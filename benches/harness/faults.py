@@ -224,7 +224,7 @@ class Crashes:
             if got == known.state:
                 continue
             # The cut operation may have moved its subject; anything else is a loss.
-            in_doubt = cut and op in ("pause", "resume", "kill")
+            in_doubt = cut and op in ("pause", "resume", "kill") and sid == subject
             if in_doubt and (got is not None or op == "kill"):
                 if got is None:
                     self.ledger.sandboxes.pop(sid)
@@ -233,10 +233,12 @@ class Crashes:
                 continue
             lost.append(f"{where}: {sid} was {known.state}, is {got or 'gone'}")
             self.ledger.sandboxes.pop(sid)
+        made = 0  # a cut create or fork (of one child) may have made one sandbox
         for sid, state in listed.items():
             if sid in self.ledger.sandboxes:
                 continue
-            if cut and op in ("create", "fork"):
+            made += 1
+            if cut and op in ("create", "fork") and made == 1:
                 # A cut fork's child has its parent's files.
                 parent = self.ledger.sandboxes.get(subject) if op == "fork" else None
                 self.ledger.sandboxes[sid] = Known(state, dict(parent.files) if parent else {})
@@ -250,8 +252,8 @@ class Crashes:
             if snap not in snaps:
                 lost.append(f"{where}: snapshot {snap} is gone")
                 self.ledger.snapshots.pop(snap)
-        for snap in snaps - set(self.ledger.snapshots):
-            if cut and op == "snapshot":
+        for n, snap in enumerate(sorted(snaps - set(self.ledger.snapshots))):
+            if cut and op == "snapshot" and n == 0:
                 parent = self.ledger.sandboxes.get(subject)
                 self.ledger.snapshots[snap] = dict(parent.files) if parent else {}
             else:
