@@ -586,7 +586,7 @@ async fn a_nearly_full_disk_refuses_creates_pauses_snapshots_and_forks() {
         free_inodes: 10_000_000,
     });
     // Space freed: everything works again, with no restart.
-    c.create(base()).await.unwrap().id;
+    c.create(base()).await.unwrap();
     c.create_snapshot(&sb.id, None, None).await.unwrap();
     c.pause(&sb.id, None).await.unwrap();
 }

@@ -79,6 +79,9 @@ pub struct Sandbox {
     pub id: String,
     /// Host pid of the sandbox's PID 1.
     pub pid1: u32,
+    /// A pidfd of PID 1: its number alone may name a later process once it has ended (a
+    /// `mount` of ours, whose exit is its own waiter's), so PID 1 is only waited for by this.
+    pid1_fd: Option<OwnedFd>,
     pub cgroup: SandboxCgroup,
     pub dir: PathBuf,
     /// Its disk's image (see [`crate::disk`]).
@@ -303,6 +306,7 @@ async fn start(
     let mut sbx = Sandbox {
         id: spec.id.clone(),
         pid1: 0,
+        pid1_fd: None,
         cgroup: cg,
         dir: dir.to_path_buf(),
         disk: crate::disk::image_path(&cfg.disk_dir, &spec.id),
@@ -321,6 +325,7 @@ async fn start(
         .map_err(io("signal nsinit"))?;
     let (pid1, result) = wait_for_ready(reports, dir).await?;
     sbx.pid1 = pid1.unwrap_or(0);
+    sbx.pid1_fd = crate::reap::open_pidfd(sbx.pid1);
     result.map(|()| sbx)
 }
 
@@ -587,6 +592,7 @@ impl Sandbox {
         Some(Sandbox {
             id: id.to_string(),
             pid1,
+            pid1_fd: crate::reap::open_pidfd(pid1),
             cgroup,
             dir: cfg.state_dir.join(id),
             disk: crate::disk::image_path(&cfg.disk_dir, id),
@@ -595,6 +601,13 @@ impl Sandbox {
             shim: None,
             image: None,
         })
+    }
+
+    /// Reaps PID 1 if it ended as the manager's child (its nsinit died first).
+    pub fn reap_pid1_if_ours(&self) {
+        if let Some(fd) = &self.pid1_fd {
+            crate::reap::reap(fd);
+        }
     }
 
     /// Keeps the host's mount of the sandbox's template while the sandbox lives.
@@ -637,11 +650,14 @@ impl Sandbox {
         if let Some(mut shim) = self.shim.take() {
             let _ = tokio::time::timeout(Duration::from_secs(5), shim.wait()).await;
         }
-        if self.pid1 > 0 {
-            let pid1 = self.pid1;
-            tokio::task::spawn_blocking(move || reap_orphaned(pid1))
-                .await
-                .map_err(|e| LaunchError::Init(e.to_string()))?;
+        if let Some(fd) = self.pid1_fd.take() {
+            tokio::task::spawn_blocking(move || {
+                if !crate::reap::reap_orphaned(&fd) {
+                    crate::reap::leave(fd);
+                }
+            })
+            .await
+            .map_err(|e| LaunchError::Init(e.to_string()))?;
         }
         // The cgroup's removal waits for it to empty; the tree may be large.
         let (cg, dir, disk, parent) = (
@@ -653,24 +669,6 @@ impl Sandbox {
         tokio::task::spawn_blocking(move || remove_state(&parent, &cg, &dir, &disk))
             .await
             .map_err(|e| LaunchError::Init(e.to_string()))?
-    }
-}
-
-/// Waits for PID 1 if it became the manager's child. The kill reaches nsinit and PID 1 at once;
-/// when nsinit dies first, PID 1 is handed to the nearest child subreaper, the manager, and
-/// would stay a zombie of the server until the server exits. Once nsinit is gone (the caller
-/// waited for it) PID 1 is either ours or not: `ECHILD` at once when nsinit (or a predecessor
-/// server's init) reaps it. Bounded, for a PID 1 that somehow outlives the kill.
-fn reap_orphaned(pid1: u32) {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    let pid = nix::unistd::Pid::from_raw(pid1 as i32);
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(5)),
-            // Reaped, not ours (ECHILD), or anything else: nothing more to wait for.
-            _ => return,
-        }
     }
 }
 

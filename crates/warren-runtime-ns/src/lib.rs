@@ -16,6 +16,7 @@ pub mod launch;
 pub mod layer;
 pub mod lxcfs;
 pub mod nsinit;
+mod reap;
 mod rootfs;
 mod runtime;
 pub mod seccomp;

@@ -814,7 +814,9 @@ fn ids_holder(id: &str) -> String {
 }
 
 /// Reaps sandbox PID 1s that became our children (their `warren-nsinit` parent died), so none
-/// lingers as a zombie. Only known pids are waited for: tokio reaps its own children.
+/// lingers as a zombie. Only known processes are waited for, by pidfd: tokio and std wait for
+/// their own children, and a sandbox's PID 1 reaped by its nsinit leaves a number the next
+/// `mount` may get (whose exit, taken here by number, failed that mount with ECHILD).
 async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut sigchld) = signal(SignalKind::child()) else {
@@ -823,19 +825,10 @@ async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
     while sigchld.recv().await.is_some() {
         let Some(rt) = rt.upgrade() else { return };
         rt.exits.notify_one();
-        let pids: Vec<u32> = rt
-            .live
-            .lock()
-            .await
-            .values()
-            .map(|l| l.sandbox.pid1)
-            .collect();
-        for pid in pids {
-            let _ = nix::sys::wait::waitpid(
-                nix::unistd::Pid::from_raw(pid as i32),
-                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-            );
+        for l in rt.live.lock().await.values() {
+            l.sandbox.reap_pid1_if_ours();
         }
+        crate::reap::reap_unreaped();
     }
 }
 
