@@ -170,6 +170,11 @@ def main() -> int:
     lost: list = []
     try:
         pid = server.proc.pid
+        # Sandboxes an earlier run left (one cut off mid-burst) would be counted as this run's.
+        left = server.session.get(f"{server.url}/v2/sandboxes?state=running,paused&limit=100", timeout=60).json()
+        if left:
+            print(f"  killing {len(left)} sandboxes an earlier run left in {args.data_dir}")
+            server.kill_all([s["sandboxID"] for s in left])
         # One life first: what the first create sets up once is not a leak.
         Sandbox.create(timeout=300).kill()
         time.sleep(1)
