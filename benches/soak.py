@@ -16,7 +16,9 @@ Starts its own server and runs, with the official E2B SDK:
   4. crashes (`harness/faults.py`): the server SIGKILLed at a random point of a create, pause,
      resume, fork, upload, kill or snapshot, in turn, and restarted on the same data dir:
      every sandbox, file and snapshot it acknowledged must be there, what the cut operation
-     made must be whole, and once all is deleted the host must hold what it held before.
+     made must be whole, and once all is deleted the host must hold what it held before;
+  5. a full data disk (`harness/fulldisk.py`): a server on a small loop-mounted data dir,
+     filled from outside, must answer 507 with the cause and work again once space is freed.
 Around it, what the host holds is counted: the server's zombie children, its open descriptors
 (but sockets and the vm jails' cached user namespaces),
 mounts under the data and run dirs, network namespaces, sandbox cgroups, sandbox state dirs
@@ -263,11 +265,10 @@ def main() -> int:
                               "zombies": zombies_of(server.proc.pid)}
     finally:
         server.stop()
-    if args.runtime == "ns":
-        # A data disk filled from outside: 507s with the cause, then recovery once freed.
-        full = fulldisk.run(args.bin, args.data_dir, os.path.join(out, "serve-fulldisk.log"))
-        results["full_disk"] = full
-        lost += full
+    # A data disk filled from outside: 507s with the cause, then recovery once freed.
+    full = fulldisk.run(args.bin, args.data_dir, os.path.join(out, "serve-fulldisk.log"), args.runtime)
+    results["full_disk"] = full
+    lost += full
     results["host_before"], results["host_after"] = before, after
     results["lost"] = lost
     leaked = {k: (before[k], after[k]) for k in before if after[k] != before[k]}

@@ -3,9 +3,8 @@
 the cause, keep its running sandboxes answering, and take everything again once the space is
 freed, with no restart.
 
-The data dir is a fresh ext4 image of `size_mib` with the main data dir's `images/` bind-mounted
-in (the base image would not fit). Only the namespace runtime: the vm runtime's kernel, initramfs
-and snapshot would each have to be built again in the small dir.
+The data dir is a fresh ext4 image of `size_mib` with the main data dir's `images/` (and, for
+the vm runtime, `vm/kernel/`) bind-mounted in: the base image and the guest kernel would not fit.
 """
 
 from __future__ import annotations
@@ -27,9 +26,9 @@ def _run(*cmd: str) -> None:
 
 
 @contextlib.contextmanager
-def small_data_dir(main_data_dir: str, size_mib: int, wrong: List[str]):
-    """A data dir on an ext4 image of its own, holding `images/` of the main data dir; a
-    mount the server left busy at the end is one of the things that went `wrong`."""
+def small_data_dir(main_data_dir: str, size_mib: int, wrong: List[str], shared=("images",)):
+    """A data dir on an ext4 image of its own, holding the `shared` dirs of the main data dir;
+    a mount the server left busy at the end is one of the things that went `wrong`."""
     work = tempfile.mkdtemp(prefix="warren-fulldisk-", dir="/var/tmp")
     image, data = os.path.join(work, "disk.img"), os.path.join(work, "data")
     os.makedirs(data)
@@ -40,10 +39,11 @@ def small_data_dir(main_data_dir: str, size_mib: int, wrong: List[str]):
         _run("mkfs.ext4", "-q", "-F", "-m", "0", image)
         _run("mount", "-o", "loop", image, data)
         mounted.append(data)
-        images = os.path.join(data, "images")
-        os.makedirs(images)
-        _run("mount", "--bind", os.path.join(main_data_dir, "images"), images)
-        mounted.append(images)
+        for sub in shared:
+            inside = os.path.join(data, sub)
+            os.makedirs(inside)
+            _run("mount", "--bind", os.path.join(main_data_dir, sub), inside)
+            mounted.append(inside)
         yield data
     finally:
         for m in reversed(mounted):
@@ -63,11 +63,13 @@ def _free(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def run(binary: str, main_data_dir: str, log_path: str, size_mib: int = 1536, reserve_mib: int = 256) -> List[str]:
+def run(binary: str, main_data_dir: str, log_path: str, runtime: str = "ns", size_mib: int = 1536,
+        reserve_mib: int = 256) -> List[str]:
     """Returns what went wrong (empty when the server did all it promises)."""
     wrong: List[str] = []
-    with small_data_dir(main_data_dir, size_mib, wrong) as data:
-        server = Server(binary, data, log_path, 8, "ns", ["--min-free-mb", str(reserve_mib)])
+    shared = ("images",) if runtime == "ns" else ("images", "vm/kernel")
+    with small_data_dir(main_data_dir, size_mib, wrong, shared) as data:
+        server = Server(binary, data, log_path, 8, runtime, ["--min-free-mb", str(reserve_mib)])
         server.start()
         api = server.session
 

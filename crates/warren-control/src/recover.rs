@@ -83,13 +83,34 @@ impl Control {
                 continue;
             };
             match result {
-                Ok(rt) => {
+                Ok(mut rt) => {
+                    let finished = warren_runtime::take_finished_pause(&mut rt.record);
                     sb.runtime = Some(rt);
-                    if sb.state == SandboxState::Running {
-                        self.restore_egress(&mut sb).await;
+                    match finished {
+                        // The server died between the runtime's pause and its record: the
+                        // sandbox is paused, as the pause's caller asked.
+                        Some(mode) if sb.state == SandboxState::Running => {
+                            sb.transition(SandboxState::Paused)
+                                .map_err(|e| ControlError::Internal(e.to_string()))?;
+                            sb.pause_mode = Some(mode);
+                            tracing::warn!(sandbox_id = %id, ?mode, "recorded a pause that finished while the server was down");
+                        }
+                        _ if sb.state == SandboxState::Running => {
+                            self.restore_egress(&mut sb).await;
+                        }
+                        _ => {}
                     }
                     store.update_sandbox(&sb).await?;
                     self.register(&sb, None);
+                    if sb.state == SandboxState::Paused && finished.is_some() {
+                        let memory = finished == Some(warren_runtime::PauseMode::Memory);
+                        self.record_event(
+                            &sb,
+                            crate::events::EventKind::Paused,
+                            Some(serde_json::json!({"memory": memory})),
+                        )
+                        .await;
+                    }
                     reattached += 1;
                 }
                 Err(e) => {

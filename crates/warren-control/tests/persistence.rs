@@ -183,6 +183,31 @@ async fn paused_sandboxes_survive_restart_and_do_not_expire() {
     assert!(c2.route(&sb.id).is_some());
 }
 
+/// The server died after the runtime's pause had finished and before the pause was recorded:
+/// the restarted control plane records it paused (with its event), and it resumes.
+#[tokio::test]
+async fn a_pause_that_finished_while_the_server_was_down_is_recorded() {
+    let (c, store, rt) = start_with(full_caps(), Config::default()).await;
+    let sb = c.create(base()).await.unwrap();
+    c.shutdown();
+    rt.finish_pause.lock().unwrap().push(sb.id.clone());
+    let c2 = Control::start(store.clone(), rt.clone(), Config::default())
+        .await
+        .unwrap();
+    let got = c2.get(&sb.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Paused);
+    assert_eq!(got.pause_mode, Some(warren_runtime::PauseMode::Memory));
+    let record = &got.runtime.as_ref().unwrap().record;
+    assert!(
+        record.get(warren_runtime::RECORD_FINISHED_PAUSE).is_none(),
+        "the mark is not kept: {record}"
+    );
+    assert!(c2.route(&sb.id).is_none());
+    rt.finish_pause.lock().unwrap().clear();
+    assert!(c2.connect(&sb.id, None).await.unwrap().1, "it resumes");
+    assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
+}
+
 #[tokio::test]
 async fn on_timeout_pause_then_traffic_resumes() {
     let (c, store, _) = start_with(full_caps(), Config::default()).await;

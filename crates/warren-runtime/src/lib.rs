@@ -172,6 +172,26 @@ pub fn tag_record(runtime: &str, mut record: serde_json::Value) -> serde_json::V
     record
 }
 
+/// The key of a reattached [`RuntimeSandbox::record`] by which a runtime says that a sandbox
+/// the control plane recorded as running was paused after all: the server died after the
+/// runtime's pause had finished (durably) and before the control plane recorded it.
+pub const RECORD_FINISHED_PAUSE: &str = "finishedPause";
+
+/// `record` marked as a pause that finished while the server was down (see
+/// [`RECORD_FINISHED_PAUSE`]).
+pub fn mark_finished_pause(mut record: serde_json::Value, mode: PauseMode) -> serde_json::Value {
+    if let (Some(map), Ok(mode)) = (record.as_object_mut(), serde_json::to_value(mode)) {
+        map.insert(RECORD_FINISHED_PAUSE.into(), mode);
+    }
+    record
+}
+
+/// Takes the mark of [`mark_finished_pause`] off `record`: the mode of the pause, if it had one.
+pub fn take_finished_pause(record: &mut serde_json::Value) -> Option<PauseMode> {
+    let mode = record.as_object_mut()?.remove(RECORD_FINISHED_PAUSE)?;
+    serde_json::from_value(mode).ok()
+}
+
 /// The back end that wrote `record`; `None` for records of releases before the tag.
 pub fn record_runtime(record: &serde_json::Value) -> Option<&str> {
     record.get(RECORD_RUNTIME).and_then(|v| v.as_str())

@@ -27,6 +27,9 @@ pub struct FakeRuntime {
     pub alive: Mutex<HashMap<String, RuntimeSandbox>>,
     /// Ids `reattach` should report as lost.
     pub lose: Mutex<Vec<String>>,
+    /// Ids `reattach` should report as paused in a pause that finished while the server was
+    /// down (and are paused in memory from then on).
+    pub finish_pause: Mutex<Vec<String>>,
     pub caps: Mutex<Capabilities>,
     /// Paused sandboxes and how.
     pub paused: Mutex<HashMap<String, PauseMode>>,
@@ -248,6 +251,7 @@ impl SandboxRuntime for FakeRuntime {
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
         let lose = self.lose.lock().unwrap().clone();
+        let finish = self.finish_pause.lock().unwrap().clone();
         records
             .into_iter()
             .map(|r| {
@@ -256,6 +260,14 @@ impl SandboxRuntime for FakeRuntime {
                         r.id.clone(),
                         Err(RuntimeError::Failed("process is gone".into())),
                     )
+                } else if finish.contains(&r.id) {
+                    self.paused
+                        .lock()
+                        .unwrap()
+                        .insert(r.id.clone(), PauseMode::Memory);
+                    let record =
+                        warren_runtime::mark_finished_pause(r.record.clone(), PauseMode::Memory);
+                    (r.id.clone(), Ok(RuntimeSandbox { record, ..r }))
                 } else {
                     (r.id.clone(), Ok(r))
                 }

@@ -13,7 +13,7 @@ use crate::snapshot::Snapshot;
 use serde_json::json;
 use warren_host::cgroup::SandboxCgroup;
 use warren_net::{AdoptSlot, NetPool, Slot};
-use warren_runtime::{RuntimeError, RuntimeSandbox};
+use warren_runtime::{PauseMode, RuntimeError, RuntimeSandbox};
 
 use super::{failed, machine, Machine, Record, VmRuntime};
 
@@ -40,6 +40,33 @@ impl VmRuntime {
         }
         let alive =
             |rec: &Record| crate::qemu::is_our_qemu(rec.pid, &self.vms_dir().join(&rec.name));
+        // A VM whose pause finished (its checkpoint durable, its QEMU ended) before the
+        // server that paused it could record the pause: paused, not lost.
+        let (finished, running): (Vec<_>, Vec<_>) = running.into_iter().partition(|(r, rec)| {
+            rec.as_ref().is_some_and(|rec| !alive(rec))
+                && Snapshot::open(&self.paused_dir(&r.id)).is_some()
+        });
+        for (r, rec) in finished {
+            let memory = Snapshot::open(&self.paused_dir(&r.id)).is_some_and(|c| c.has_memory());
+            let record = Record {
+                pid: 0,
+                slot: 0,
+                allow_internet_access: rec.is_some_and(|rec| rec.allow_internet_access),
+                policy: None,
+                name: String::new(),
+                paused: true,
+            };
+            let result = serde_json::to_value(&record).map_err(failed).map(|v| {
+                let mode = if memory { PauseMode::Memory } else { PauseMode::Filesystem };
+                tracing::warn!(sandbox = %r.id, ?mode, "a pause finished while the server was down");
+                warren_runtime::mark_finished_pause(warren_runtime::tag_record("vm", v), mode)
+            });
+            if result.is_ok() {
+                self.paused.lock().await.insert(r.id.clone());
+            }
+            let id = r.id.clone();
+            out.push((id, result.map(|record| RuntimeSandbox { record, ..r })));
+        }
         let keep: Vec<String> = running
             .iter()
             .filter_map(|(_, rec)| rec.as_ref().filter(|r| alive(r)).map(|r| r.name.clone()))
