@@ -259,3 +259,38 @@ async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
     second.shutdown().await.expect("shutdown");
     cleanup(&cfg);
 }
+
+/// The server died after a filesystem pause had saved the files and ended the processes,
+/// before the control plane recorded the pause: the store still holds the running record.
+/// The restarted runtime reports the sandbox paused with its files (a pause that finished
+/// while the server was down), and it resumes from them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_pause_that_finished_while_the_server_was_down_is_reported_paused() {
+    let Some(cfg) = config("d", 23) else { return };
+    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    first.reattach(vec![]).await;
+    let running = first.create(spec("donepaused")).await.expect("create");
+    assert_eq!(run(running.agent, "echo kept > /home/user/f").await.0, 0);
+    first
+        .pause("donepaused", PauseMode::Filesystem)
+        .await
+        .expect("pause");
+
+    let second = common::restart(first, &cfg).await;
+    let mut back = second.reattach(vec![running.clone()]).await;
+    let (_, got) = back.pop().expect("one result");
+    let mut got = got.unwrap_or_else(|e| panic!("lost: {}", warren_runtime::chain(&e)));
+    assert_eq!(
+        warren_runtime::take_finished_pause(&mut got.record),
+        Some(PauseMode::Filesystem)
+    );
+    let (resumed, kind) = second.resume(spec("donepaused")).await.expect("resume");
+    assert_eq!(kind, ResumeKind::Filesystem);
+    assert_eq!(
+        run(resumed.agent, "cat /home/user/f").await,
+        (0, "kept\n".into())
+    );
+    second.kill("donepaused").await.expect("kill");
+    second.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}

@@ -404,3 +404,51 @@ async fn a_vm_left_stopped_by_a_dead_server_runs_again_after_restart() {
     rt.shutdown().await.expect("shutdown");
     cleanup(&cfg);
 }
+
+/// The server died after a pause's checkpoint and kill, before the control plane recorded the
+/// pause: its record still says running. The restarted runtime reports the sandbox paused
+/// (marked as a pause that finished while the server was down), and it resumes with its
+/// files and processes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_that_finished_while_the_server_was_down_is_reported_paused() {
+    let Some((cfg, vm)) = config("f", 3) else {
+        return;
+    };
+    let rt = start(&cfg, &vm, vec![]).await;
+    let running = rt
+        .create(spec("finishedvm"))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
+    assert_eq!(run(running.agent, WRITE).await, (0, "ok\n".into()));
+    let sums = run(running.agent, SUMS).await;
+    let (pid, _) = counter(running.agent).await;
+    rt.pause("finishedvm", PauseMode::Memory)
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
+    rt.release().await.expect("release");
+
+    let rt = VmRuntime::start(cfg.clone(), vm.clone())
+        .await
+        .expect("start");
+    let mut back = rt.reattach(vec![running.clone()]).await;
+    let (id, got) = back.pop().expect("one result");
+    assert_eq!(id, "finishedvm");
+    let mut got = got.unwrap_or_else(|e| panic!("lost: {}", warren_runtime::chain(&e)));
+    assert_eq!(
+        warren_runtime::take_finished_pause(&mut got.record),
+        Some(PauseMode::Memory)
+    );
+    rt.prepare_template("base")
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
+    let (resumed, kind) = rt
+        .resume(spec("finishedvm"))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
+    assert_eq!(kind, warren_runtime::ResumeKind::Memory);
+    assert_eq!(run(resumed.agent, SUMS).await, sums);
+    assert_eq!(counter(resumed.agent).await.0, pid, "its processes go on");
+    rt.kill("finishedvm").await.unwrap();
+    rt.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}

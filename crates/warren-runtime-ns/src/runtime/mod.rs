@@ -734,20 +734,35 @@ impl NsRuntime {
     }
 
     /// A sandbox paused with its memory whose processes are gone (the host rebooted) still
-    /// has its files: it stays paused and resumes from them. `None` when it has no files.
+    /// has its files: it stays paused and resumes from them. One recorded as running whose
+    /// processes are gone but whose files were saved by a pause was paused with its files
+    /// after all: the server died between the pause and its record (the record says so, see
+    /// `warren_runtime::mark_finished_pause`). `None` when it has no saved files.
     async fn keep_files_of(&self, r: &RuntimeSandbox, rec: Record) -> Option<RuntimeSandbox> {
-        if rec.paused != Some(PauseMode::Memory) || !crate::layer::exists(&self.paused_dir(&r.id)) {
+        let finished = rec.paused.is_none();
+        if !(finished || rec.paused == Some(PauseMode::Memory))
+            || !crate::layer::exists(&self.paused_dir(&r.id))
+        {
             return None;
         }
-        tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
+        if finished {
+            tracing::warn!(sandbox = %r.id, "a filesystem pause finished while the server was down");
+        } else {
+            tracing::warn!(sandbox = %r.id, "paused processes lost; keeping its saved files");
+        }
         self.paused_fs.lock().await.insert(r.id.clone());
         let rec = Record {
             pid1: 0,
             paused: Some(PauseMode::Filesystem),
             ..rec
         };
+        let record = tagged(&rec).ok()?;
         Some(RuntimeSandbox {
-            record: tagged(&rec).ok()?,
+            record: if finished {
+                warren_runtime::mark_finished_pause(record, PauseMode::Filesystem)
+            } else {
+                record
+            },
             ..r.clone()
         })
     }
