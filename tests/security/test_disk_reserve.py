@@ -2,9 +2,9 @@
 free-space check, so one team could write the data disk full and break the store and every
 other team's volumes; COPY uploads and builds wrote with no check either. Now a volume owns its
 whole size on the host's disk (allocated when made or grown, kept through `fstrim`), and every
-writer (volume create, grow, snapshot; uploads; build steps; pauses) refuses with 507 and the
-numbers when it would eat into the server's reserve (`--min-free-mb`). Per-team quotas are the
-agent-driven cloud's issue."""
+writer (volume create, grow, snapshot; uploads; build steps; sandbox creates; pauses) refuses
+with 507 and the numbers when it would eat into the server's reserve (`--min-free-mb`). Per-team
+quotas are the agent-driven cloud's issue."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def test_a_volume_owns_its_size_on_the_host_disk(server):
 def test_without_room_every_writer_refuses_with_507_and_the_numbers(server):
     kept = new_volume(server, 16)
     before = len(volumes_api(server, "GET", "/volumes").json())
+    # Made while there is room; the restart below takes it back.
+    sbx = Sandbox.create(timeout=300, request_timeout=300)
     with reserved(server) as srv:
         # A volume, however small.
         r = volumes_api(srv, "POST", "/volumes",
@@ -74,12 +76,14 @@ def test_without_room_every_writer_refuses_with_507_and_the_numbers(server):
             tpl = Template().from_base_image().run_cmd(f"echo {uuid.uuid4().hex}")
             Template.build(tpl, f"res-{uuid.uuid4().hex[:8]}")
         assert "no room" in str(refused.value), refused.value
-        # A pause (memory and disk to the data disk).
-        sbx = Sandbox.create(timeout=120, request_timeout=300)
+        # A create (the sandbox's disk lives on the data disk) and a pause (memory and disk
+        # to the data disk); the running sandbox runs on.
         try:
+            says_why(volumes_api(srv, "POST", "/sandboxes", json={"templateID": "base"}))
             r = volumes_api(srv, "POST", f"/sandboxes/{sbx.sandbox_id}/pause")
             assert r.status_code == 507, r.text
             assert sbx.is_running()
+            assert sbx.commands.run("echo alive").stdout == "alive\n"
         finally:
             sbx.kill()
     volumes_api(server, "DELETE", f"/volumes/{kept}")
