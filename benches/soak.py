@@ -242,6 +242,7 @@ def main() -> int:
 
         after = settle(pid, args.data_dir, before)
         files_after = server_files(pid)
+        results["zombies"] = zombies_of(pid)
 
         # Crashes: a new server process each round, so only what the host holds is compared
         # (not the server's own descriptors), and no zombie may outlive a restart's adoption.
@@ -296,7 +297,9 @@ def main() -> int:
     print(f"results in {out}/results.json")
     if lost or leaked:
         print(f"LOST: {lost}\nLEAKED (before, after): {leaked}", file=sys.stderr)
-        if results["crashes"]["zombies"]:
+        if results.get("zombies"):
+            print(f"zombies after the lives and pauses: {results['zombies']}", file=sys.stderr)
+        if results.get("crashes", {}).get("zombies"):
             print(f"zombies after the crashes: {results['crashes']['zombies']}", file=sys.stderr)
         return 1
     return 0

@@ -91,6 +91,41 @@ pub(crate) fn reap_unreaped() {
     });
 }
 
+/// Reaps any sandbox agent (a sandbox's PID 1, `warren-agent`) that ended as our child and
+/// that nothing above waited for: a last net, so that no `[warren-agent] <defunct>` stays
+/// behind whatever path handed it to us. Only zombies are waited for (a zombie's number cannot
+/// be given to another process until it is reaped), and only agents: the manager never spawns
+/// one itself, so no other waiter expects their exit. Children are read from
+/// `/proc/self/task/*/children`.
+pub(crate) fn reap_stray_agents() {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let Ok(children) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let zombie = stat[close + 1..].trim_start().starts_with('Z');
+            if zombie && &stat[open + 1..close] == "warren-agent" {
+                let _ = nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(pid),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +133,38 @@ mod tests {
 
     fn pidfd_of(child: &std::process::Child) -> OwnedFd {
         open_pidfd(child.id()).expect("pidfd_open (Linux 5.3 or later)")
+    }
+
+    #[test]
+    fn a_stray_agent_zombie_is_reaped_and_other_children_are_not() {
+        let dir = std::env::temp_dir().join(format!("reap-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let agent = dir.join("warren-agent");
+        fs::copy("/bin/true", &agent).unwrap();
+        let stray = Command::new(&agent).spawn().unwrap();
+        let other = Command::new("true").spawn().unwrap();
+        let (stray, mut other) = (stray.id(), other);
+        let zombie = |pid: u32| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
+                .unwrap_or(false)
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(zombie(stray) && zombie(other.id())) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(zombie(stray), "the agent ended");
+        reap_stray_agents();
+        assert!(
+            !std::path::Path::new(&format!("/proc/{stray}")).exists(),
+            "the agent's zombie was reaped"
+        );
+        assert!(
+            zombie(other.id()),
+            "another child's exit is left to its waiter"
+        );
+        assert!(other.wait().unwrap().success());
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

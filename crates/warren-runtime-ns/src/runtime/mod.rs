@@ -844,6 +844,7 @@ async fn reap_orphans(rt: std::sync::Weak<NsRuntime>) {
             l.sandbox.reap_pid1_if_ours();
         }
         crate::reap::reap_unreaped();
+        crate::reap::reap_stray_agents();
     }
 }
 
