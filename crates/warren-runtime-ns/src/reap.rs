@@ -141,9 +141,10 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let agent = dir.join("warren-agent");
         fs::copy("/bin/true", &agent).unwrap();
-        let stray = Command::new(&agent).spawn().unwrap();
-        let other = Command::new("true").spawn().unwrap();
-        let (stray, mut other) = (stray.id(), other);
+        // Never waited for by its handle: what the test's reaper must do.
+        #[allow(clippy::zombie_processes)]
+        let stray = Command::new(&agent).spawn().unwrap().id();
+        let mut other = Command::new("true").spawn().unwrap();
         let zombie = |pid: u32| {
             fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map(|s| s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
