@@ -162,6 +162,11 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// The sandbox's cgroup directories: one on v2, one per controller on v1.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
     /// Pids in the cgroup.
     pub fn pids(&self) -> Vec<u32> {
         let d = self.dir("pids");
@@ -170,6 +175,27 @@ impl SandboxCgroup {
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect()
+    }
+
+    /// Processes in any of the sandbox's cgroups. On v1 a process joins the controllers'
+    /// hierarchies one by one, so one whose start was cut off (its server killed meanwhile)
+    /// may be in some of them only (seen: a QEMU in `cpu` alone, which a kill that read `pids`
+    /// never found, and whose `cpu` cgroup could then never be removed).
+    fn pids_in_any(&self) -> Vec<u32> {
+        let mut all: Vec<u32> = self
+            .dirs
+            .iter()
+            .flat_map(|d| {
+                fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
     }
 
     /// What the sandbox's processes have used so far, read from the host's side (so nothing
@@ -243,7 +269,7 @@ impl SandboxCgroup {
                 // Freeze first so nothing forks between reading the list and killing it.
                 let freezer = self.dir("freezer").join("freezer.state");
                 let frozen = self.version == Version::V1 && write(&freezer, "FROZEN").is_ok();
-                for pid in self.pids() {
+                for pid in self.pids_in_any() {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid as i32),
                         nix::sys::signal::Signal::SIGKILL,
@@ -254,14 +280,14 @@ impl SandboxCgroup {
                 }
             }
         }
-        while !self.pids().is_empty() {
+        while !self.pids_in_any().is_empty() {
             if Instant::now() > deadline {
                 return Err(io::Error::other(format!(
                     "cgroup {} did not empty",
                     self.dir("pids").display()
                 )));
             }
-            for pid in self.pids() {
+            for pid in self.pids_in_any() {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGKILL,
