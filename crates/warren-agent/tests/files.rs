@@ -431,6 +431,8 @@ async fn an_upload_past_a_full_disk_is_507_and_the_client_hears_it() {
         .status()
         .expect("mount");
     assert!(mounted.success(), "mounting a small tmpfs needs root");
+    // Unmounted before the scratch dir goes (drops run in reverse), also when the test fails.
+    let _unmount = Unmount(dir.0.clone());
     let agent = Agent::start(None).await;
     let big = binary_sample(16 << 20);
     let (content_type, form) = multipart(&[("file", Some("big.bin"), &big)]);
@@ -455,5 +457,13 @@ async fn an_upload_past_a_full_disk_is_507_and_the_client_hears_it() {
     }
     let resp = agent.put(&dir.path("small.bin"), b"fits".to_vec()).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    let _ = std::process::Command::new("umount").arg(&dir.0).status();
+}
+
+/// Unmounts its path when dropped.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
 }

@@ -140,7 +140,11 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     let Some(mut cfg) = config() else { return };
     // Its own prefix, addresses and cgroups: the other test in this binary runs concurrently.
     cfg.net.prefix = format!("wr{}", std::process::id() % 100_000);
-    cfg.net.host_cidr = format!("10.14.{}.0/24", std::process::id() % 250)
+    let third = warren_testkit::net::free_third_octet(
+        14,
+        (0..250).map(|k| ((std::process::id() + k) % 250) as u8),
+    );
+    cfg.net.host_cidr = format!("10.14.{third}.0/24")
         .parse()
         .unwrap();
     cfg.cgroup_parent.push_str("-restart");

@@ -18,6 +18,8 @@
 //! }
 //! ```
 
+pub mod net;
+
 use std::fmt::Display;
 use std::io::Write as _;
 use std::path::PathBuf;

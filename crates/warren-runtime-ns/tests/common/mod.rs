@@ -74,7 +74,12 @@ impl HostTest<'_> {
         cfg.nsinit_bin = pinned(&bin.join("warren-nsinit"));
         cfg.cgroup_parent = format!("warren-{}-test-{suffix}", self.name);
         cfg.net.prefix = format!("{}{}{}", self.prefix, self.tag, id % 10_000);
-        cfg.net.host_cidr = format!("10.{}.{}.0/24", self.octet, id % 250)
+        // A range some earlier run left routed is passed over (each test its own octet).
+        let third = warren_testkit::net::free_third_octet(
+            self.octet as u8,
+            (0..250).map(|k| ((id + k) % 250) as u8),
+        );
+        cfg.net.host_cidr = format!("10.{}.{third}.0/24", self.octet)
             .parse()
             .unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
@@ -448,6 +453,10 @@ impl Drop for Running {
             // Processes, cgroup, the disk's mount and image, state.
             let _ = launch::remove_sandbox(&self.cfg, &s.id);
         }
+        // The last sandbox of a test takes the test's parents (state dir, staged agent's
+        // mount, cgroups) with it, also when the test failed; this refuses while another
+        // sandbox of the same configuration lives.
+        let _ = launch::remove_empty_parents(&self.cfg);
     }
 }
 

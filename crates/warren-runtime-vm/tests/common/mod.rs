@@ -56,7 +56,13 @@ impl VmTest<'_> {
         cfg.agent_bin = bin.join("warren-agent");
         cfg.cgroup_parent = format!("warren-{}-test-{tag}-{id}", self.name);
         cfg.net.prefix = format!("{}{tag}{}", self.prefix, id % 10_000);
-        cfg.net.host_cidr = format!("10.{}.{}.0/26", self.octet, (id % 60) * 4 + n)
+        // The n-th test of a binary keeps to third octets ≡ n (mod 4), so tests of one process
+        // never pick the same range; a range some earlier run left routed is passed over.
+        let third = warren_testkit::net::free_third_octet(
+            self.octet as u8,
+            (0..64).map(|k| (((id % 60 + k) % 64) * 4 + n % 4) as u8),
+        );
+        cfg.net.host_cidr = format!("10.{}.{third}.0/26", self.octet)
             .parse()
             .unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
