@@ -144,9 +144,7 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
         14,
         (0..250).map(|k| ((std::process::id() + k) % 250) as u8),
     );
-    cfg.net.host_cidr = format!("10.14.{third}.0/24")
-        .parse()
-        .unwrap();
+    cfg.net.host_cidr = format!("10.14.{third}.0/24").parse().unwrap();
     cfg.cgroup_parent.push_str("-restart");
     cfg.run_dir = PathBuf::from(format!("{}-restart", cfg.run_dir.display()));
     cfg.net.run_dir = cfg.run_dir.join("net");

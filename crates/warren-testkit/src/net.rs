@@ -115,7 +115,10 @@ mod tests {
 
     #[test]
     fn the_first_candidate_no_route_touches_is_taken() {
-        let routes = [net("10.21.75.0/30 dev wqf3038-0"), net("10.21.79.4/30 dev x")];
+        let routes = [
+            net("10.21.75.0/30 dev wqf3038-0"),
+            net("10.21.79.4/30 dev x"),
+        ];
         assert_eq!(pick(&routes, 21, [75, 79, 83]), 83);
         assert_eq!(pick(&routes, 21, [71, 75]), 71);
         assert_eq!(pick(&routes, 22, [75]), 75, "another second octet is free");

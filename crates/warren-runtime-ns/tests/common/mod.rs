@@ -79,9 +79,7 @@ impl HostTest<'_> {
             self.octet as u8,
             (0..250).map(|k| ((id + k) % 250) as u8),
         );
-        cfg.net.host_cidr = format!("10.{}.{third}.0/24", self.octet)
-            .parse()
-            .unwrap();
+        cfg.net.host_cidr = format!("10.{}.{third}.0/24", self.octet).parse().unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
         cfg.net.pool_size = self.pool_size;
         // Tests that count what a runtime holds would also see sandboxes prepared ahead;

@@ -62,9 +62,7 @@ impl VmTest<'_> {
             self.octet as u8,
             (0..64).map(|k| (((id % 60 + k) % 64) * 4 + n % 4) as u8),
         );
-        cfg.net.host_cidr = format!("10.{}.{third}.0/26", self.octet)
-            .parse()
-            .unwrap();
+        cfg.net.host_cidr = format!("10.{}.{third}.0/26", self.octet).parse().unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
         cfg.net.pool_size = self.pool_size;
         let mut vm = VmSettings::new(&cfg);
