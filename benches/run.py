@@ -12,7 +12,7 @@ Starts its own `warren serve` (as root) on a free loopback port with --data-dir 
 /var/lib/warren, which must hold or will build the base image), runs the scenarios, and writes
 results.json, results.md and latency.png to --out (default benches/results/<timestamp>/).
 Scenarios: create, command, files, pty, idle, pause, fork, confinement. See docs/performance.md.
-The confinement scenario (ns runtime only) restarts the server with WARREN_NS_CONFINEMENT=baseline
+The confinement scenario (ns runtime only) restarts the server with --ns-confinement baseline
 (the earlier seccomp deny-list and full capabilities; for measurement only) and without it, in
 alternating rounds, and prints the medians of create + first command and of commands.run('true')
 under both, with their ratio.
@@ -67,12 +67,12 @@ def scenario_confinement(ctx: Ctx) -> None:
         finally:
             kill(ctx, sbx.sandbox_id)
 
+    weaker = ["--ns-confinement", "baseline"]
+
     def restart(mode: str) -> None:
         ctx.server.stop()
-        if mode == "baseline":
-            os.environ["WARREN_NS_CONFINEMENT"] = "baseline"
-        else:
-            os.environ.pop("WARREN_NS_CONFINEMENT", None)
+        args = [a for a in ctx.server.extra_args if a not in weaker]
+        ctx.server.extra_args = args + weaker if mode == "baseline" else args
         ctx.server.start()
         os.environ.update(E2B_API_URL=ctx.server.url, E2B_SANDBOX_URL=ctx.server.url)
 
@@ -83,7 +83,7 @@ def scenario_confinement(ctx: Ctx) -> None:
                 restart(mode)
                 measure(mode)
     finally:
-        if os.environ.pop("WARREN_NS_CONFINEMENT", None) is not None:
+        if "baseline" in ctx.server.extra_args:
             restart("full")
     labels = {"create": "SDK create + run('true')", "cmd": "SDK commands.run('true')"}
     for what, label in labels.items():
@@ -161,8 +161,6 @@ def main() -> int:
 
     # The vm runtime's raw QEMU restore baseline is measured by its own benchmark:
     # `cargo run --release -p warren-runtime-vm --example vm_bench`.
-    if args.vm_memory_mb:
-        os.environ["WARREN_VM_MEMORY_MB"] = str(args.vm_memory_mb)
     if os.geteuid() != 0:
         print("benches/run.py must run as root: `warren serve` with the ns runtime needs root "
               "(try: sudo .venv/bin/python benches/run.py).", file=sys.stderr)
@@ -176,7 +174,8 @@ def main() -> int:
     out = args.out or os.path.join(REPO_ROOT, "benches", "results", started)
     os.makedirs(out, exist_ok=True)
     max_sbx = max(200, args.idle + 60, (args.max_idle_cap + 60) if args.max_idle else 0)
-    server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), max_sbx, args.runtime)
+    vm_args = ["--vm-memory-mb", str(args.vm_memory_mb)] if args.vm_memory_mb else []
+    server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), max_sbx, args.runtime, vm_args)
     results = Results()
     failed: list[str] = []
     empty: list[str] = []
@@ -214,7 +213,7 @@ def main() -> int:
         "runtime": args.runtime,
         "smoke": args.smoke,
         "scenarios": names,
-        "vm_memory_mb": int(os.environ.get("WARREN_VM_MEMORY_MB", "512")) if args.runtime == "vm" else None,
+        "vm_memory_mb": (args.vm_memory_mb or 512) if args.runtime == "vm" else None,
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "machine": machine(),
         "warren_commit": subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],

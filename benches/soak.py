@@ -160,8 +160,8 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     # The ns runtime's prepared pool grows with demand (a burst of 50 leaves more sandboxes
     # prepared than a single create): off here, so that what it keeps is not counted a leak.
-    os.environ["WARREN_NS_PREPARED_MAX"] = "0"
-    server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), max(burst + 2, 8), args.runtime)
+    server = Server(args.bin, args.data_dir, os.path.join(out, "serve.log"), max(burst + 2, 8), args.runtime,
+                    ["--ns-prepared-max", "0"])
     server.start()
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
     from e2b import Sandbox

@@ -49,7 +49,8 @@ def _sizes(ctx) -> tuple[list[int], int]:
         return [1], 1
     if ctx.server.runtime != "vm":
         return [64, 200], 5
-    guest = int(os.environ.get("WARREN_VM_MEMORY_MB", "512"))
+    args = ctx.server.extra_args
+    guest = int(args[args.index("--vm-memory-mb") + 1]) if "--vm-memory-mb" in args else 512
     return [mib for mib in (64, 256, 1024) if mib + 384 <= guest], 3
 
 

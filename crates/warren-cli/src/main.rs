@@ -126,6 +126,8 @@ enum Command {
         net: serve::NetArgs,
         #[command(flatten)]
         telemetry: serve::TelemetryArgs,
+        #[command(flatten)]
+        runtimes: serve::RuntimeArgs,
     },
     /// Creates, lists, inspects, runs commands or a shell in, pauses, resumes, snapshots,
     /// forks and kills sandboxes.
@@ -231,6 +233,7 @@ fn main() -> std::process::ExitCode {
                 registry,
                 net,
                 telemetry,
+                runtimes,
             } => serve::run(
                 serve::ServeArgs {
                     tls,
@@ -249,6 +252,7 @@ fn main() -> std::process::ExitCode {
                     registry,
                     net,
                     telemetry,
+                    runtimes,
                 },
                 otel,
             )

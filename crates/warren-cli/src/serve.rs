@@ -36,6 +36,57 @@ pub struct ServeArgs {
     pub net: NetArgs,
     pub tls: TlsArgs,
     pub telemetry: TelemetryArgs,
+    pub runtimes: RuntimeArgs,
+}
+
+/// Settings of the two runtimes (`docs/runtime-ns.md`, `docs/runtime-vm.md`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// ns runtime: most sandboxes kept started ahead of creates (as many as recent demand
+    /// asks for, within this and an eighth of the host's free memory); 0 prepares none.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub ns_prepared_max: usize,
+    /// ns runtime: `baseline` gives sandboxes the earlier, weaker confinement (a short
+    /// seccomp deny-list, every capability in their user namespace), to measure what
+    /// confinement costs; never for real tenants (the server warns at start).
+    #[arg(long, value_name = "full|baseline", default_value = "full")]
+    pub ns_confinement: warren_runtime_ns::config::Confinement,
+    /// vm runtime: guest RAM, in MiB, of the catalog templates' VMs (`base`, the code
+    /// interpreter); a built template's VMs get the template's memoryMB.
+    #[arg(long, value_name = "MIB", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(128..=65536))]
+    pub vm_memory_mb: u32,
+    /// vm runtime: QEMUs kept waiting for a snapshot, per template.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vm_warm_pool: usize,
+    /// vm runtime: the accelerator, `kvm` or `tcg` (default: KVM where it is truly usable,
+    /// else TCG). A forced `kvm` fails loudly where KVM cannot run a guest.
+    #[arg(long, value_name = "kvm|tcg")]
+    pub vm_accel: Option<warren_runtime_vm::Accel>,
+    /// vm runtime: the Debian kernel package guests boot, as `<package>=<version>` (default:
+    /// the pinned one), when the archive no longer carries the pin.
+    #[arg(long, value_name = "PACKAGE=VERSION")]
+    pub vm_kernel: Option<warren_runtime_vm::kernel::KernelPin>,
+}
+
+impl RuntimeArgs {
+    fn ns(&self) -> warren_runtime_ns::NsSettings {
+        warren_runtime_ns::NsSettings {
+            prepared_max: self.ns_prepared_max,
+            confinement: self.ns_confinement,
+        }
+    }
+
+    fn vm(&self, cfg: &warren_host::HostConfig) -> warren_runtime_vm::VmSettings {
+        let mut vm = warren_runtime_vm::VmSettings::new(cfg);
+        vm.memory_mb = self.vm_memory_mb;
+        vm.warm_pool = self.vm_warm_pool;
+        vm.accel = self.vm_accel;
+        if let Some(pin) = &self.vm_kernel {
+            vm.kernel = pin.clone();
+        }
+        vm
+    }
 }
 
 /// What the server tells others about itself and its sandboxes (`docs/observability.md`).
@@ -235,6 +286,7 @@ pub struct RegistryArgs {
 
 async fn runtime(
     kind: RuntimeKind,
+    settings: &RuntimeArgs,
     data_dir: &Path,
     signed_url_max_age: Option<std::num::NonZeroU64>,
     net: &NetArgs,
@@ -242,7 +294,7 @@ async fn runtime(
 ) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
     let kind = match kind {
         RuntimeKind::Auto => {
-            let d = warren_runtime_vm::detect_accelerator();
+            let d = warren_runtime_vm::choose_accelerator(settings.vm_accel);
             let pick = if d.accel == warren_runtime_vm::Accel::Kvm {
                 RuntimeKind::Vm
             } else {
@@ -278,14 +330,14 @@ async fn runtime(
     }
     match kind {
         RuntimeKind::Vm => {
-            let settings = warren_runtime_vm::VmSettings::new(&cfg);
-            let rt = warren_runtime_vm::VmRuntime::start(cfg, settings)
+            let vm = settings.vm(&cfg);
+            let rt = warren_runtime_vm::VmRuntime::start(cfg, vm)
                 .await
                 .context("starting the vm runtime (it needs root and QEMU)")?;
             Ok(rt)
         }
         RuntimeKind::Auto | RuntimeKind::Ns => {
-            let rt = warren_runtime_ns::NsRuntime::start(cfg)
+            let rt = warren_runtime_ns::NsRuntime::start(cfg, settings.ns())
                 .await
                 .context("starting the namespace runtime (it needs root)")?;
             Ok(rt)
@@ -323,6 +375,7 @@ pub async fn run(
     let broker = crate::brokering::broker(&args.data_dir, &args.net.egress_ca, secrets.clone())?;
     let runtime = runtime(
         args.runtime,
+        &args.runtimes,
         &args.data_dir,
         args.signed_url_max_age,
         &args.net,
@@ -563,4 +616,71 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down; sandboxes keep running and are reattached on the next start");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        runtimes: RuntimeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RuntimeArgs, clap::Error> {
+        Flags::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .map(|f| f.runtimes)
+    }
+
+    #[test]
+    fn runtime_settings_come_from_flags_with_the_documented_defaults() {
+        let cfg = warren_host::HostConfig::new("/tmp/warren-flags".into());
+        let d = parse(&[]).unwrap();
+        assert_eq!(d.ns().prepared_max, 64);
+        assert_eq!(
+            d.ns().confinement,
+            warren_runtime_ns::config::Confinement::Full
+        );
+        let vm = d.vm(&cfg);
+        assert_eq!((vm.memory_mb, vm.warm_pool, vm.accel), (512, 2, None));
+        assert_eq!(vm.kernel, Default::default());
+
+        let set = parse(&[
+            "--ns-prepared-max=0",
+            "--ns-confinement=baseline",
+            "--vm-memory-mb=1536",
+            "--vm-warm-pool=0",
+            "--vm-accel=tcg",
+            "--vm-kernel=linux-image-x=1.2-3",
+        ])
+        .unwrap();
+        assert_eq!(set.ns().prepared_max, 0);
+        assert_eq!(
+            set.ns().confinement,
+            warren_runtime_ns::config::Confinement::Baseline
+        );
+        let vm = set.vm(&cfg);
+        assert_eq!(vm.memory_mb, 1536);
+        assert_eq!(vm.warm_pool, 0);
+        assert_eq!(vm.accel, Some(warren_runtime_vm::Accel::Tcg));
+        assert_eq!(
+            (vm.kernel.package.as_str(), vm.kernel.version.as_str()),
+            ("linux-image-x", "1.2-3")
+        );
+    }
+
+    #[test]
+    fn bad_runtime_settings_are_refused_with_the_reason() {
+        for (args, says) in [
+            (&["--ns-confinement=none"][..], "full or baseline"),
+            (&["--vm-accel=hvf"][..], "kvm or tcg"),
+            (&["--vm-kernel=nopin"][..], "<package>=<version>"),
+            (&["--vm-memory-mb=64"][..], "128..=65536"),
+        ] {
+            let e = parse(args).expect_err("refused").to_string();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    }
 }

@@ -34,10 +34,6 @@ pub struct HostConfig {
     /// Longest lifetime of a signed file URL (seconds from each request); URLs without an
     /// expiration are then refused. `None`: no limit, as upstream E2B.
     pub signed_url_max_age: Option<std::num::NonZeroU64>,
-    /// Most sandboxes the namespace runtime keeps started ahead of creates (it keeps as many
-    /// as recent demand asks for, within this and a share of the host's free memory); 0
-    /// prepares none. `WARREN_NS_PREPARED_MAX` sets it (default 64).
-    pub prepared_max: usize,
 }
 
 impl HostConfig {
@@ -67,10 +63,6 @@ impl HostConfig {
             net: NetConfig::default(),
             ready_timeout: Duration::from_secs(30),
             signed_url_max_age: None,
-            prepared_max: std::env::var("WARREN_NS_PREPARED_MAX")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(64),
         }
     }
 }

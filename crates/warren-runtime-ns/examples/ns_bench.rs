@@ -166,7 +166,10 @@ async fn main() {
         nsinit_bin: bin_dir.join("warren-nsinit"),
         agent_bin: bin_dir.join("warren-agent"),
         cgroup_parent: format!("warren-bench-{}", std::process::id()),
-        confinement: warren_runtime_ns::config::Confinement::from_env(),
+        // WARREN_NS_CONFINEMENT=baseline measures the earlier confinement.
+        confinement: std::env::var("WARREN_NS_CONFINEMENT")
+            .map_or(Ok(Default::default()), |v| v.parse())
+            .expect("WARREN_NS_CONFINEMENT is full or baseline"),
         lxcfs: None,
     };
     for b in [&cfg.nsinit_bin, &cfg.agent_bin] {

@@ -70,16 +70,15 @@ pub enum Confinement {
     Baseline,
 }
 
-impl Confinement {
-    /// Environment variable a benchmark sets (`baseline`) on the server to measure the cost of
-    /// confinement.
-    pub const ENV: &'static str = "WARREN_NS_CONFINEMENT";
+impl std::str::FromStr for Confinement {
+    type Err = String;
 
-    /// The confinement named by [`Confinement::ENV`] (full unless it says `baseline`).
-    pub fn from_env() -> Confinement {
-        match std::env::var(Self::ENV).as_deref() {
-            Ok("baseline") => Confinement::Baseline,
-            _ => Confinement::Full,
+    /// `full` or `baseline`, as `warren serve --ns-confinement` takes it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "full" => Ok(Confinement::Full),
+            "baseline" => Ok(Confinement::Baseline),
+            other => Err(format!("{other:?} is not a confinement (full or baseline)")),
         }
     }
 }

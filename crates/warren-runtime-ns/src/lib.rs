@@ -23,4 +23,4 @@ pub mod seccomp;
 mod stage;
 mod sys;
 
-pub use runtime::{ns_config, NsRuntime};
+pub use runtime::{ns_config, NsRuntime, NsSettings};

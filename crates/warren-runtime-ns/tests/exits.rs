@@ -24,7 +24,9 @@ fn config() -> Option<HostConfig> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_that_dies_is_reported_at_once_with_its_cause() {
     let Some(cfg) = config() else { return };
-    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     rt.reattach(vec![]).await;
     let s = rt.create(common::small_spec("dies")).await.expect("create");
     assert_eq!(rt.status("dies").await.expect("status"), None, "running");

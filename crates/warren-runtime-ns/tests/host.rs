@@ -55,7 +55,9 @@ fn host_ip(sbx: &RuntimeSandbox) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     let Some(cfg) = config() else { return };
-    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     assert!(rt.reattach(vec![]).await.is_empty());
     let a = rt.create(spec("hosta", true)).await.expect("create a");
     let b = rt.create(spec("hostb", false)).await.expect("create b");
@@ -151,7 +153,9 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     // Not the other test's: a runtime sweeps its templates directory when it starts.
     cfg.templates_dir = cfg.run_dir.join("templates");
 
-    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     let kept = first.create(spec("keptalive", true)).await.expect("create");
     let doomed = first.create(spec("doomed", true)).await.expect("create");
@@ -173,7 +177,9 @@ async fn a_restarted_manager_takes_back_running_sandboxes() {
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
 
-    let second = NsRuntime::start(cfg.clone()).await.expect("restart");
+    let second = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("restart");
     let results = second.reattach(vec![kept.clone(), doomed.clone()]).await;
     assert_eq!(results.len(), 2);
     let back = results[0]

@@ -135,7 +135,9 @@ fn loops_under(dir: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_that_come_and_go_leave_no_zombies_and_no_state() {
     let Some(cfg) = config("z", 47) else { return };
-    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     rt.reattach(vec![]).await;
     // One round first: what the first create sets up once (the agent's staging, LXCFS's
     // view, a template mount) is not a leak.

@@ -56,7 +56,9 @@ fn disjoint(ranges: &[u32]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_sandbox_gets_its_own_range_and_snapshots_move_to_the_new_one() {
     let Some(cfg) = config() else { return };
-    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     rt.reattach(vec![]).await;
     let a = rt.create(spec("idsa", None)).await.expect("create a");
     let b = rt.create(spec("idsb", None)).await.expect("create b");
@@ -92,7 +94,7 @@ async fn every_sandbox_gets_its_own_range_and_snapshots_move_to_the_new_one() {
     disjoint(&[ra, rb, rc, rd]);
 
     // A restarted manager knows the ranges in use.
-    let rt = common::restart(rt, &cfg).await;
+    let rt = common::restart(rt, &cfg, common::ns_settings()).await;
     let back = rt.reattach(vec![b.clone(), c.clone(), d.clone()]).await;
     assert!(back.iter().all(|(_, r)| r.is_ok()), "{back:?}");
     let e = rt.create(spec("idse", None)).await.expect("create e");

@@ -61,7 +61,9 @@ async fn counter(agent: SocketAddr) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_pause_survives_a_restart_and_processes_continue() {
     let Some(cfg) = config("m", 18) else { return };
-    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("pausemem")).await.expect("create");
     assert_eq!(run(sbx.agent, WRITE).await, (0, "started\n".into()));
@@ -93,7 +95,7 @@ async fn memory_pause_survives_a_restart_and_processes_continue() {
     );
 
     // The manager goes away while the sandbox is paused; a new one takes it back.
-    let second = common::restart(first, &cfg).await;
+    let second = common::restart(first, &cfg, common::ns_settings()).await;
     let back = second.reattach(vec![paused.clone()]).await;
     let back = back[0]
         .1
@@ -147,7 +149,9 @@ fn counter_from_disk(cfg: &HostConfig, id: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn filesystem_pause_and_snapshots_keep_every_file() {
     let Some(cfg) = config("f", 19) else { return };
-    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("pausefs")).await.expect("create");
     assert_eq!(run(sbx.agent, WRITE).await, (0, "started\n".into()));
@@ -168,7 +172,7 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
         .pause("pausefs", PauseMode::Filesystem)
         .await
         .expect("pause");
-    let second = common::restart(first, &cfg).await;
+    let second = common::restart(first, &cfg, common::ns_settings()).await;
     let back = second.reattach(vec![paused]).await;
     assert!(back[0].1.is_ok(), "{:?}", back[0].1);
     for _ in 0..3 {
@@ -229,7 +233,9 @@ async fn filesystem_pause_and_snapshots_keep_every_file() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
     let Some(cfg) = config("c", 20) else { return };
-    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     let sbx = first.create(spec("halfpaused")).await.expect("create");
     assert_eq!(run(sbx.agent, "echo kept > /home/user/f").await.0, 0);
@@ -243,7 +249,7 @@ async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
     let orphan = cfg.data_dir.join("paused/gone.partial");
     std::fs::create_dir_all(&orphan).unwrap();
 
-    let second = common::restart(first, &cfg).await;
+    let second = common::restart(first, &cfg, common::ns_settings()).await;
     let back = second.reattach(vec![sbx.clone()]).await;
     assert!(back[0].1.is_ok(), "{:?}", back[0].1);
     assert_eq!(
@@ -267,7 +273,9 @@ async fn a_pause_the_server_never_acknowledged_is_undone_after_a_restart() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_filesystem_pause_that_finished_while_the_server_was_down_is_reported_paused() {
     let Some(cfg) = config("d", 23) else { return };
-    let first = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     let running = first.create(spec("donepaused")).await.expect("create");
     assert_eq!(run(running.agent, "echo kept > /home/user/f").await.0, 0);
@@ -276,7 +284,7 @@ async fn a_filesystem_pause_that_finished_while_the_server_was_down_is_reported_
         .await
         .expect("pause");
 
-    let second = common::restart(first, &cfg).await;
+    let second = common::restart(first, &cfg, common::ns_settings()).await;
     let mut back = second.reattach(vec![running.clone()]).await;
     let (_, got) = back.pop().expect("one result");
     let mut got = got.unwrap_or_else(|e| panic!("lost: {}", warren_runtime::chain(&e)));

@@ -17,7 +17,7 @@ use warren_runtime::{CreateSpec, SandboxRuntime};
 use warren_runtime_ns::NsRuntime;
 
 fn config(tag: &str, octet: u32) -> Option<HostConfig> {
-    let mut cfg = common::HostTest {
+    common::HostTest {
         name: "prepared",
         tag,
         prefix: "wq",
@@ -25,9 +25,15 @@ fn config(tag: &str, octet: u32) -> Option<HostConfig> {
         pool_size: 2,
         private_data: false,
     }
-    .config()?;
-    cfg.prepared_max = 4;
-    Some(cfg)
+    .config()
+}
+
+/// The pool on: at most 4 prepared.
+fn settings() -> warren_runtime_ns::NsSettings {
+    warren_runtime_ns::NsSettings {
+        prepared_max: 4,
+        ..common::ns_settings()
+    }
 }
 
 fn spec(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
@@ -107,7 +113,9 @@ async fn status_with(agent: std::net::SocketAddr, token: Option<&str>) -> u16 {
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
     let Some(cfg) = config("c", 41) else { return };
-    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone(), settings())
+        .await
+        .expect("start");
     assert!(rt.reattach(vec![]).await.is_empty());
     rt.set_warm_pool("base", 3).await.expect("pool of 3");
     let prepared: HashSet<String> = wait_for(&rt, 3).await.into_iter().collect();
@@ -209,7 +217,9 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pool_follows_demand_and_empties() {
     let Some(cfg) = config("d", 42) else { return };
-    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt: Arc<NsRuntime> = NsRuntime::start(cfg.clone(), settings())
+        .await
+        .expect("start");
     assert!(rt.reattach(vec![]).await.is_empty());
     // No demand yet: nothing is prepared, nothing idles.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -265,7 +275,9 @@ async fn the_pool_follows_demand_and_empties() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
     let Some(cfg) = config("r", 43) else { return };
-    let first: Arc<NsRuntime> = NsRuntime::start(cfg.clone()).await.expect("start");
+    let first: Arc<NsRuntime> = NsRuntime::start(cfg.clone(), settings())
+        .await
+        .expect("start");
     first.reattach(vec![]).await;
     first.set_warm_pool("base", 3).await.expect("pool of 3");
     wait_for(&first, 3).await;
@@ -276,7 +288,7 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
         .expect("claim");
     let left = wait_for(&first, 3).await;
     // The server dies: nothing is torn down.
-    let second = common::restart(first, &cfg).await;
+    let second = common::restart(first, &cfg, settings()).await;
     let back = second.reattach(vec![kept.clone()]).await;
     assert!(
         back[0].1.is_ok(),

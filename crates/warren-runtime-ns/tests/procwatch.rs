@@ -64,7 +64,9 @@ async fn programs_run_in_a_sandbox_are_journaled_in_its_own_terms() {
         warren_testkit::skip(format!("the process events connector: {e}"));
         return;
     }
-    let rt = NsRuntime::start(cfg.clone()).await.expect("start");
+    let rt = NsRuntime::start(cfg.clone(), common::ns_settings())
+        .await
+        .expect("start");
     rt.reattach(vec![]).await;
     let a = rt
         .create(common::small_spec("procsa"))

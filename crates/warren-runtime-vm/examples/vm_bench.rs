@@ -232,7 +232,16 @@ fn config(tag: &str, n: u8, warm: usize) -> (HostConfig, VmSettings) {
     vm.memory_mb = 256;
     vm.disk_mb = 1024;
     vm.warm_pool = warm;
+    vm.accel = forced_accel();
     (cfg, vm)
+}
+
+/// `WARREN_VM_ACCEL=kvm|tcg` forces the accelerator (as `warren serve --vm-accel` does), to
+/// compare both on one host.
+fn forced_accel() -> Option<warren_runtime_vm::Accel> {
+    std::env::var("WARREN_VM_ACCEL")
+        .ok()
+        .map(|v| v.parse().expect("WARREN_VM_ACCEL is kvm or tcg"))
 }
 
 fn spec(id: String) -> CreateSpec {
@@ -516,7 +525,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let conc = if smoke { 3 } else { 10 };
-    let detection = warren_runtime_vm::accel::detect();
+    let detection = warren_runtime_vm::accel::choose(forced_accel());
     println!(
         "vm_bench: accelerator {} ({}); {}",
         detection.accel.as_str(),

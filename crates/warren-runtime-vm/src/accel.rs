@@ -36,23 +36,33 @@ pub struct Detection {
     pub reason: String,
 }
 
-/// Detects whether KVM is truly usable here. `WARREN_VM_ACCEL=tcg|kvm` overrides.
-pub fn detect() -> Detection {
-    match std::env::var("WARREN_VM_ACCEL").as_deref() {
-        Ok("tcg") => {
-            return Detection {
-                accel: Accel::Tcg,
-                reason: "WARREN_VM_ACCEL=tcg".into(),
-            }
+impl std::str::FromStr for Accel {
+    type Err = String;
+
+    /// `kvm` or `tcg`, as `warren serve --vm-accel` takes it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kvm" => Ok(Accel::Kvm),
+            "tcg" => Ok(Accel::Tcg),
+            other => Err(format!("{other:?} is not an accelerator (kvm or tcg)")),
         }
-        Ok("kvm") => {
-            return Detection {
-                accel: Accel::Kvm,
-                reason: "WARREN_VM_ACCEL=kvm".into(),
-            }
-        }
-        _ => {}
     }
+}
+
+/// The accelerator to use: `forced` if the operator named one (QEMU then fails loudly where
+/// KVM is not usable), else what [`detect`] finds.
+pub fn choose(forced: Option<Accel>) -> Detection {
+    match forced {
+        Some(accel) => Detection {
+            accel,
+            reason: format!("--vm-accel {}", accel.as_str()),
+        },
+        None => detect(),
+    }
+}
+
+/// Detects whether KVM is truly usable here.
+pub fn detect() -> Detection {
     let tcg = |reason: &str| Detection {
         accel: Accel::Tcg,
         reason: reason.into(),

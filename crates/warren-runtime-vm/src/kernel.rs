@@ -7,9 +7,41 @@ use std::process::Command;
 use crate::error::{run, Error, Result};
 
 /// The pinned kernel package (`linux-image-cloud-amd64` 6.1.176-1 depends on it). Override
-/// with `WARREN_VM_KERNEL=<package>=<version>` when the archive no longer carries it.
+/// with `warren serve --vm-kernel <package>=<version>` when the archive no longer carries it.
 pub const KERNEL_PACKAGE: &str = "linux-image-6.1.0-50-cloud-amd64";
 pub const KERNEL_VERSION: &str = "6.1.176-1";
+
+/// Which Debian kernel package guests boot: [`KERNEL_PACKAGE`] at [`KERNEL_VERSION`] unless
+/// the operator names another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPin {
+    pub package: String,
+    pub version: String,
+}
+
+impl Default for KernelPin {
+    fn default() -> Self {
+        Self {
+            package: KERNEL_PACKAGE.into(),
+            version: KERNEL_VERSION.into(),
+        }
+    }
+}
+
+impl std::str::FromStr for KernelPin {
+    type Err = String;
+
+    /// `<package>=<version>`, as apt names one version of a package.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.split_once('=') {
+            Some((p, v)) if !p.is_empty() && !v.is_empty() => Ok(Self {
+                package: p.into(),
+                version: v.into(),
+            }),
+            _ => Err(format!("{s:?} is not <package>=<version>")),
+        }
+    }
+}
 
 /// An unpacked kernel package.
 #[derive(Debug, Clone)]
@@ -31,20 +63,10 @@ impl Kernel {
     }
 }
 
-/// The package and version to use: the pin, or `WARREN_VM_KERNEL`.
-pub fn pinned() -> (String, String) {
-    if let Ok(v) = std::env::var("WARREN_VM_KERNEL") {
-        if let Some((p, ver)) = v.split_once('=') {
-            return (p.to_string(), ver.to_string());
-        }
-    }
-    (KERNEL_PACKAGE.to_string(), KERNEL_VERSION.to_string())
-}
-
 /// The unpacked kernel under `<data_dir>/vm/kernel/<package>_<version>`, downloaded (from
 /// the host's Debian sources, with `apt-get download`) and unpacked on first use.
-pub fn ensure(data_dir: &Path) -> Result<Kernel> {
-    let (package, version) = pinned();
+pub fn ensure(data_dir: &Path, pin: &KernelPin) -> Result<Kernel> {
+    let (package, version) = (pin.package.clone(), pin.version.clone());
     let dir = data_dir
         .join("vm")
         .join("kernel")

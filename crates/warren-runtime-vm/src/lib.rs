@@ -29,6 +29,6 @@ mod restore;
 mod runtime;
 pub mod snapshot;
 
-pub use accel::{detect as detect_accelerator, Accel, Detection};
+pub use accel::{choose as choose_accelerator, detect as detect_accelerator, Accel, Detection};
 pub use error::{Error, Result};
 pub use runtime::{uids, VmRuntime, VmSettings, STAGES_TARGET};

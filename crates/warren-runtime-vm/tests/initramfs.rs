@@ -12,7 +12,7 @@ fn the_nfs_client_loads_after_its_dependencies() {
         .unwrap_or_else(|| "/var/lib/warren".into());
     // Unpacked by any earlier VM run, else fetched now from the host's Debian sources, as
     // the vm runtime does (tests of other crates need not have run a VM before this one).
-    let k = match kernel::ensure(&data) {
+    let k = match kernel::ensure(&data, &Default::default()) {
         Ok(k) => k,
         Err(e) => {
             warren_testkit::skip(format!("the guest kernel could not be fetched: {e}"));

@@ -30,8 +30,28 @@ use crate::config::Confinement;
 use crate::idrange::IdRanges;
 use crate::launch::{self, NsConfig, Sandbox};
 
+/// Settings of the namespace runtime beyond [`HostConfig`] (`warren serve`'s `--ns-*` flags).
+#[derive(Debug, Clone)]
+pub struct NsSettings {
+    /// Most sandboxes kept started ahead of creates (as many as recent demand asks for,
+    /// within this and a share of the host's free memory); 0 prepares none.
+    pub prepared_max: usize,
+    /// How much confinement sandboxes get: [`Confinement::Baseline`] only to measure what
+    /// confinement costs (the runtime logs a warning at start).
+    pub confinement: Confinement,
+}
+
+impl Default for NsSettings {
+    fn default() -> Self {
+        Self {
+            prepared_max: 64,
+            confinement: Confinement::Full,
+        }
+    }
+}
+
 /// The launcher's settings for this host's configuration.
-pub fn ns_config(cfg: &HostConfig) -> NsConfig {
+pub fn ns_config(cfg: &HostConfig, settings: &NsSettings) -> NsConfig {
     NsConfig {
         state_dir: cfg.run_dir.join("sandboxes"),
         // Named after the runtime's cgroup parent: runtimes that share a data dir (tests do)
@@ -43,8 +63,7 @@ pub fn ns_config(cfg: &HostConfig) -> NsConfig {
         nsinit_bin: cfg.nsinit_bin.clone(),
         agent_bin: cfg.agent_bin.clone(),
         cgroup_parent: cfg.cgroup_parent.clone(),
-        // Only benchmarks of the cost of confinement set this (see docs/runtime-ns.md).
-        confinement: Confinement::from_env(),
+        confinement: settings.confinement,
         // Set by `NsRuntime::start` once the daemon answers (see `crate::lxcfs`).
         lxcfs: None,
     }
@@ -92,6 +111,7 @@ impl Record {
 /// Sandboxes as namespace containers on this host.
 pub struct NsRuntime {
     cfg: HostConfig,
+    settings: NsSettings,
     ns: NsConfig,
     net: OnceCell<NetPool>,
     templates: Arc<Templates>,
@@ -123,7 +143,7 @@ const EXIT_STATUS_TRIES: u32 = 25;
 impl NsRuntime {
     /// Prepares the runtime; the network pool and crash cleanup start with the first
     /// `reattach` (or the first `create`).
-    pub async fn start(cfg: HostConfig) -> Result<Arc<Self>, RuntimeError> {
+    pub async fn start(cfg: HostConfig, settings: NsSettings) -> Result<Arc<Self>, RuntimeError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(RuntimeError::unavailable_now(
                 "the namespace runtime needs root",
@@ -152,13 +172,22 @@ impl NsRuntime {
             .map_err(|e| RuntimeError::unavailable("http client", e))?;
         let ids = IdRanges::open(&cfg.data_dir.join("ns-id-ranges"), cfg.id_base)
             .map_err(RuntimeError::io("open the id range assignments"))?;
-        let mut ns = ns_config(&cfg);
+        if settings.confinement != Confinement::Full {
+            tracing::warn!(
+                confinement = ?settings.confinement,
+                "sandboxes get the baseline confinement (a short seccomp deny-list, every \
+                 capability in their user namespace): for measuring what confinement costs, \
+                 never for real tenants"
+            );
+        }
+        let mut ns = ns_config(&cfg, &settings);
         ns.lxcfs = crate::lxcfs::start(cfg.lxcfs_dir.clone()).await;
         let rt = Arc::new(Self {
             ids,
             procs: procwatch::HostWatch::new(&cfg.cgroup_parent),
             ns,
             cfg,
+            settings,
             net: OnceCell::new(),
             templates: Arc::new(Templates::default()),
             live: Mutex::new(HashMap::new()),

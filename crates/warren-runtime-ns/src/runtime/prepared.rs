@@ -12,7 +12,7 @@
 //!
 //! How many wait per template follows demand: the most creates of that template that arrived
 //! within one second, or were in flight at once, over the last two minutes, plus one, within
-//! [`HostConfig::prepared_max`] and an eighth of the host's available memory (see
+//! [`NsSettings::prepared_max`] and an eighth of the host's available memory (see
 //! [`PER_SANDBOX`]). Refills run one at a time; while some are left they wait until no create
 //! is in flight and creates have been quiet for [`QUIET`], so the answer and the caller's
 //! first command come first. A pool running dry (fewer than [`LOW`]) refills at once: the
@@ -20,7 +20,7 @@
 //! sharing the CPU with a refill. A server restart discards them: they have no record,
 //! so the next start's cleanup removes them, and their ids are never handed out again.
 //!
-//! [`HostConfig::prepared_max`]: warren_host::HostConfig::prepared_max
+//! [`NsSettings::prepared_max`]: super::NsSettings::prepared_max
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -393,7 +393,7 @@ impl NsRuntime {
         let by_memory = available_memory().map_or(usize::MAX, |m| {
             usize::try_from(m / 8 / PER_SANDBOX).unwrap_or(usize::MAX)
         });
-        self.cfg.prepared_max.min(by_memory)
+        self.settings.prepared_max.min(by_memory)
     }
 
     /// What the refill task does next.

@@ -82,10 +82,26 @@ impl HostTest<'_> {
         cfg.net.host_cidr = format!("10.{}.{third}.0/24", self.octet).parse().unwrap();
         cfg.net.run_dir = cfg.run_dir.join("net");
         cfg.net.pool_size = self.pool_size;
-        // Tests that count what a runtime holds would also see sandboxes prepared ahead;
-        // the pool's own tests (tests/prepared.rs) turn it on.
-        cfg.prepared_max = 0;
         Some(cfg)
+    }
+}
+
+/// The runtime settings of the tests: no sandboxes prepared ahead (tests that count what a
+/// runtime holds would see them; the pool's own tests, `tests/prepared.rs`, turn it on), and
+/// the confinement [`confinement`] names.
+pub fn ns_settings() -> warren_runtime_ns::NsSettings {
+    warren_runtime_ns::NsSettings {
+        prepared_max: 0,
+        confinement: confinement(),
+    }
+}
+
+/// Full confinement; `WARREN_NS_CONFINEMENT=baseline` in the test's environment runs the
+/// suite against the earlier confinement, to see which assertions it fails.
+pub fn confinement() -> Confinement {
+    match std::env::var("WARREN_NS_CONFINEMENT") {
+        Ok(v) => v.parse().expect("WARREN_NS_CONFINEMENT"),
+        Err(_) => Confinement::Full,
     }
 }
 
@@ -269,9 +285,7 @@ pub fn config_for(test: &str) -> NsConfig {
         nsinit_bin: nsinit_bin(),
         agent_bin: agent_bin(),
         cgroup_parent: format!("warren-test-{}-{test}", std::process::id()),
-        // WARREN_NS_CONFINEMENT=baseline runs the suite against the earlier confinement, to see
-        // which assertions it fails.
-        confinement: Confinement::from_env(),
+        confinement: confinement(),
         lxcfs: None,
     }
 }
@@ -500,9 +514,10 @@ pub async fn run_as(agent: std::net::SocketAddr, token: &str, cmd: &str) -> (i64
 pub async fn restart(
     old: std::sync::Arc<warren_runtime_ns::NsRuntime>,
     cfg: &HostConfig,
+    settings: warren_runtime_ns::NsSettings,
 ) -> std::sync::Arc<warren_runtime_ns::NsRuntime> {
     old.release().await.expect("release the old manager");
-    warren_runtime_ns::NsRuntime::start(cfg.clone())
+    warren_runtime_ns::NsRuntime::start(cfg.clone(), settings)
         .await
         .expect("restart")
 }

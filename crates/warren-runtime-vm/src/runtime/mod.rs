@@ -60,31 +60,30 @@ pub struct VmSettings {
     pub unprivileged: bool,
     pub vm_uid_base: u32,
     pub boot_timeout: Duration,
+    /// The accelerator QEMU must use; `None`: KVM where it is truly usable, else TCG.
+    pub accel: Option<crate::Accel>,
+    /// The guest kernel package.
+    pub kernel: crate::kernel::KernelPin,
 }
 
 impl VmSettings {
-    /// Defaults: `warren-vminit` and `warren-nfsd` next to the agent binary, 512 MiB (`WARREN_VM_MEMORY_MB`
-    /// overrides), 1 vCPU, 2 GiB disk, a warm pool of 2 (`WARREN_VM_WARM_POOL` overrides).
+    /// Defaults: `warren-vminit` and `warren-nfsd` next to the agent binary, 512 MiB, 1 vCPU,
+    /// 2 GiB disk, a warm pool of 2, the accelerator detected, the pinned kernel.
     pub fn new(host: &HostConfig) -> Self {
         Self {
             qemu: PathBuf::from("qemu-system-x86_64"),
             vminit_bin: host.agent_bin.with_file_name("warren-vminit"),
             nfsd_bin: host.agent_bin.with_file_name("warren-nfsd"),
             agent_bin: host.agent_bin.clone(),
-            memory_mb: std::env::var("WARREN_VM_MEMORY_MB")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|mb| (128..=65536).contains(mb))
-                .unwrap_or(512),
+            memory_mb: 512,
             cpus: 1,
             disk_mb: 2048,
-            warm_pool: std::env::var("WARREN_VM_WARM_POOL")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
+            warm_pool: 2,
             boot_timeout: Duration::from_secs(180),
             unprivileged: true,
             vm_uid_base: 200_000,
+            accel: None,
+            kernel: Default::default(),
         }
     }
 }
@@ -192,7 +191,7 @@ impl VmRuntime {
                 )));
             }
         }
-        let accel = accel::detect();
+        let accel = accel::choose(settings.accel);
         tracing::info!(accel = accel.accel.as_str(), reason = %accel.reason, "vm accelerator");
         if settings.unprivileged {
             let n = u32::try_from(cfg.net.pool_size).unwrap_or(u32::MAX);

@@ -41,7 +41,8 @@ pub fn inputs(
     let (image, _) = warren_host::image_of(template, data_dir)?;
     let launch = warren_template::launch(template, data_dir)
         .map_err(|e| warren_host::image_error(template, e))?;
-    let kernel = crate::kernel::ensure(data_dir).map_err(crate::Error::runtime("guest kernel"))?;
+    let kernel = crate::kernel::ensure(data_dir, &settings.kernel)
+        .map_err(crate::Error::runtime("guest kernel"))?;
     let initrd = crate::initramfs::ensure(&kernel, &settings.vminit_bin, &data_dir.join("vm"))
         .map_err(crate::Error::runtime("initramfs"))?;
     let append = crate::qemu::kernel_cmdline(accel::host_tsc_khz(), template, dns);

@@ -214,7 +214,7 @@ pub fn template_spec(
     net: &TestNet,
 ) -> TemplateSpec {
     let (data, cache) = dirs;
-    let kernel = warren_runtime_vm::kernel::ensure(data).expect("kernel");
+    let kernel = warren_runtime_vm::kernel::ensure(data, &Default::default()).expect("kernel");
     let vminit =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/warren-vminit");
     let initrd = warren_runtime_vm::initramfs::ensure(&kernel, &vminit, cache).expect("initramfs");
