@@ -27,6 +27,18 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
+/// A create's network slot could not be had. Every slot in use is exhaustion (429: retry
+/// later); anything else (an `ip` or `nft` that failed, the host's table gone, a tool missing)
+/// is the host being unable to serve, 503 with its cause, which a retry soon will not fix.
+pub fn slot_error(e: warren_net::Error) -> warren_runtime::RuntimeError {
+    match e {
+        warren_net::Error::Exhausted { .. } => {
+            warren_runtime::RuntimeError::Exhausted(format!("no network slot: {e}"))
+        }
+        e => warren_runtime::RuntimeError::unavailable("get a network slot", e),
+    }
+}
+
 /// Records handed to `reattach`, each with its runtime's own record parsed (`None` when it
 /// cannot be: a damaged store, or a record of another release).
 pub fn parse_records<R: serde::de::DeserializeOwned>(
@@ -52,5 +64,26 @@ pub fn headroom(dir: &std::path::Path) -> Option<warren_runtime::Headroom> {
             tracing::warn!(dir = %dir.display(), error = %e, "statvfs of the data dir failed");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_runtime::Category;
+
+    #[test]
+    fn only_a_full_pool_is_exhaustion_and_other_slot_failures_keep_their_cause() {
+        let full = slot_error(warren_net::Error::Exhausted { max: 16 });
+        assert_eq!(full.category(), Category::Exhausted);
+        assert!(full.to_string().contains("All 16 network slots are in use"), "{full}");
+
+        let broken = slot_error(warren_net::Error::PrefixInUse {
+            prefix: "warren".into(),
+            path: "/run/warren/net/warren.lock".into(),
+        });
+        assert_eq!(broken.category(), Category::Unavailable);
+        let cause = std::error::Error::source(&broken).expect("the cause is kept");
+        assert!(cause.to_string().contains("in use by another pool"), "{cause}");
     }
 }

@@ -615,7 +615,7 @@ impl NsRuntime {
             }
             Err(e) => {
                 forget_ids(self);
-                return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
+                return Err(warren_host::slot_error(e));
             }
         };
         let sandbox = match self

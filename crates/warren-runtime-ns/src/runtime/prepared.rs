@@ -336,7 +336,7 @@ impl NsRuntime {
             Ok(slot) => slot,
             Err(e) => {
                 self.release_ids(&id);
-                return Err(RuntimeError::Exhausted(format!("no network slot: {e}")));
+                return Err(warren_host::slot_error(e));
             }
         };
         pool.set_owner(&slot, &id);

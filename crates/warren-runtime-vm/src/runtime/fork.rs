@@ -62,7 +62,7 @@ impl VmRuntime {
             .acquire(&warren_host::egress::slot_policy(policy))
             .instrument(tracing::info_span!("network.slot.acquire"))
             .await
-            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+            .map_err(warren_host::slot_error)?;
         if let Err(e) = slot.lay_out_for_vm().await.map_err(slot_failed) {
             self.release_slot(slot).await;
             return Err(e);

@@ -387,7 +387,7 @@ impl VmRuntime {
         let slot = pool
             .acquire(&policy)
             .await
-            .map_err(|e| RuntimeError::Exhausted(format!("no network slot: {e}")))?;
+            .map_err(warren_host::slot_error)?;
         // The template boot is jailed as the slot's user like every fork (its inputs are
         // trusted, but QEMU still parses them).
         let run_as = self.run_as(&slot);
