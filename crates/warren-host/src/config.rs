@@ -149,10 +149,10 @@ mod tests {
                 built.display()
             );
         } else {
-            println!(
-                "SKIP: {} not built (scripts/setup.sh builds it)",
+            warren_testkit::skip(format_args!(
+                "{} not built (scripts/setup.sh builds it)",
                 built.display()
-            );
+            ));
         }
     }
 }

@@ -76,7 +76,10 @@ mod tests {
     fn only_a_full_pool_is_exhaustion_and_other_slot_failures_keep_their_cause() {
         let full = slot_error(warren_net::Error::Exhausted { max: 16 });
         assert_eq!(full.category(), Category::Exhausted);
-        assert!(full.to_string().contains("All 16 network slots are in use"), "{full}");
+        assert!(
+            full.to_string().contains("All 16 network slots are in use"),
+            "{full}"
+        );
 
         let broken = slot_error(warren_net::Error::PrefixInUse {
             prefix: "warren".into(),
@@ -84,6 +87,9 @@ mod tests {
         });
         assert_eq!(broken.category(), Category::Unavailable);
         let cause = std::error::Error::source(&broken).expect("the cause is kept");
-        assert!(cause.to_string().contains("in use by another pool"), "{cause}");
+        assert!(
+            cause.to_string().contains("in use by another pool"),
+            "{cause}"
+        );
     }
 }

@@ -428,7 +428,7 @@ async fn ranges_overlapping_etc_subuid_are_refused() {
         .into_iter()
         .next()
     else {
-        println!("SKIP: /etc/subuid and /etc/subgid list no range on this host");
+        warren_testkit::skip("/etc/subuid and /etc/subgid list no range (scripts/setup.sh adds the `user` account's)");
         return;
     };
     let cfg = config_for("subuid");

@@ -5,12 +5,13 @@
 //! `mkfs.erofs`, and cached under `<data_dir>/images/<name>-<hash12>/` keyed by a content hash
 //! of the recipe. Every sandbox of the template reuses that one file:
 //!
-//! * the `ns` runtime mounts it read-only (erofs mounts straight from a file) and stacks the
-//!   agent layer ([`ensure_agent_layer`]) and a per-sandbox writable upper directory on top with
-//!   overlayfs;
+//! * the `ns` runtime mounts it read-only (erofs mounts straight from a file) and stacks a
+//!   per-sandbox writable upper directory on top with overlayfs;
 //! * the `vm` runtime hands the same file to QEMU as a read-only disk.
 //!
-//! The guest agent is not part of any image; see [`agent_layer`] for why and how it is added.
+//! The guest agent is not part of any image (rebuilding the agent must never invalidate one):
+//! the ns runtime binds it read-only at [`AGENT_PATH_IN_GUEST`], the vm runtime writes it into
+//! the writable layer of a template's snapshot.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -27,7 +28,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod agent_layer;
 mod build;
 mod built;
 mod catalog;
@@ -44,7 +44,9 @@ mod recipe;
 mod steps;
 pub mod tree;
 
-pub use agent_layer::{create_agent_layer, ensure_agent_layer, AGENT_PATH_IN_GUEST};
+/// Where the agent binary appears inside every sandbox (never in an image).
+pub const AGENT_PATH_IN_GUEST: &str = "/usr/local/bin/warren-agent";
+
 pub use build::{cached_image, ensure_image, images_dir, ImagePath};
 pub use built::{
     built_dir, built_template, commit_built, is_built_key, remove_built, BuiltConfig,

@@ -133,8 +133,9 @@ impl Recipe {
     /// The `base` template: Debian bookworm minbase with Python, Node.js, git and the usual
     /// command-line tools, accounts `root` and `user` (uid 1000, passwordless sudo).
     ///
-    /// The guest agent is deliberately not in here: it is a separate layer (see
-    /// [`crate::agent_layer`]) so that rebuilding the agent never invalidates this image.
+    /// The guest agent is deliberately not in here: the runtimes add it to every sandbox
+    /// ([`crate::AGENT_PATH_IN_GUEST`]) so that rebuilding the agent never invalidates this
+    /// image.
     pub fn base() -> Recipe {
         let packages = [
             // What sandboxes are for.

@@ -67,3 +67,115 @@ fn libraries_read_no_environment() {
         found.join("\n")
     );
 }
+
+/// The workspace's crates and each one's `warren-*` dependencies of any kind, from
+/// `cargo metadata`.
+fn crate_graph() -> std::collections::BTreeMap<String, Vec<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(workspace())
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let mut deps: Vec<String> = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|d| d["name"].as_str())
+                .filter(|n| n.starts_with("warren-"))
+                .map(String::from)
+                .collect();
+            deps.sort();
+            deps.dedup();
+            (p["name"].as_str().unwrap().to_string(), deps)
+        })
+        .collect()
+}
+
+/// The crates `docs/architecture.md` lists under "Workspace layout", in order.
+fn architecture_list() -> Vec<String> {
+    let doc = std::fs::read_to_string(workspace().join("docs/architecture.md")).unwrap();
+    let section = doc
+        .split("## Workspace layout")
+        .nth(1)
+        .expect("docs/architecture.md has a Workspace layout section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the list is a code block");
+    block
+        .lines()
+        .filter(|l| l.starts_with("warren-"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// The crates the README's Layout table names.
+fn readme_crates() -> Vec<String> {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `crates/"))
+        .map(|l| {
+            l.split('`')
+                .next()
+                .unwrap()
+                .trim_end_matches('/')
+                .to_string()
+        })
+        .collect()
+}
+
+/// A newcomer's map must be the territory: every crate in `docs/architecture.md`'s list and
+/// in the README's table, nothing else, and no crate depending on one listed above it.
+#[test]
+fn the_documented_crate_map_matches_cargo_metadata() {
+    let graph = crate_graph();
+    let listed = architecture_list();
+    let mut members: Vec<&String> = graph.keys().collect();
+    members.sort();
+    let mut sorted: Vec<&String> = listed.iter().collect();
+    sorted.sort();
+    assert_eq!(
+        sorted, members,
+        "docs/architecture.md's crate list and the workspace differ"
+    );
+    let mut readme = readme_crates();
+    readme.sort();
+    assert_eq!(
+        readme.iter().collect::<Vec<_>>(),
+        members,
+        "README.md's Layout table and the workspace differ"
+    );
+    let place = |name: &str| listed.iter().position(|c| c == name).unwrap();
+    let mut upward = Vec::new();
+    for (krate, deps) in &graph {
+        for dep in deps {
+            if dep != krate && place(dep) < place(krate) {
+                upward.push(format!("{krate} -> {dep}"));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "dependencies pointing up docs/architecture.md's list: {}",
+        upward.join(", ")
+    );
+}
