@@ -396,20 +396,17 @@ pub async fn run(
             .collect(),
         ..Config::default()
     };
-    let control = Control::start(store, runtime.clone(), config)
-        .await
-        .context("recovering sandboxes")?;
-    secrets.bind(control.clone());
-    if let Some(o) = &otel {
-        o.attach(&control);
-        tracing::info!(
-            endpoint = %o.settings().endpoint,
-            service = %o.settings().service_name,
-            "exporting traces, metrics and logs over OTLP"
-        );
-    }
+    // Volumes: one filesystem image each under the data dir, mounted on the host.
+    let volumes = Arc::new(
+        warren_volume::VolumeHost::open(&args.data_dir.join("volumes"))
+            .context("opening the volume store")?
+            .with_reserve(args.min_free_mb.saturating_mul(1024 * 1024)),
+    );
+    // The proxy the API serves sandbox traffic through also reads the guests' metrics and
+    // journals for the control plane.
+    let proxy = Arc::new(warren_server::proxy::Proxy::new(domain.clone()));
     // Template builds run in build sandboxes of this same runtime.
-    control.set_builder(Arc::new(warren_build::Builder::new(
+    let builder = warren_build::Builder::new(
         runtime.clone(),
         warren_build::BuilderConfig {
             data_dir: args.data_dir.clone(),
@@ -425,7 +422,27 @@ pub async fn run(
                 ..warren_oci::PullOptions::new(args.data_dir.join("oci"))
             }),
         },
-    )));
+    );
+    let mut control = Control::builder(store, runtime.clone(), config)
+        .templates(Arc::new(builder))
+        .volumes(Arc::new(warren_server::volumes::HostDisks(volumes.clone())))
+        .guest_metrics(proxy.clone())
+        .webhooks(Arc::new(warren_server::webhooks::HttpWebhookSender {
+            allow_private: args.webhooks_to_private_addresses,
+        }));
+    if let Some(o) = &otel {
+        control = control.audit_observer(o.audit_export());
+    }
+    let control = control.start().await.context("recovering sandboxes")?;
+    secrets.bind(control.clone());
+    if let Some(o) = &otel {
+        o.attach(&control);
+        tracing::info!(
+            endpoint = %o.settings().endpoint,
+            service = %o.settings().service_name,
+            "exporting traces, metrics and logs over OTLP"
+        );
+    }
     // The base template is what every SDK asks for by default: have it ready before taking
     // requests (its image built with visible progress on the very first start; for the vm
     // runtime its boot snapshot too, so no create ever boots a kernel). After recovery: the
@@ -435,13 +452,6 @@ pub async fn run(
         .await
         .context("preparing the base template")?;
     ensure_key(&control, &args.data_dir).await?;
-    // Volumes: one filesystem image each under the data dir, mounted on the host.
-    let volumes = Arc::new(
-        warren_volume::VolumeHost::open(&args.data_dir.join("volumes"))
-            .context("opening the volume store")?
-            .with_reserve(args.min_free_mb.saturating_mul(1024 * 1024)),
-    );
-    control.set_volume_disks(Arc::new(warren_server::volumes::HostDisks(volumes.clone())));
     control
         .sweep_volumes()
         .await
@@ -465,10 +475,10 @@ pub async fn run(
 
     let app = warren_server::app(
         control.clone(),
+        proxy,
         ServerConfig {
             domain,
             volumes: Some(volumes),
-            webhooks_to_private: args.webhooks_to_private_addresses,
             ..Default::default()
         },
     );

@@ -23,7 +23,6 @@
 //! [`SandboxRuntime::journal`]: warren_runtime::SandboxRuntime::journal
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -281,11 +280,6 @@ fn lifecycle_entry(e: &crate::SandboxEvent) -> AuditEntry {
 }
 
 impl Control {
-    /// Hands every entry first kept from now on to `observer` (once; later calls are ignored).
-    pub fn observe_audit_with(&self, observer: Arc<dyn AuditObserver>) {
-        let _ = self.inner.audit_observer.set(observer);
-    }
-
     /// Reads what is new from every source of a running sandbox and keeps it. Errors are
     /// the sources' (an agent that does not answer): logged by the caller, never fatal.
     pub(crate) async fn read_journals(&self, sandbox: &Sandbox) -> Result<(), String> {
@@ -299,7 +293,7 @@ impl Control {
             return Ok(());
         }
         let mut errors = Vec::new();
-        if let Some(guest) = self.inner.guest_metrics.get().cloned() {
+        if let Some(guest) = self.inner.guest_metrics.clone() {
             let sb = sandbox.clone();
             let read = |after| {
                 let guest = guest.clone();
@@ -554,7 +548,7 @@ impl Control {
             .append_audit(&entries)
             .await
             .map_err(|e| e.to_string())?;
-        if let Some(observer) = self.inner.audit_observer.get() {
+        if let Some(observer) = &self.inner.audit_observer {
             let new: Vec<AuditEntry> = fresh
                 .into_iter()
                 .filter_map(|i| entries.get(i).map(|s| s.entry.clone()))

@@ -155,7 +155,7 @@ pub const BUILD_LAYER_PREFIX: &str = "bl";
 
 /// The build side of the control plane's state.
 pub(crate) struct BuildState {
-    pub(crate) builder: std::sync::OnceLock<Arc<dyn TemplateBuilder>>,
+    pub(crate) builder: Option<Arc<dyn TemplateBuilder>>,
     /// Logs of builds that are running now.
     active: StdMutex<HashMap<String, BuildLog>>,
     /// One build at a time (and no prune while one runs).
@@ -168,9 +168,9 @@ pub(crate) struct BuildState {
 }
 
 impl BuildState {
-    pub(crate) fn new() -> Result<Self, ControlError> {
+    pub(crate) fn new(builder: Option<Arc<dyn TemplateBuilder>>) -> Result<Self, ControlError> {
         Ok(BuildState {
-            builder: std::sync::OnceLock::new(),
+            builder,
             active: StdMutex::new(HashMap::new()),
             gate: tokio::sync::Semaphore::new(1),
             upload_key: crate::secrets::random_bytes::<32>()?,
@@ -248,16 +248,11 @@ fn sign(key: &[u8; 32], team: &str, template: &str, hash: &str, expires: i64) ->
 }
 
 impl Control {
-    /// Gives the control plane the builder that runs template builds.
-    pub fn set_builder(&self, builder: Arc<dyn TemplateBuilder>) {
-        let _ = self.inner.builds.builder.set(builder);
-    }
-
-    pub(crate) fn builder(&self) -> Result<&Arc<dyn TemplateBuilder>, ControlError> {
+    pub(crate) fn template_builder(&self) -> Result<&Arc<dyn TemplateBuilder>, ControlError> {
         self.inner
             .builds
             .builder
-            .get()
+            .as_ref()
             .ok_or_else(|| ControlError::Unavailable("this server does not build templates".into()))
     }
 
@@ -327,7 +322,7 @@ impl Control {
         team: &str,
         req: BuildRequest,
     ) -> Result<Registered, ControlError> {
-        self.builder()?;
+        self.template_builder()?;
         let name = TemplateName::parse(&req.name)?;
         if let Some(ns) = &name.namespace {
             if ns != team {
@@ -424,7 +419,7 @@ impl Control {
             .filter(|t| team.is_none_or(|team| t.team == team))
             .ok_or_else(|| template_not_found(template_id))?;
         let present = self
-            .builder()?
+            .template_builder()?
             .has_files(&t.team, hash)
             .await
             .map_err(builder_error)?;
@@ -466,7 +461,7 @@ impl Control {
         if !is_files_hash(hash) {
             return Err(ControlError::InvalidArgument("Invalid files hash".into()));
         }
-        self.builder()?
+        self.template_builder()?
             .put_files(team, hash, body)
             .await
             .map_err(builder_error)
@@ -480,7 +475,7 @@ impl Control {
         build_id: &str,
         spec: BuildSpec,
     ) -> Result<(), ControlError> {
-        let builder = self.builder()?.clone();
+        let builder = self.template_builder()?.clone();
         let t = self
             .find_template(template_id, team)
             .await?
@@ -767,7 +762,7 @@ impl Control {
         for key in &images {
             self.inner.runtime.forget_template(key).await;
         }
-        if let Some(builder) = self.inner.builds.builder.get() {
+        if let Some(builder) = &self.inner.builds.builder {
             for key in images {
                 if let Err(e) = builder.remove_image(&key).await {
                     tracing::warn!(image = %key, error = %e, "removing a deleted template's image");

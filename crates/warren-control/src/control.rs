@@ -121,24 +121,24 @@ pub(crate) struct Inner {
     pub(crate) networks: StdMutex<crate::networks::NetworkState>,
     /// Serialises changes of networks and the application of peers to runtimes.
     pub(crate) peering: Mutex<()>,
-    /// The host's volume storage, once the server gives it.
-    pub(crate) volume_disks: std::sync::OnceLock<Arc<dyn crate::volumes::VolumeDisks>>,
+    /// The host's volume storage (`None`: volumes are off).
+    pub(crate) volume_disks: Option<Arc<dyn crate::volumes::VolumeDisks>>,
     /// Serialises creation and deletion of named resources (volumes, secrets): name and
     /// in-use checks.
     pub(crate) resource_lock: Mutex<()>,
-    /// Reads the agents' own view of their sandboxes' resources, once the server gives it.
-    pub(crate) guest_metrics: std::sync::OnceLock<Arc<dyn crate::usage::GuestMetrics>>,
+    /// Reads the agents' own view of their sandboxes' resources.
+    pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
     pub(crate) series: StdMutex<crate::usage::Series>,
     /// How far each sandbox's journals have been read, and who is told of new entries.
     pub(crate) audit_cursors: StdMutex<crate::audit::Cursors>,
-    pub(crate) audit_observer: std::sync::OnceLock<Arc<dyn crate::audit::AuditObserver>>,
+    pub(crate) audit_observer: Option<Arc<dyn crate::audit::AuditObserver>>,
     /// Lifecycle events as they are recorded, for streams.
     pub(crate) event_feed: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
-    /// Posts webhook deliveries, once the server gives it; woken when some are queued.
-    pub(crate) webhook_sender: std::sync::OnceLock<Arc<dyn crate::webhooks::WebhookSender>>,
+    /// Posts webhook deliveries (`None`: none are queued); woken when some are queued.
+    pub(crate) webhook_sender: Option<Arc<dyn crate::webhooks::WebhookSender>>,
     pub(crate) webhook_wake: Notify,
 }
 
@@ -167,13 +167,39 @@ pub(crate) fn not_found(id: &str) -> ControlError {
 }
 
 impl Control {
-    /// Starts the control plane: reattaches to the sandboxes the store says are running
-    /// (marking the others failed with the reason), then starts the expiry and exit watchers.
+    /// A control plane over `store` and `runtime`, to be given its other ports before it
+    /// starts ([`ControlBuilder::start`]).
+    pub fn builder(
+        store: Arc<dyn Store>,
+        runtime: Arc<dyn SandboxRuntime>,
+        config: Config,
+    ) -> crate::builder::ControlBuilder {
+        crate::builder::ControlBuilder::new(store, runtime, config)
+    }
+
+    /// Starts a control plane with no other port: no template builds, no volumes, no guest
+    /// metrics, no webhooks, no audit export (what tests of the rest need).
     pub async fn start(
         store: Arc<dyn Store>,
         runtime: Arc<dyn SandboxRuntime>,
         config: Config,
     ) -> Result<Control, ControlError> {
+        Self::builder(store, runtime, config).start().await
+    }
+
+    pub(crate) async fn start_built(
+        built: crate::builder::ControlBuilder,
+    ) -> Result<Control, ControlError> {
+        let crate::builder::ControlBuilder {
+            store,
+            runtime,
+            config,
+            templates,
+            volumes,
+            guest_metrics,
+            audit_observer,
+            webhooks,
+        } = built;
         let config_per_sandbox = config.per_sandbox_metrics;
         let control = Control {
             inner: Arc::new(Inner {
@@ -187,18 +213,18 @@ impl Control {
                 eol_failures: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
-                builds: crate::builds::BuildState::new()?,
+                builds: crate::builds::BuildState::new(templates)?,
                 networks: StdMutex::default(),
                 peering: Mutex::new(()),
-                volume_disks: std::sync::OnceLock::new(),
+                volume_disks: volumes,
                 resource_lock: Mutex::new(()),
-                guest_metrics: std::sync::OnceLock::new(),
+                guest_metrics,
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
-                audit_observer: std::sync::OnceLock::new(),
+                audit_observer,
                 event_feed: tokio::sync::broadcast::channel(crate::events::EVENT_FEED).0,
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
-                webhook_sender: std::sync::OnceLock::new(),
+                webhook_sender: webhooks,
                 webhook_wake: Notify::new(),
             }),
         };
@@ -207,6 +233,8 @@ impl Control {
         control.restore_networks().await;
         control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
+        control.start_sampling();
+        control.start_deliveries();
         Ok(control)
     }
 

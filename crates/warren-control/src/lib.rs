@@ -12,6 +12,7 @@
 mod audit;
 mod audit_budget;
 mod build_spec;
+mod builder;
 mod builds;
 mod config;
 mod control;
@@ -49,6 +50,7 @@ pub use build_spec::{
     is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
     StageSpec, Step, StepKind, E2B_BASE_IMAGE,
 };
+pub use builder::ControlBuilder;
 pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
     Registered, TemplateBuilder, UploadLink, BUILD_LAYER_PREFIX, MAX_LOG_PAGE,

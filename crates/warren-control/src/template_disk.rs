@@ -67,7 +67,7 @@ impl Control {
     pub async fn template_disk_use(&self, team: Option<&str>) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
         let keep = self.images_in_use().await?;
-        self.builder()?
+        self.template_builder()?
             .disk_use(&keep)
             .await
             .map_err(crate::builds::builder_error)
@@ -77,7 +77,7 @@ impl Control {
     /// its layers midway) and holds builds off until done.
     pub async fn prune_templates(&self, team: Option<&str>) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
-        let builder = self.builder()?;
+        let builder = self.template_builder()?;
         let _turn = self
             .inner
             .builds

@@ -120,9 +120,9 @@ pub fn window(start: Option<i64>, end: Option<i64>) -> Result<Window, ControlErr
 }
 
 impl Control {
-    /// Starts sampling every running sandbox with `guest` (once; later calls are ignored).
-    pub fn sample_metrics_with(&self, guest: Arc<dyn GuestMetrics>) {
-        if self.inner.guest_metrics.set(guest).is_err() {
+    /// Starts sampling every running sandbox, when the control plane reads guests.
+    pub(crate) fn start_sampling(&self) {
+        if self.inner.guest_metrics.is_none() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -177,7 +177,7 @@ impl Control {
 
     /// Takes one sample of a running sandbox and keeps it.
     async fn sample(&self, sandbox: &Sandbox) -> Result<MetricPoint, String> {
-        let guest = match self.inner.guest_metrics.get() {
+        let guest = match &self.inner.guest_metrics {
             Some(g) => g.read(sandbox).await?,
             None => GuestView::default(),
         };

@@ -191,12 +191,6 @@ fn volume_not_found(r: &str) -> ControlError {
 }
 
 impl Control {
-    /// Gives the control plane the host's volume storage; without it the volume API answers
-    /// that volumes are not enabled.
-    pub fn set_volume_disks(&self, disks: std::sync::Arc<dyn VolumeDisks>) {
-        let _ = self.inner.volume_disks.set(disks);
-    }
-
     /// Removes the volumes and snapshots on the host that no record names: what a crash
     /// between a disk's creation and its record (or a record's removal and its disk's) left.
     /// Call it before serving (nothing may be created meanwhile). Returns how many went.
@@ -235,13 +229,9 @@ impl Control {
     }
 
     fn disks(&self) -> Result<&dyn VolumeDisks, ControlError> {
-        self.inner
-            .volume_disks
-            .get()
-            .map(|d| d.as_ref())
-            .ok_or_else(|| {
-                ControlError::Unavailable("volumes are not enabled on this server".into())
-            })
+        self.inner.volume_disks.as_deref().ok_or_else(|| {
+            ControlError::Unavailable("volumes are not enabled on this server".into())
+        })
     }
 
     /// Makes a volume for `team`.

@@ -10,7 +10,6 @@
 //! The HTTP side is the server's ([`WebhookSender`]): it signs, refuses receivers on private
 //! addresses unless the operator allows them, and bounds each attempt in time.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -126,9 +125,9 @@ fn check_secret(secret: &str) -> Result<(), ControlError> {
 }
 
 impl Control {
-    /// Gives the control plane its way out to receivers and starts delivering (once).
-    pub fn deliver_webhooks_with(&self, sender: Arc<dyn WebhookSender>) {
-        if self.inner.webhook_sender.set(sender).is_err() {
+    /// Starts delivering, when the control plane has a way out to receivers.
+    pub(crate) fn start_deliveries(&self) {
+        if self.inner.webhook_sender.is_none() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -155,7 +154,7 @@ impl Control {
 
     /// Sends what is due; answers when the next pending delivery is due.
     async fn deliver_due(&self) -> Option<DateTime<Utc>> {
-        let sender = self.inner.webhook_sender.get()?.clone();
+        let sender = self.inner.webhook_sender.clone()?;
         let store = &self.inner.store;
         let pending = match store.deliveries().await {
             Ok(p) => p,
@@ -219,7 +218,7 @@ impl Control {
 
     /// Queues `event` for every enabled webhook of its team that asked for its type.
     pub(crate) async fn queue_webhooks(&self, event: &SandboxEvent) {
-        if self.inner.webhook_sender.get().is_none() {
+        if self.inner.webhook_sender.is_none() {
             return;
         }
         let hooks = match self.inner.store.webhooks(Some(&event.team)).await {

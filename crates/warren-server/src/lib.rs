@@ -53,8 +53,6 @@ pub struct ServerConfig {
     pub domain: Option<String>,
     /// This host's volume storage, for the volume content API (`None`: volumes are off).
     pub volumes: Option<Arc<warren_volume::VolumeHost>>,
-    /// Webhooks may post to loopback and private addresses.
-    pub webhooks_to_private: bool,
 }
 
 impl Default for ServerConfig {
@@ -63,7 +61,6 @@ impl Default for ServerConfig {
             body_limit: DEFAULT_BODY_LIMIT,
             domain: None,
             volumes: None,
-            webhooks_to_private: false,
         }
     }
 }
@@ -75,15 +72,14 @@ pub struct AppState {
     pub volumes: Option<Arc<warren_volume::VolumeHost>>,
 }
 
-/// The whole application: proxy first, then the API.
-pub fn app(control: Control, config: ServerConfig) -> Router {
+/// The whole application: proxy first, then the API. `proxy` is the one the control plane
+/// reads guests through (`ControlBuilder::guest_metrics`). Building it starts nothing.
+pub fn app(control: Control, proxy: Arc<proxy::Proxy>, config: ServerConfig) -> Router {
     let state = AppState {
         control,
-        proxy: Arc::new(proxy::Proxy::new(config.domain.clone())),
+        proxy,
         volumes: config.volumes.clone(),
     };
-    state.control.sample_metrics_with(state.proxy.clone());
-    webhooks::start(&state, config.webhooks_to_private);
     let api = Router::new()
         .route("/health", get(routes::health))
         .route("/metrics", get(prometheus::metrics))

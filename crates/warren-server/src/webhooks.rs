@@ -25,7 +25,6 @@ use crate::error::ApiError;
 use crate::events::EventBody;
 use crate::extract::{ApiJson, Authed};
 use crate::types::{rfc3339, ErrorBody};
-use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -226,12 +225,6 @@ pub(crate) fn host_roots() -> &'static [reqwest_oci::Certificate] {
             .filter_map(|c| reqwest_oci::Certificate::from_der(c.as_ref()).ok())
             .collect()
     })
-}
-
-/// Starts delivering this server's webhooks.
-pub(crate) fn start(st: &AppState, allow_private: bool) {
-    st.control
-        .deliver_webhooks_with(std::sync::Arc::new(HttpWebhookSender { allow_private }));
 }
 
 #[cfg(test)]

@@ -93,9 +93,8 @@ const HASH: &str = "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3
 
 #[tokio::test]
 async fn a_dockerfile_becomes_stages_steps_and_a_start_command() {
-    let s = TestServer::start().await;
     let rec = Arc::new(Recording::default());
-    s.control.set_builder(rec.clone());
+    let s = TestServer::start_building(rec.clone()).await;
     let (tid, bid) = register(&s, "df-job").await;
     // The context upload, through the signed link, as the CLI does it.
     let (status, link) = call(
@@ -171,9 +170,8 @@ async fn a_dockerfile_becomes_stages_steps_and_a_start_command() {
 
 #[tokio::test]
 async fn conflicts_and_refused_lines_are_400s_and_start_nothing() {
-    let s = TestServer::start().await;
     let rec = Arc::new(Recording::default());
-    s.control.set_builder(rec.clone());
+    let s = TestServer::start_building(rec.clone()).await;
     let (tid, bid) = register(&s, "df-bad").await;
     let path = format!("/v2/templates/{tid}/builds/{bid}");
     let cases = [

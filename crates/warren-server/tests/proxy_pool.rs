@@ -157,11 +157,18 @@ async fn a_sandbox_on_a_reused_address_gets_fresh_connections() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = Arc::new(SlotRuntime::start().await);
     let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).unwrap());
-    let control = Control::start(store, runtime.clone(), Config::default())
+    let proxy = Arc::new(warren_server::proxy::Proxy::new(None));
+    let control = Control::builder(store, runtime.clone(), Config::default())
+        .guest_metrics(proxy.clone())
+        .start()
         .await
         .unwrap();
     control.seed_api_key("test", API_KEY).await.unwrap();
-    let app = warren_server::app(control.clone(), warren_server::ServerConfig::default());
+    let app = warren_server::app(
+        control.clone(),
+        proxy,
+        warren_server::ServerConfig::default(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {

@@ -61,8 +61,6 @@ async fn server() -> Fixture {
         warren_server::ListenerLimits::default(),
     )
     .await;
-    s.control
-        .set_volume_disks(Arc::new(warren_server::volumes::HostDisks(host.clone())));
     Fixture {
         _cleanup: Cleanup(host),
         s,

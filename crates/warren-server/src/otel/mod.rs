@@ -223,7 +223,12 @@ impl Otel {
         Box::new(spans.and_then(events))
     }
 
-    /// Starts what needs the control plane: the metrics and the audit trail's spans and logs.
+    /// What turns the audit trail into spans and logs (`ControlBuilder::audit_observer`).
+    pub fn audit_export(&self) -> std::sync::Arc<dyn warren_control::AuditObserver> {
+        exec::AuditExport::new(self.traces.tracer("warren.sandbox"), &self.logs)
+    }
+
+    /// Starts what reads the control plane: the metrics.
     pub fn attach(&self, control: &Control) {
         let meter = opentelemetry::metrics::MeterProvider::meter(&self.metrics, "warren");
         let task = metrics::start(
@@ -240,10 +245,6 @@ impl Otel {
         {
             old.abort();
         }
-        control.observe_audit_with(exec::AuditExport::new(
-            self.traces.tracer("warren.sandbox"),
-            &self.logs,
-        ));
     }
 
     /// Sends what is queued and stops the exporters. Blocks (up to a few export timeouts):

@@ -373,6 +373,22 @@ impl TestServer {
         Self::start_with_tls(dir, runtime, config, server, limits, None).await
     }
 
+    /// A server whose template builds go to `builder`.
+    pub async fn start_building(builder: Arc<dyn warren_control::TemplateBuilder>) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(AgentRuntime::default());
+        Self::start_wired(
+            dir,
+            runtime,
+            Config::default(),
+            ServerConfig::default(),
+            warren_server::ListenerLimits::default(),
+            None,
+            Some(builder),
+        )
+        .await
+    }
+
     /// [`TestServer::start_full`] with a TLS listener beside the plain one.
     pub async fn start_with_tls(
         dir: tempfile::TempDir,
@@ -382,12 +398,36 @@ impl TestServer {
         limits: warren_server::ListenerLimits,
         tls: Option<warren_server::TlsListener>,
     ) -> TestServer {
+        Self::start_wired(dir, runtime, config, server, limits, tls, None).await
+    }
+
+    /// The control plane wired as `warren serve` wires it (the proxy reads guests, webhooks
+    /// post over HTTP, `server.volumes` backs the volume API), with `builder` if given.
+    async fn start_wired(
+        dir: tempfile::TempDir,
+        runtime: Arc<AgentRuntime>,
+        config: Config,
+        server: ServerConfig,
+        limits: warren_server::ListenerLimits,
+        tls: Option<warren_server::TlsListener>,
+        builder: Option<Arc<dyn warren_control::TemplateBuilder>>,
+    ) -> TestServer {
         let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).unwrap());
-        let control = Control::start(store, runtime.clone(), config)
-            .await
-            .unwrap();
+        let proxy = Arc::new(warren_server::proxy::Proxy::new(server.domain.clone()));
+        let mut wiring = Control::builder(store, runtime.clone(), config)
+            .guest_metrics(proxy.clone())
+            .webhooks(Arc::new(warren_server::webhooks::HttpWebhookSender {
+                allow_private: false,
+            }));
+        if let Some(host) = &server.volumes {
+            wiring = wiring.volumes(Arc::new(warren_server::volumes::HostDisks(host.clone())));
+        }
+        if let Some(builder) = builder {
+            wiring = wiring.templates(builder);
+        }
+        let control = wiring.start().await.unwrap();
         control.seed_api_key("test", API_KEY).await.unwrap();
-        let app = warren_server::app(control.clone(), server);
+        let app = warren_server::app(control.clone(), proxy, server);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // The server's own listener (timeouts, connection caps), as `warren serve` runs it.
