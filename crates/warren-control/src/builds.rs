@@ -257,7 +257,7 @@ impl Control {
     }
 
     /// A template of `team` by id or name (`alias[:tag]` or `namespace/alias`).
-    pub async fn find_template(
+    pub(crate) async fn find_template(
         &self,
         id_or_name: &str,
         team: Option<&str>,
@@ -317,7 +317,7 @@ impl Control {
 
     /// Registers a build of template `req.name` for `team`: the same template again when the
     /// name is already the team's, a new one otherwise.
-    pub async fn register_build(
+    pub(crate) async fn register_build(
         &self,
         team: &str,
         req: BuildRequest,
@@ -404,7 +404,7 @@ impl Control {
     }
 
     /// Whether a COPY's files are already here, and if not where to upload them.
-    pub async fn upload_link(
+    pub(crate) async fn upload_link(
         &self,
         team: Option<&str>,
         template_id: &str,
@@ -468,7 +468,7 @@ impl Control {
     }
 
     /// Triggers a registered build; it runs in the background.
-    pub async fn start_build(
+    pub(crate) async fn start_build(
         &self,
         team: Option<&str>,
         template_id: &str,
@@ -649,7 +649,7 @@ impl Control {
     }
 
     /// A build's status and the log entries from `offset` on (at most [`MAX_LOG_PAGE`]).
-    pub async fn build_status(
+    pub(crate) async fn build_status(
         &self,
         team: Option<&str>,
         template_id: &str,
@@ -707,7 +707,10 @@ impl Control {
     }
 
     /// Every template `team` may see (`None`: all).
-    pub async fn list_templates(&self, team: Option<&str>) -> Result<Vec<Template>, ControlError> {
+    pub(crate) async fn list_templates(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<Template>, ControlError> {
         let all = self.inner.store.templates().await?;
         Ok(all
             .into_iter()
@@ -716,7 +719,7 @@ impl Control {
     }
 
     /// The newest build of a template (for listings).
-    pub async fn latest_build(&self, t: &Template) -> Result<Option<Build>, ControlError> {
+    pub(crate) async fn latest_build(&self, t: &Template) -> Result<Option<Build>, ControlError> {
         let Some(tag) = t.tags.get(crate::templates::DEFAULT_TAG) else {
             return Ok(None);
         };
@@ -725,7 +728,7 @@ impl Control {
 
     /// Deletes a template of `team` and its images; refused while sandboxes use one of them.
     /// `Ok(false)` when there is no such template.
-    pub async fn delete_template(
+    pub(crate) async fn delete_template(
         &self,
         team: Option<&str>,
         id_or_name: &str,
@@ -773,7 +776,7 @@ impl Control {
     }
 
     /// Changes whether other teams may use a template.
-    pub async fn set_template_public(
+    pub(crate) async fn set_template_public(
         &self,
         team: Option<&str>,
         id_or_name: &str,

@@ -80,7 +80,7 @@ pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,
 };
-pub use tenant::Tenant;
+pub use tenant::{AliasTarget, Tenant};
 pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
 pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use volumes::{

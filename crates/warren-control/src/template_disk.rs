@@ -64,7 +64,10 @@ impl Control {
     }
 
     /// What template builds keep on disk.
-    pub async fn template_disk_use(&self, team: Option<&str>) -> Result<DiskUse, ControlError> {
+    pub(crate) async fn template_disk_use(
+        &self,
+        team: Option<&str>,
+    ) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
         let keep = self.images_in_use().await?;
         self.template_builder()?
@@ -75,7 +78,10 @@ impl Control {
 
     /// Deletes what nothing uses; waits for a running build to end first (so no build loses
     /// its layers midway) and holds builds off until done.
-    pub async fn prune_templates(&self, team: Option<&str>) -> Result<DiskUse, ControlError> {
+    pub(crate) async fn prune_templates(
+        &self,
+        team: Option<&str>,
+    ) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
         let builder = self.template_builder()?;
         let _turn = self

@@ -73,7 +73,7 @@ impl Control {
     }
 
     /// Points `tags` at the build `target` (`name[:tag]`, default tag when none) names.
-    pub async fn assign_tags(
+    pub(crate) async fn assign_tags(
         &self,
         team: Option<&str>,
         target: &str,
@@ -108,7 +108,7 @@ impl Control {
 
     /// Removes `tags` from the template `name` (which must carry no tag itself). `default`
     /// cannot be removed: it is what a name without a tag means.
-    pub async fn remove_tags(
+    pub(crate) async fn remove_tags(
         &self,
         team: Option<&str>,
         name: &str,
@@ -142,7 +142,7 @@ impl Control {
     }
 
     /// The tags of a template `team` may see, by id or name, oldest first.
-    pub async fn template_tags(
+    pub(crate) async fn template_tags(
         &self,
         team: Option<&str>,
         id_or_name: &str,

@@ -8,6 +8,10 @@
 //! Arguments are validated before ownership, as the unscoped operations do, so malformed input
 //! gets its 400 whoever's id it names.
 
+mod resources;
+
+pub use resources::AliasTarget;
+
 use crate::control::{not_found, Control, CreateRequest};
 use crate::error::ControlError;
 use crate::fork::ForkResult;
@@ -53,8 +57,9 @@ impl Tenant {
         }
     }
 
-    /// The control plane behind this view (for operations that take a team filter).
-    pub fn control(&self) -> &Control {
+    /// The control plane behind this view, for this crate's scoped operations only: handlers
+    /// reach the domain through `Tenant`'s own methods, never unscoped.
+    pub(crate) fn control(&self) -> &Control {
         &self.control
     }
 

@@ -105,7 +105,7 @@ fn not_found(r: &str) -> ControlError {
 
 impl Control {
     /// Stores a new secret for `team`.
-    pub async fn create_secret(
+    pub(crate) async fn create_secret(
         &self,
         team: &str,
         name: &str,
@@ -216,12 +216,16 @@ impl Control {
     }
 
     /// What a secret is, without its value.
-    pub async fn secret(&self, team: Option<&str>, r: &str) -> Result<SecretInfo, ControlError> {
+    pub(crate) async fn secret(
+        &self,
+        team: Option<&str>,
+        r: &str,
+    ) -> Result<SecretInfo, ControlError> {
         Ok(self.sealed_secret(team, r).await?.info)
     }
 
     /// Replaces a secret's value (its version goes up) and, when given, its metadata.
-    pub async fn update_secret(
+    pub(crate) async fn update_secret(
         &self,
         team: Option<&str>,
         r: &str,
@@ -245,7 +249,11 @@ impl Control {
         Ok(s.info)
     }
 
-    pub async fn delete_secret(&self, team: Option<&str>, r: &str) -> Result<(), ControlError> {
+    pub(crate) async fn delete_secret(
+        &self,
+        team: Option<&str>,
+        r: &str,
+    ) -> Result<(), ControlError> {
         let s = self.secret(team, r).await?;
         self.inner.store.delete_secret(&s.id).await?;
         tracing::info!(secret_id = %s.id, "secret deleted");
@@ -254,7 +262,7 @@ impl Control {
 
     /// A page of `team`'s secrets (`None`: all), oldest first; `next_token` is the previous
     /// page's.
-    pub async fn list_secrets(
+    pub(crate) async fn list_secrets(
         &self,
         team: Option<&str>,
         limit: Option<u32>,

@@ -246,7 +246,7 @@ impl Control {
 
     /// Makes a volume for `team`, empty or with the content of snapshot `from` (one of
     /// `team`'s; the volume gets the snapshot's quota).
-    pub async fn create_volume_from(
+    pub(crate) async fn create_volume_from(
         &self,
         team: &str,
         name: &str,
@@ -326,7 +326,7 @@ impl Control {
     }
 
     /// The volume `r` (an id, or a name in `team`) if `team` may see it (`None`: any team).
-    pub async fn volume(&self, team: Option<&str>, r: &str) -> Result<Volume, ControlError> {
+    pub(crate) async fn volume(&self, team: Option<&str>, r: &str) -> Result<Volume, ControlError> {
         let by_id = self.inner.store.get_volume(r).await?;
         let found = match (by_id, team) {
             (Some(v), None) => Some(v),
@@ -354,13 +354,13 @@ impl Control {
     }
 
     /// Every volume `team` may see (`None`: all), oldest first.
-    pub async fn volumes(&self, team: Option<&str>) -> Result<Vec<Volume>, ControlError> {
+    pub(crate) async fn volumes(&self, team: Option<&str>) -> Result<Vec<Volume>, ControlError> {
         let mut all = self.inner.store.volumes(team).await?;
         all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(all)
     }
 
-    pub async fn volume_usage(&self, volume: &Volume) -> Result<VolumeUsage, ControlError> {
+    pub(crate) async fn volume_usage(&self, volume: &Volume) -> Result<VolumeUsage, ControlError> {
         self.disks()?.usage(&volume.id).await.map_err(disk_error)
     }
 
@@ -378,7 +378,11 @@ impl Control {
     }
 
     /// Deletes volume `r` and its files, unless a sandbox (running or paused) mounts it.
-    pub async fn delete_volume(&self, team: Option<&str>, r: &str) -> Result<(), ControlError> {
+    pub(crate) async fn delete_volume(
+        &self,
+        team: Option<&str>,
+        r: &str,
+    ) -> Result<(), ControlError> {
         let v = self.volume(team, r).await?;
         let _g = self.inner.resource_lock.lock().await;
         let users = self.volume_users(&v.id).await;
@@ -398,7 +402,7 @@ impl Control {
     /// Grows volume `r` to `bytes` (more than it has, at most the server's maximum). Where the
     /// host can resize a mounted filesystem its sandboxes keep running and see the new size;
     /// else only a volume no sandbox mounts can grow (409 otherwise).
-    pub async fn grow_volume(
+    pub(crate) async fn grow_volume(
         &self,
         team: Option<&str>,
         r: &str,
@@ -432,7 +436,7 @@ impl Control {
     }
 
     /// Takes a snapshot of volume `r` (writers in its sandboxes wait while it is copied).
-    pub async fn snapshot_volume(
+    pub(crate) async fn snapshot_volume(
         &self,
         team: Option<&str>,
         r: &str,
@@ -466,7 +470,7 @@ impl Control {
 
     /// Snapshots `team` may see (`None`: all), of volume `volume_id` only when given, oldest
     /// first.
-    pub async fn volume_snapshots(
+    pub(crate) async fn volume_snapshots(
         &self,
         team: Option<&str>,
         volume_id: Option<&str>,
@@ -496,7 +500,7 @@ impl Control {
         }
     }
 
-    pub async fn delete_volume_snapshot(
+    pub(crate) async fn delete_volume_snapshot(
         &self,
         team: Option<&str>,
         id: &str,

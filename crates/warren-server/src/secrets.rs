@@ -86,13 +86,7 @@ pub(crate) async fn create_secret(
     ApiJson(body): ApiJson<NewSecret>,
 ) -> ApiResult<impl IntoResponse> {
     let s = me
-        .control()
-        .create_secret(
-            me.team(),
-            &body.name,
-            body.value,
-            body.metadata.unwrap_or_default(),
-        )
+        .create_secret(&body.name, body.value, body.metadata.unwrap_or_default())
         .await?;
     Ok((StatusCode::CREATED, Json(SecretView::from(s))))
 }
@@ -108,10 +102,7 @@ pub(crate) async fn list_secrets(
     q: Result<Query<SecretListParams>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<impl IntoResponse> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let page = me
-        .control()
-        .list_secrets(me.team_filter(), q.limit, q.next_token.as_deref())
-        .await?;
+    let page = me.secrets(q.limit, q.next_token.as_deref()).await?;
     let mut headers = HeaderMap::new();
     if let Some(t) = page.next_token.and_then(|t| HeaderValue::from_str(&t).ok()) {
         headers.insert("x-next-token", t);
@@ -130,9 +121,7 @@ pub(crate) async fn get_secret(
     Authed(me): Authed,
     Path(secret): Path<String>,
 ) -> ApiResult<Json<SecretView>> {
-    Ok(Json(
-        me.control().secret(me.team_filter(), &secret).await?.into(),
-    ))
+    Ok(Json(me.secret(&secret).await?.into()))
 }
 
 /// Replaces a secret's value (a new `currentVersion`) and, when given, its metadata.
@@ -148,10 +137,7 @@ pub(crate) async fn update_secret(
     Path(secret): Path<String>,
     ApiJson(body): ApiJson<SecretUpdate>,
 ) -> ApiResult<Json<SecretView>> {
-    let s = me
-        .control()
-        .update_secret(me.team_filter(), &secret, body.value, body.metadata)
-        .await?;
+    let s = me.update_secret(&secret, body.value, body.metadata).await?;
     Ok(Json(s.into()))
 }
 
@@ -165,8 +151,6 @@ pub(crate) async fn delete_secret(
     Authed(me): Authed,
     Path(secret): Path<String>,
 ) -> ApiResult<StatusCode> {
-    me.control()
-        .delete_secret(me.team_filter(), &secret)
-        .await?;
+    me.delete_secret(&secret).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -57,7 +57,7 @@ fn body(u: DiskUse) -> DiskUseBody {
     security(("api_key" = []))
 )]
 pub(crate) async fn disk_use(Authed(me): Authed) -> Result<Json<DiskUseBody>, ApiError> {
-    let u = me.control().template_disk_use(me.team_filter()).await?;
+    let u = me.template_disk_use().await?;
     Ok(Json(body(u)))
 }
 
@@ -70,6 +70,6 @@ pub(crate) async fn disk_use(Authed(me): Authed) -> Result<Json<DiskUseBody>, Ap
     security(("api_key" = []))
 )]
 pub(crate) async fn prune(Authed(me): Authed) -> Result<Json<DiskUseBody>, ApiError> {
-    let u = me.control().prune_templates(me.team_filter()).await?;
+    let u = me.prune_templates().await?;
     Ok(Json(body(u)))
 }

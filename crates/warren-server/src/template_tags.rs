@@ -41,10 +41,7 @@ pub(crate) async fn assign_tags(
     Authed(me): Authed,
     ApiJson(body): ApiJson<AssignTags>,
 ) -> ApiResult<impl IntoResponse> {
-    let done = me
-        .control()
-        .assign_tags(me.team_filter(), &body.target, &body.tags)
-        .await?;
+    let done = me.assign_tags(&body.target, &body.tags).await?;
     Ok((
         StatusCode::CREATED,
         Json(AssignedTags {
@@ -73,9 +70,7 @@ pub(crate) async fn remove_tags(
     Authed(me): Authed,
     ApiJson(body): ApiJson<RemoveTags>,
 ) -> ApiResult<StatusCode> {
-    me.control()
-        .remove_tags(me.team_filter(), &body.name, &body.tags)
-        .await?;
+    me.remove_tags(&body.name, &body.tags).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -99,7 +94,7 @@ pub(crate) async fn list_tags(
     Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<TagItem>>> {
-    let tags = me.control().template_tags(me.team_filter(), &id).await?;
+    let tags = me.template_tags(&id).await?;
     Ok(Json(
         tags.into_iter()
             .map(|t| TagItem {

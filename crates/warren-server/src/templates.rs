@@ -67,17 +67,13 @@ pub(crate) async fn register_build(
 ) -> ApiResult<impl IntoResponse> {
     let name = body.name.or(body.alias).unwrap_or_default();
     let r = me
-        .control()
-        .register_build(
-            me.team(),
-            BuildRequest {
-                name,
-                tags: body.tags,
-                cpu_count: body.cpu_count,
-                memory_mb: body.memory_mb,
-                min_free_disk_mb: body.min_free_disk_mb,
-            },
-        )
+        .register_build(BuildRequest {
+            name,
+            tags: body.tags,
+            cpu_count: body.cpu_count,
+            memory_mb: body.memory_mb,
+            min_free_disk_mb: body.min_free_disk_mb,
+        })
         .await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -127,10 +123,7 @@ pub(crate) async fn upload_link(
     headers: HeaderMap,
     Path((template_id, hash)): Path<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    let link = me
-        .control()
-        .upload_link(me.team_filter(), &template_id, &hash)
-        .await?;
+    let link = me.upload_link(&template_id, &hash).await?;
     Ok((
         StatusCode::CREATED,
         Json(UploadLink {
@@ -353,9 +346,7 @@ pub(crate) async fn start_build(
     ApiJson(body): ApiJson<StartBuild>,
 ) -> ApiResult<StatusCode> {
     let spec = body.into_spec()?;
-    me.control()
-        .start_build(me.team_filter(), &template_id, &build_id, spec)
-        .await?;
+    me.start_build(&template_id, &build_id, spec).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -436,14 +427,7 @@ pub(crate) async fn build_status(
         })?),
     };
     let page = me
-        .control()
-        .build_status(
-            me.team_filter(),
-            &template_id,
-            &build_id,
-            q.logs_offset.unwrap_or(0),
-            q.limit,
-        )
+        .build_status(&template_id, &build_id, q.logs_offset.unwrap_or(0), q.limit)
         .await?;
     let keep = |e: &LogEntry| min_level.is_none_or(|l| e.level >= l);
     let build = page.build;
@@ -484,44 +468,14 @@ struct AliasInfo {
     security(("api_key" = []))
 )]
 pub(crate) async fn alias_info(
-    State(st): State<AppState>,
     Authed(me): Authed,
     Path(alias): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let cfg = st.control.config();
-    let name = alias.trim();
-    if cfg.template_names.iter().any(|n| n == name) {
-        return Ok(Json(AliasInfo {
-            template_id: name.to_string(),
-            public: true,
-        }));
-    }
-    match me.control().find_template(name, None).await? {
-        Some(t) if me.team_filter().is_none_or(|team| team == t.team) || t.public => {
-            let tag = warren_control::TemplateName::parse(name)
-                .ok()
-                .and_then(|n| n.tag)
-                .unwrap_or_else(|| warren_control::DEFAULT_TAG.to_string());
-            if !t.tags.contains_key(&tag) && tag != warren_control::DEFAULT_TAG {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("template '{name}' has no tag '{tag}'"),
-                ));
-            }
-            Ok(Json(AliasInfo {
-                template_id: t.id,
-                public: t.public,
-            }))
-        }
-        Some(_) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("template '{name}' belongs to another team"),
-        )),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("template '{name}' not found"),
-        )),
-    }
+    let target = me.template_alias(&alias).await?;
+    Ok(Json(AliasInfo {
+        template_id: target.template_id,
+        public: target.public,
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -587,8 +541,7 @@ pub(crate) async fn list_templates(
 ) -> ApiResult<impl IntoResponse> {
     let envd = st.control.config().envd_version.clone();
     let mut out = Vec::new();
-    for t in me.control().list_templates(me.team_filter()).await? {
-        let latest = me.control().latest_build(&t).await?;
+    for (t, latest) in me.templates().await? {
         out.push(listed(t, latest, &envd));
     }
     Ok(Json(out))
@@ -612,10 +565,7 @@ pub(crate) async fn set_public(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Publish>,
 ) -> ApiResult<impl IntoResponse> {
-    let t = me
-        .control()
-        .set_template_public(me.team_filter(), &id, body.public)
-        .await?;
+    let t = me.set_template_public(&id, body.public).await?;
     let mut out = BTreeMap::new();
     out.insert("names", names_of(&t));
     Ok(Json(out))
@@ -635,17 +585,6 @@ pub(crate) async fn delete_template(
     Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    match me.delete_snapshot(&id).await {
-        Ok(()) => return Ok(StatusCode::NO_CONTENT),
-        Err(warren_control::ControlError::NotFound(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
-    if me.control().delete_template(me.team_filter(), &id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("template '{id}' not found"),
-        ))
-    }
+    me.delete_snapshot_or_template(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -167,8 +167,7 @@ pub(crate) async fn create_volume(
         inodes: q.inodes,
     };
     let v = me
-        .control()
-        .create_volume_from(me.team(), &body.name, quota, body.from_snapshot.as_deref())
+        .create_volume(&body.name, quota, body.from_snapshot.as_deref())
         .await?;
     Ok((StatusCode::CREATED, Json(with_token(&v, None))))
 }
@@ -180,7 +179,7 @@ pub(crate) async fn create_volume(
     security(("api_key" = []))
 )]
 pub(crate) async fn list_volumes(Authed(me): Authed) -> ApiResult<Json<Vec<VolumeEntry>>> {
-    let all = me.control().volumes(me.team_filter()).await?;
+    let all = me.volumes().await?;
     Ok(Json(
         all.into_iter()
             .map(|v| VolumeEntry {
@@ -201,8 +200,7 @@ pub(crate) async fn get_volume(
     Authed(me): Authed,
     Path(volume): Path<String>,
 ) -> ApiResult<Json<VolumeAndToken>> {
-    let v = me.control().volume(me.team_filter(), &volume).await?;
-    let usage = me.control().volume_usage(&v).await.ok();
+    let (v, usage) = me.volume(&volume).await?;
     Ok(Json(with_token(&v, usage)))
 }
 
@@ -221,11 +219,7 @@ pub(crate) async fn grow_volume(
     Path(volume): Path<String>,
     ApiJson(body): ApiJson<VolumeChange>,
 ) -> ApiResult<Json<VolumeAndToken>> {
-    let v = me
-        .control()
-        .grow_volume(me.team_filter(), &volume, body.quota.bytes)
-        .await?;
-    let usage = me.control().volume_usage(&v).await.ok();
+    let (v, usage) = me.grow_volume(&volume, body.quota.bytes).await?;
     Ok(Json(with_token(&v, usage)))
 }
 
@@ -240,9 +234,7 @@ pub(crate) async fn delete_volume(
     Authed(me): Authed,
     Path(volume): Path<String>,
 ) -> ApiResult<StatusCode> {
-    me.control()
-        .delete_volume(me.team_filter(), &volume)
-        .await?;
+    me.delete_volume(&volume).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -257,10 +249,7 @@ pub(crate) async fn snapshot_volume(
     Authed(me): Authed,
     Path(volume): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let s = me
-        .control()
-        .snapshot_volume(me.team_filter(), &volume)
-        .await?;
+    let s = me.snapshot_volume(&volume).await?;
     Ok((StatusCode::CREATED, Json(VolumeSnapshotInfo::new(&s))))
 }
 
@@ -274,11 +263,7 @@ pub(crate) async fn list_volume_snapshots(
     Authed(me): Authed,
     Path(volume): Path<String>,
 ) -> ApiResult<Json<Vec<VolumeSnapshotInfo>>> {
-    let v = me.control().volume(me.team_filter(), &volume).await?;
-    let all = me
-        .control()
-        .volume_snapshots(me.team_filter(), Some(&v.id))
-        .await?;
+    let all = me.volume_snapshots(&volume).await?;
     Ok(Json(all.iter().map(VolumeSnapshotInfo::new).collect()))
 }
 
@@ -292,9 +277,7 @@ pub(crate) async fn delete_volume_snapshot(
     Authed(me): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    me.control()
-        .delete_volume_snapshot(me.team_filter(), &id)
-        .await?;
+    me.delete_volume_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
