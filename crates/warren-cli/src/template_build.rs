@@ -239,7 +239,7 @@ pub async fn run(args: BuildArgs, client_args: &ClientArgs) -> anyhow::Result<u8
     // The server parses it again; a file it would refuse is refused here before the context
     // is packed and sent (the same parser, so the same words and line).
     let build_args: HashMap<String, String> = args.build_args.iter().cloned().collect();
-    if let Err(e) = warren_control::dockerfile::parse(&dockerfile, &build_args) {
+    if let Err(e) = warren_buildspec::dockerfile::parse(&dockerfile, &build_args) {
         eprintln!("{}: {e}", file.display());
         return Ok(1);
     }

@@ -17,7 +17,6 @@ use chrono::Utc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::build_spec::{is_files_hash, BuildSource, BuildSpec, E2B_BASE_IMAGE};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::secrets::random_id;
@@ -25,6 +24,7 @@ use crate::templates::{
     build_tags, check_resources, Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef,
     Template, TemplateName,
 };
+use warren_buildspec::{is_files_hash, BuildSource, BuildSpec, E2B_BASE_IMAGE};
 
 /// Most log entries one status call returns (upstream's page size).
 pub const MAX_LOG_PAGE: usize = 100;
@@ -499,8 +499,8 @@ impl Control {
             .flat_map(|s| s.steps.iter())
             .chain(spec.steps.iter());
         for step in all_steps {
-            if let crate::build_spec::StepKind::Copy { files_hash, .. }
-            | crate::build_spec::StepKind::CopyGlob { files_hash, .. } = &step.kind
+            if let warren_buildspec::StepKind::Copy { files_hash, .. }
+            | warren_buildspec::StepKind::CopyGlob { files_hash, .. } = &step.kind
             {
                 if !builder
                     .has_files(&t.team, files_hash)

@@ -43,3 +43,25 @@ pub enum StoreError {
     #[error("{0}")]
     Backend(String),
 }
+
+impl From<warren_buildspec::SpecError> for ControlError {
+    fn from(e: warren_buildspec::SpecError) -> Self {
+        ControlError::InvalidArgument(e.0)
+    }
+}
+
+/// A build request's Dockerfile as a [`warren_buildspec::BuildSpec`]; an error is the
+/// caller's (400), with the line.
+pub fn dockerfile_build(
+    text: &str,
+    context_hash: Option<&str>,
+    build_args: &std::collections::HashMap<String, String>,
+    force: bool,
+) -> Result<warren_buildspec::BuildSpec, ControlError> {
+    Ok(warren_buildspec::dockerfile_build(
+        text,
+        context_hash,
+        build_args,
+        force,
+    )?)
+}

@@ -11,12 +11,10 @@
 
 mod audit;
 mod audit_budget;
-mod build_spec;
 mod builder;
 mod builds;
 mod config;
 mod control;
-pub mod dockerfile;
 mod error;
 mod events;
 mod expiry;
@@ -46,10 +44,6 @@ pub use audit::{
     MAX_AUDIT_PAGE, SOURCE_AGENT, SOURCE_BUDGET, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
 pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
-pub use build_spec::{
-    is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
-    StageSpec, Step, StepKind, E2B_BASE_IMAGE,
-};
 pub use builder::ControlBuilder;
 pub use builds::{
     BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
@@ -57,7 +51,7 @@ pub use builds::{
 };
 pub use config::AuditBudget;
 pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
-pub use dockerfile::dockerfile_build;
+pub use error::dockerfile_build;
 pub use error::{ControlError, StoreError};
 pub use events::{EventKind, EventQuery, SandboxEvent, EVENT_RETENTION, MAX_EVENT_PAGE};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
@@ -86,6 +80,10 @@ pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInf
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
     VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,
+};
+pub use warren_buildspec::{
+    is_files_hash, valid_account, BuildSource, BuildSpec, CopyOrigin, RawStep, RegistryAuth,
+    StageSpec, Step, StepKind, E2B_BASE_IMAGE,
 };
 pub use warren_proto::journal::Level as AuditLevel;
 pub use warren_runtime::egress::EgressPolicy;

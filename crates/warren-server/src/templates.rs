@@ -318,7 +318,10 @@ impl StartBuild {
                 force: s.force,
                 files_hash: s.files_hash,
             };
-            steps.push(raw.parse(i + 1)?);
+            steps.push(
+                raw.parse(i + 1)
+                    .map_err(warren_control::ControlError::from)?,
+            );
         }
         Ok(BuildSpec {
             source,

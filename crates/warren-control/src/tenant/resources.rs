@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use super::Tenant;
-use crate::build_spec::BuildSpec;
 use crate::builds::{BuildPage, BuildRequest, Registered, UploadLink};
 use crate::error::ControlError;
 use crate::template_disk::DiskUse;
@@ -12,6 +11,7 @@ use crate::template_tags::{Assigned, TagInfo};
 use crate::templates::{Build, Template, TemplateName, DEFAULT_TAG};
 use crate::vault::{SecretInfo, SecretPage};
 use crate::volumes::{QuotaRequest, Volume, VolumeSnapshot, VolumeUsage};
+use warren_buildspec::BuildSpec;
 
 /// What a template alias names for a key: its id, and whether other teams may use it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use crate::build_spec::{valid_account, BuildSpec};
+use crate::spec::{valid_account, BuildSpec};
 
 mod words;
 
@@ -689,10 +689,10 @@ pub fn dockerfile_build(
     context_hash: Option<&str>,
     build_args: &HashMap<String, String>,
     force: bool,
-) -> Result<BuildSpec, crate::ControlError> {
+) -> Result<BuildSpec, crate::SpecError> {
     parse(text, build_args)
         .and_then(|d| d.to_build_spec(context_hash, force))
-        .map_err(|e| crate::ControlError::InvalidArgument(e.to_string()))
+        .map_err(|e| crate::SpecError(e.to_string()))
 }
 
 #[cfg(test)]

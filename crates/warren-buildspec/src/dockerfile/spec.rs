@@ -4,9 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::{invalid, Dockerfile, DockerfileError, From, Instr};
-use crate::build_spec::{
-    is_files_hash, BuildSource, BuildSpec, CopyOrigin, StageSpec, Step, StepKind,
-};
+use crate::spec::{is_files_hash, BuildSource, BuildSpec, CopyOrigin, StageSpec, Step, StepKind};
 
 impl Dockerfile {
     /// The instructions a stage runs, its own after those of the stages it starts from, and

@@ -5,7 +5,7 @@
 //! synonyms, as upstream does). A malformed step is refused with its 1-based number, so the
 //! SDK's traceback points at the builder call that made it.
 
-use crate::error::ControlError;
+use crate::SpecError;
 
 /// Where a build starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,8 +188,8 @@ pub fn is_files_hash(hash: &str) -> bool {
     hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-fn step_error(n: usize, kind: &str, what: impl std::fmt::Display) -> ControlError {
-    ControlError::InvalidArgument(format!("step {n} ({kind}): {what}"))
+fn step_error(n: usize, kind: &str, what: impl std::fmt::Display) -> SpecError {
+    SpecError(format!("step {n} ({kind}): {what}"))
 }
 
 /// Environment variable names as POSIX shells accept them.
@@ -211,7 +211,7 @@ pub fn valid_account(name: &str) -> bool {
 
 impl RawStep {
     /// The step, or why it cannot run; `n` is its 1-based number.
-    pub fn parse(self, n: usize) -> Result<Step, ControlError> {
+    pub fn parse(self, n: usize) -> Result<Step, SpecError> {
         let kind = self.kind.trim().to_ascii_uppercase();
         let args = self.args;
         let no_nul = |s: &str| !s.contains('\0');

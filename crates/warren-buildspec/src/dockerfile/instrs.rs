@@ -5,7 +5,7 @@ use super::{
     exec_form, invalid, is_archive_name, join_quoted, take_flags, unsupported, Command,
     DockerfileError, Instr, Parser,
 };
-use crate::build_spec::valid_account;
+use crate::spec::valid_account;
 
 impl Parser<'_> {
     pub(super) fn run(&mut self, line: usize, rest: &str) -> Result<(), DockerfileError> {

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::build_spec::{BuildSource, CopyOrigin, StepKind};
+use crate::spec::{BuildSource, CopyOrigin, StepKind};
 
 const HASH: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
