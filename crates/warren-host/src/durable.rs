@@ -61,6 +61,39 @@ pub fn discard_dir(dir: &std::path::Path) {
     }
 }
 
+/// A staging directory removed when the guard drops unless [`RemoveOnDrop::disarm`] was
+/// called: a save that fails, or whose task is dropped mid-way (the server stopping), leaves
+/// no RAM- or disk-sized files behind until the next start's sweep.
+pub struct RemoveOnDrop {
+    dir: Option<PathBuf>,
+}
+
+impl RemoveOnDrop {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: Some(dir.to_path_buf()),
+        }
+    }
+
+    /// The directory is kept (it was installed, or someone else owns it now).
+    pub fn disarm(mut self) {
+        self.dir = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            discard_dir(&dir);
+        } else {
+            let _ = remove_tree(&dir);
+        }
+    }
+}
+
 /// Runs blocking work (file trees, copies, a process that must run synchronously) on the
 /// blocking pool instead of an async worker. A panic in `f` comes back as `E`.
 pub async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, E>

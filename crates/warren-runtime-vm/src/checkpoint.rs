@@ -62,8 +62,9 @@ pub struct CaptureSpec {
     /// The user the VM's QEMU runs as; the helper and the disk flattening run as the same
     /// one, jailed.
     pub run_as: Option<(u32, u32)>,
-    /// A scratch directory for the helper's sockets and logs (short path: socket names are
-    /// limited to 108 bytes); removed afterwards.
+    /// A scratch directory for the helper's sockets, logs, overlay and pid file (short
+    /// path: socket names are limited to 108 bytes); removed afterwards, and by the next
+    /// start's sweep if the server died meanwhile.
     pub work: PathBuf,
     /// Capture memory and device state too (`false`: the disk only).
     pub memory: bool,
@@ -171,8 +172,12 @@ async fn saved_memory(vm: &Qmp, spec: &CaptureSpec, staging: &Path) -> Result<()
 pub async fn share(spec: &CaptureSpec, staging: &Path) -> Result<()> {
     let started = Instant::now();
     remove_tree(&spec.work).await;
+    // Gone however this ends, the task dropped as the server stops included (the helper is
+    // killed with its handle: `Lifetime::Transient`).
+    let work = warren_host::durable::RemoveOnDrop::new(&spec.work);
     let result = run_helper(spec, staging).await;
     remove_tree(&spec.work).await;
+    work.disarm();
     result?;
     let ram = staging.join(SAVED_RAM);
     std::fs::remove_file(&ram).map_err(Error::io("remove", &ram))?;
@@ -213,7 +218,16 @@ async fn run_helper(spec: &CaptureSpec, staging: &Path) -> Result<()> {
             bytes,
         ));
     }
-    let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+    let mut child = qemu::spawn(
+        &cfg,
+        spec.netns.as_deref(),
+        &files.log,
+        qemu::Lifetime::Transient,
+    )?;
+    // For the next start's sweep, should the server die before the helper does.
+    if let Some(pid) = child.id() {
+        let _ = std::fs::write(files.dir.join(qemu::PID_FILE), pid.to_string());
+    }
     let result = async {
         let helper = connect_spawned(&mut child, &files).await?;
         set_capability(&helper, "mapped-ram", true).await?;

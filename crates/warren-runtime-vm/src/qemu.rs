@@ -163,11 +163,28 @@ pub fn kernel_cmdline(tsc_khz: u64, hostname: &str, dns: &[std::net::Ipv4Addr]) 
     )
 }
 
-/// Starts QEMU detached from the caller's session (a server restart or a Ctrl-C must not
-/// kill it), inside network namespace `netns` when given, with an empty environment and, with
-/// [`VmConfig::jail`], jailed. stdout and stderr go to `log`; the manager creates the console
-/// file and binds the QMP socket, and QEMU inherits both as descriptors.
-pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::process::Child> {
+/// How long a QEMU lives relative to the manager that starts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// A sandbox's VM: it outlives a server restart, which reattaches to it.
+    Detached,
+    /// A helper (a template's first boot, a checkpoint's memory share): killed when its
+    /// handle is dropped, as when the server stops mid-way, so nothing runs on that no one
+    /// waits for. A crash of the server leaves it running; the next start's sweep kills it.
+    Transient,
+}
+
+/// Starts QEMU in a session of its own (a Ctrl-C to the server's terminal must not reach it),
+/// inside network namespace `netns` when given, with an empty environment and, with
+/// [`VmConfig::jail`], jailed; `lifetime` says whether dropping the returned handle kills it.
+/// stdout and stderr go to `log`; the manager creates the console file and binds the QMP
+/// socket, and QEMU inherits both as descriptors.
+pub fn spawn(
+    cfg: &VmConfig,
+    netns: Option<&Path>,
+    log: &Path,
+    lifetime: Lifetime,
+) -> Result<tokio::process::Child> {
     let Handed {
         out,
         err,
@@ -199,7 +216,7 @@ pub fn spawn(cfg: &VmConfig, netns: Option<&Path>, log: &Path) -> Result<tokio::
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)
-        .kill_on_drop(false);
+        .kill_on_drop(lifetime == Lifetime::Transient);
     // SAFETY: the closure runs in the child between fork and exec and only makes
     // async-signal-safe system calls (setsid, setns, open, ioctl, dup2, close_range via
     // `cloexec_all_but_handed`, and the jail's: see `Prepared::enter`) on descriptors and buffers that stay valid in the parent
@@ -395,6 +412,10 @@ pub fn console_tail(path: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// File in a VM's directory (or a checkpoint helper's) naming its QEMU's host pid, for the
+/// sweep after a server that died left it running.
+pub const PID_FILE: &str = "pid";
 
 /// Whether `pid` is alive and runs the QEMU of the VM directory `dir` (its writable disk is
 /// `dir/disk.qcow2`; a recycled pid does not count).

@@ -134,7 +134,12 @@ impl Pending {
             ));
         }
         let prepare = started.elapsed();
-        let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+        let mut child = qemu::spawn(
+            &cfg,
+            spec.netns.as_deref(),
+            &files.log,
+            qemu::Lifetime::Detached,
+        )?;
         let qmp = connect_spawned(&mut child, &files).await?;
         Ok(Self {
             child,

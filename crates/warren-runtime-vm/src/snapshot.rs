@@ -437,7 +437,12 @@ pub async fn boot(spec: &TemplateSpec, dir: &Path) -> Result<Booted> {
         ));
     }
     let started = Instant::now();
-    let mut child = qemu::spawn(&cfg, spec.netns.as_deref(), &files.log)?;
+    let mut child = qemu::spawn(
+        &cfg,
+        spec.netns.as_deref(),
+        &files.log,
+        qemu::Lifetime::Transient,
+    )?;
     let result = async {
         let qmp = Qmp::connect(&files.qmp, Duration::from_secs(10)).await?;
         wait_console(&files, &mut child, spec.boot_timeout).await?;

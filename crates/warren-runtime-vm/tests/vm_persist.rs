@@ -452,3 +452,102 @@ async fn a_pause_that_finished_while_the_server_was_down_is_reported_paused() {
     rt.shutdown().await.expect("shutdown");
     cleanup(&cfg);
 }
+
+/// A snapshot whose task is dropped while its memory is being shared (the server stopping)
+/// leaves no helper QEMU and no files, and the VM runs on; a helper left by a server that
+/// died (here a stand-in process named as a helper's QEMU is, by its disk) is killed and its
+/// directory removed at the next start, while the VM of the same name is kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_helper_never_outlives_its_snapshot() {
+    let Some((cfg, vm)) = config("h", 4) else {
+        return;
+    };
+    let rt = start(&cfg, &vm, vec![]).await;
+    let s = rt
+        .create(spec("sharedvm"))
+        .await
+        .unwrap_or_else(|e| panic!("{}", warren_runtime::chain(&e)));
+    let name = s.record["name"].as_str().unwrap().to_string();
+    let work = cfg
+        .data_dir
+        .join("vm/capture")
+        .join(format!("{}-vm", cfg.cgroup_parent))
+        .join(&name);
+    let snapshots = cfg.data_dir.join("vm-checkpoints/snapshots");
+
+    let mut snap = Box::pin(rt.snapshot("sharedvm", "dropped", true));
+    let pid = loop {
+        tokio::select! {
+            r = &mut snap => panic!(
+                "the snapshot ended ({:?}) before its helper was seen",
+                r.map(|i| i.bytes).map_err(|e| warren_runtime::chain(&e))
+            ),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        let recorded = std::fs::read_to_string(work.join("pid")).ok();
+        if let Some(pid) = recorded.and_then(|p| p.trim().parse::<u32>().ok()) {
+            break pid;
+        }
+    };
+    assert!(alive(pid), "the helper runs");
+    drop(snap);
+    assert!(
+        gone(pid).await,
+        "the helper QEMU outlived its dropped snapshot"
+    );
+    assert!(!work.exists(), "the helper's directory is left behind");
+    assert!(
+        !entries(&snapshots).contains(&"dropped.partial".to_string()),
+        "the unfinished checkpoint is left behind: {:?}",
+        entries(&snapshots)
+    );
+    assert_eq!(run(s.agent, "echo ok").await, (0, "ok\n".into()));
+
+    std::fs::create_dir_all(&work).unwrap();
+    let disk = format!("file={},", work.join("disk.qcow2").display());
+    let mut stray = std::process::Command::new("python3")
+        .args(["-c", "import time; time.sleep(600)", &disk])
+        .spawn()
+        .expect("python3");
+    std::fs::write(work.join("pid"), stray.id().to_string()).unwrap();
+    rt.release().await.expect("release");
+    let rt = start(&cfg, &vm, vec![s.clone()]).await;
+    let stray_pid = stray.id();
+    if !gone(stray_pid).await {
+        let _ = stray.kill();
+    }
+    let status = stray.wait().expect("wait");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "the stray helper was not killed"
+    );
+    assert!(!work.exists(), "the stray helper's directory is left");
+    assert_eq!(run(s.agent, "echo ok").await, (0, "ok\n".into()));
+    rt.kill("sharedvm").await.unwrap();
+    rt.shutdown().await.expect("shutdown");
+    cleanup(&cfg);
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `pid` has exited within a minute (a killed QEMU releases its RAM first).
+async fn gone(pid: u32) -> bool {
+    for _ in 0..600 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

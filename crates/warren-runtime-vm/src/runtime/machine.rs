@@ -105,7 +105,7 @@ pub async fn spawn(
         if let Err(e) = cgroup.add(pid) {
             tracing::warn!(vm = name, error = %e, "could not move QEMU into its cgroup");
         }
-        let _ = std::fs::write(dir.join("pid"), pid.to_string());
+        let _ = std::fs::write(dir.join(qemu::PID_FILE), pid.to_string());
     }
     Ok((pending, cgroup))
 }
@@ -234,7 +234,16 @@ pub fn remove_stale(dir: &Path, cgroup_parent: &str) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if let Some(pid) = std::fs::read_to_string(dir.join("pid"))
+    kill_recorded_qemu(dir);
+    let cg = SandboxCgroup::at(cgroup_parent, &name);
+    let _ = cg.kill_all();
+    let _ = cg.remove();
+    crate::snapshot::remove_vm_dir(dir);
+}
+
+/// Kills the QEMU whose pid `dir`'s pid file names, if that pid still runs `dir`'s QEMU.
+pub fn kill_recorded_qemu(dir: &Path) {
+    if let Some(pid) = std::fs::read_to_string(dir.join(qemu::PID_FILE))
         .ok()
         .and_then(|p| p.trim().parse::<u32>().ok())
     {
@@ -245,8 +254,4 @@ pub fn remove_stale(dir: &Path, cgroup_parent: &str) {
             );
         }
     }
-    let cg = SandboxCgroup::at(cgroup_parent, &name);
-    let _ = cg.kill_all();
-    let _ = cg.remove();
-    crate::snapshot::remove_vm_dir(dir);
 }

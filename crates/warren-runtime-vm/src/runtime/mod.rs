@@ -279,6 +279,14 @@ impl VmRuntime {
         vms_dir(&self.cfg)
     }
 
+    /// Scratch directories of checkpoint helpers, one per VM being checkpointed.
+    fn captures_dir(&self) -> PathBuf {
+        self.cfg
+            .data_dir
+            .join("vm/capture")
+            .join(format!("{}-vm", self.cfg.cgroup_parent))
+    }
+
     fn cgroup_parent(&self) -> String {
         format!("{}-vm", self.cfg.cgroup_parent)
     }
@@ -338,6 +346,17 @@ impl VmRuntime {
             tracing::warn!(vm = %name, "removing a VM left by a previous run");
             machine::remove_stale(&self.vms_dir().join(&name), &parent);
             self.remove_links(&name);
+        }
+        // Nothing is checkpointed before the start: a helper still there was left by a server
+        // that died mid-share (its pid file names it).
+        if let Ok(rd) = std::fs::read_dir(self.captures_dir()) {
+            for e in rd.flatten() {
+                let dir = e.path();
+                tracing::warn!(dir = %dir.display(), "removing a checkpoint helper left by a previous run");
+                // Not `remove_stale`: the directory is named after a VM that may live on.
+                machine::kill_recorded_qemu(&dir);
+                crate::snapshot::remove_vm_dir(&dir);
+            }
         }
     }
 

@@ -203,6 +203,7 @@ impl VmRuntime {
             .map_err(crate::Error::runtime("create the checkpoint directory"))?;
         let staging = warren_host::durable::sibling(dest, "partial");
         crate::error::remove_tree(&staging).await;
+        let unfinished = warren_host::durable::RemoveOnDrop::new(&staging);
         let (backing, backing_format) = self.backing_of(&m.name).ok_or_else(|| {
             failed("the VM's disk has no recorded base; it cannot be checkpointed")
         })?;
@@ -216,7 +217,7 @@ impl VmRuntime {
             network: true,
             netns,
             run_as: m.run_as,
-            work: self.cfg.data_dir.join("vm/capture").join(&m.name),
+            work: self.captures_dir().join(&m.name),
             memory,
         };
         if let Err(e) = checkpoint::capture(&qmp, &spec, &staging).await {
@@ -245,6 +246,7 @@ impl VmRuntime {
         );
         match installed {
             Ok(bytes) => {
+                unfinished.disarm();
                 continued.map_err(crate::Error::runtime(
                     "the snapshot was saved but the sandbox did not continue",
                 ))?;
