@@ -12,6 +12,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 ./scripts/setup-test.sh
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+# Free space where the build and the sandboxes' data go: the suite needs about 25 GB (a fresh
+# target/ and the microVM stage's disks); a stage that fails for room shows the cause here.
+disk() { df -h --output=avail,target . /var/lib 2>/dev/null | sed 's/^/    free: /'; }
+disk
 
 # setup.sh just installed everything the tests need, so a test that would skip for want of
 # something (root, QEMU, nft, mkfs.erofs, ...) fails here instead (docs/testing.md).
@@ -71,6 +75,7 @@ WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DI
   .venv/bin/python -m pytest tests/e2e -q
 
 log "control-plane end-to-end suite with the vm runtime (every sandbox a QEMU microVM fork)"
+disk
 WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
   .venv/bin/python -m pytest tests/e2e -q
 
