@@ -4,28 +4,24 @@ a warm run_code round trip, and the same create for `base` as the baseline from 
 
   sudo .venv/bin/python benches/interp_bench.py [--runs N] [--data-dir /var/lib/warren]
 
-Starts its own `warren serve` (the e2e suite's harness) on a free loopback port; the
-code-interpreter-v1 image must be built (`warren template build code-interpreter-v1`).
+Starts its own `warren serve` (the test suites' harness, tests/support/warren.py) on a free
+loopback port; the code-interpreter-v1 image must be built (`warren template build
+code-interpreter-v1`).
 Prints min / median / max per figure. Run it alone: one Warren host per machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
+import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the test suites' package `support`
 
-
-def load_server_class():
-    spec = importlib.util.spec_from_file_location(
-        "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Server, module.API_KEY
+from support.warren import Server, point_sdk_at  # noqa: E402
 
 
 def summary(name, values):
@@ -38,9 +34,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--data-dir", default="/var/lib/warren")
     args = parser.parse_args()
-    server_class, api_key = load_server_class()
-    server = server_class(args.data_dir)
-    os.environ.update(E2B_API_KEY=api_key, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
+    server = Server(args.data_dir)
+    point_sdk_at(server)
     server.start()
     from e2b import Sandbox as BaseSandbox
     from e2b_code_interpreter import Sandbox

@@ -7,7 +7,7 @@
 
 Per runtime it starts its own `warren serve` (as root, on a free loopback port, --data-dir
 default /var/lib/warren, which holds or will build the base image; it is never deleted) with
-Docker Hub mirrored to a Debian `docker-registry` on loopback (tests/e2e/registry.py), and
+Docker Hub mirrored to a Debian `docker-registry` on loopback (tests/support/registry.py), and
 measures through the unmodified E2B SDK:
 
 1. build: a 5-step template (from_base_image + RUN/ENV/WORKDIR/COPY/RUN) cold (a fresh nonce
@@ -51,11 +51,11 @@ from typing import Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))  # the test suites' package `support`
 
 import requests  # noqa: E402
 
-import registry as reg  # noqa: E402  (tests/e2e/registry.py)
+from support import registry as reg  # noqa: E402  (tests/support/registry.py)
 from harness.common import API_KEY, MIB, free_port, percentile  # noqa: E402
 
 LOCK = "/tmp/warren-serve.lock"

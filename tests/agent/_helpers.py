@@ -1,11 +1,10 @@
-"""Shared helpers of the agent conformance suite (no fixtures here; see conftest.py)."""
+"""Shared helpers of the agent conformance suite (no fixtures here; see conftest.py). The skip
+rule, `require`, is the one of every suite: `support.warren` (tests/support)."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import os
 import shlex
 import struct
 import threading
@@ -15,16 +14,6 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, TypeVar
 import requests
 
 T = TypeVar("T")
-
-# The one skip rule (docs/testing.md), shared with tests/e2e: a test that needs something this
-# host lacks is skipped with the reason, or, under WARREN_REQUIRE_ALL=1, fails with it.
-_e2e_spec = importlib.util.spec_from_file_location(
-    "warren_e2e_conftest",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e", "conftest.py"),
-)
-_e2e = importlib.util.module_from_spec(_e2e_spec)
-_e2e_spec.loader.exec_module(_e2e)
-require = _e2e.require
 
 # Connect envelope flags.
 FLAG_COMPRESSED = 0x01

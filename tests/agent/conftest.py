@@ -35,7 +35,8 @@ import requests
 
 from e2b import AsyncSandbox, Sandbox
 
-from _helpers import q, require
+from _helpers import q
+from support.warren import require
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_AGENT_BIN = REPO_ROOT / "target" / "debug" / "warren-agent"

@@ -7,7 +7,8 @@ import io
 from e2b import Sandbox
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
-from _helpers import q, require
+from _helpers import q
+from support.warren import require
 
 META = {"author": "alice", "Project": "Warren", "empty-ish": "v 1.0 (beta)"}
 EXPECTED = {"author": "alice", "project": "Warren", "empty-ish": "v 1.0 (beta)"}

@@ -1,27 +1,21 @@
 """The SDK version matrix: one flow (create, commands, files, terminal, list, pause, connect,
-timeout, kill) run by each pinned `e2b` Python release against one `warren serve` (the e2e
-suite's harness). `scripts/sdk-matrix.sh` makes a venv per release and runs this suite in it.
+timeout, kill) run by each pinned `e2b` Python release against one `warren serve` (the shared
+harness, tests/support). `scripts/sdk-matrix.sh` makes a venv per release and runs this suite
+in it.
 
 WARREN_BIN, WARREN_E2E_DATA_DIR and WARREN_E2E_RUNTIME (default `ns`) as in tests/e2e.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import socket
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py")
-)
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
-
-# The e2e suite's session-wide server, reused as it is.
-server = _e2e.server
-_registry = _e2e._registry
-api = _e2e.api
+# The session-wide server of tests/e2e, reused as it is.
+from support.fixtures import _registry, api, server  # noqa: F401 (fixtures)
+from support.warren import Server
 
 
 # --- domain mode ------------------------------------------------------------------------------
@@ -31,10 +25,6 @@ api = _e2e.api
 # user of such a release would configure it. Names under the test domain resolve to loopback
 # inside this test process only (its resolver is wrapped); every other name still fails here,
 # so nothing is resolved or sent elsewhere.
-
-import socket  # noqa: E402
-
-import pytest  # noqa: E402
 
 DOMAIN = "warren.test"
 DOMAIN_MODE = os.environ.get("WARREN_COMPAT_DOMAIN") == "1"
@@ -66,7 +56,7 @@ def sdk_server(server):
         except OSError:
             pytest.fail("domain mode needs port 443 on 127.0.0.1 free for the HTTPS listener")
     server.stop()
-    srv = _e2e.Server(server.data_dir, server.extra_args + ("--domain", DOMAIN, "--tls-listen", "127.0.0.1:443"))
+    srv = Server(server.data_dir, server.extra_args + ("--domain", DOMAIN, "--tls-listen", "127.0.0.1:443"))
     srv.port, srv.url = server.port, server.url
     saved = {k: os.environ.pop(k, None) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_DOMAIN", "SSL_CERT_FILE")}
     real = _resolve_test_domain_to_loopback()

@@ -1,4 +1,4 @@
-"""The dashboard suite: `warren serve` (the e2e suite's harness, reused as it is) and Debian's
+"""The dashboard suite: `warren serve` (the shared harness, tests/support) and Debian's
 chromium driven by Playwright, headless, with a fresh profile per test.
 
 WARREN_BIN, WARREN_E2E_DATA_DIR, WARREN_E2E_RUNTIME (default `ns`) and WARREN_REQUIRE_ALL as in
@@ -9,27 +9,15 @@ loopback.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-_spec = importlib.util.spec_from_file_location(
-    "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py")
-)
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
-API_KEY = _e2e.API_KEY
-require = _e2e.require
-
-# The e2e suite's session-wide server and its raw REST helper.
-server = _e2e.server
-_registry = _e2e._registry
-api = _e2e.api
+# The session-wide server of tests/e2e and its raw REST helper.
+from support.fixtures import _registry, api, server  # noqa: F401 (fixtures)
+from support.warren import ROOT, require
 
 CHROMIUM = os.environ.get("WARREN_CHROMIUM", "/usr/bin/chromium")
 # Headless, and nothing that would reach past loopback (updates, sync, QUIC probes).

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 import requests
-from conftest import API_KEY
+from support.warren import API_KEY
 from playwright.sync_api import expect
 
 

@@ -14,9 +14,9 @@ import uuid
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from conftest import API_KEY, ROOT, require, same_on_every_runtime
+from support.warren import API_KEY, ROOT, require, same_on_every_runtime, warren_bin
 
-WARREN = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+WARREN = warren_bin()
 E2B_CLI = os.path.join(ROOT, "tests", "e2e", "e2b-cli", "node_modules", ".bin", "e2b")
 
 

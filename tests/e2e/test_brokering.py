@@ -27,7 +27,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Secret
 
-from conftest import Server, require
+from support.warren import Server, require
 
 NEAR = "198.51.100.2"
 HOST_SIDE = "198.51.100.1"

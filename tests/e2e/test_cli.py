@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from conftest import API_KEY, ROOT
+from support.warren import API_KEY, warren_bin
 
 
 def warren(server, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    binary = warren_bin()
     env = dict(os.environ, WARREN_API_KEY=API_KEY)
     return subprocess.run([binary, args[0], "--server", server.url, *args[1:]], env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, ROOT
+from support.warren import API_KEY, warren_bin
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ class Terminal:
     """The CLI on the slave side of a PTY; the test types and reads on the master side."""
 
     def __init__(self, server, sandbox_id: str):
-        binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+        binary = warren_bin()
         env = dict(os.environ, WARREN_API_KEY=API_KEY, TERM="xterm-256color")
         pid, fd = pty.fork()
         if pid == 0:

@@ -22,7 +22,7 @@ import uuid
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, ROOT, same_on_every_runtime
+from support.warren import API_KEY, same_on_every_runtime, warren_bin
 
 
 def _name(prefix: str) -> str:
@@ -189,7 +189,7 @@ def _cli_builds_dockerfiles(binary: str) -> bool:
 
 def test_the_cli_builds_a_context_minus_its_dockerignore(server, tmp_path):
     same_on_every_runtime('the CLI and .dockerignore')
-    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    binary = warren_bin()
     if not _cli_builds_dockerfiles(binary):
         pytest.skip(f"{binary} has no `template build -f` (the Dockerfile build is not wired into the CLI)")
     (tmp_path / "kept.txt").write_text("kept\n")

@@ -25,8 +25,8 @@ import textwrap
 
 import pytest
 
-from conftest import API_KEY, Server, require, same_on_every_runtime
 from dnsstub import StubDns, resolves
+from support.warren import API_KEY, Server, require, same_on_every_runtime
 
 DOMAIN = "warren.test"
 STUB_DNS = "127.77.0.53"

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, ROOT, require
+from support.warren import API_KEY, ROOT, require
 
 CLI = os.path.join(ROOT, "tests", "e2e", "e2b-cli", "node_modules", ".bin", "e2b")
 

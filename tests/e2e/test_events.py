@@ -9,7 +9,7 @@ import datetime
 import pytest
 from e2b import Sandbox
 
-from conftest import same_on_every_runtime
+from support.warren import same_on_every_runtime
 
 LC = "sandbox.lifecycle."
 

@@ -1,5 +1,5 @@
 """Templates from registry images (`Template().from_image(...)`), pulled from a real registry
-on loopback (tests/e2e/registry.py) that the server reaches as Docker Hub's mirror.
+on loopback (tests/support/registry.py) that the server reaches as Docker Hub's mirror.
 
 The image is a busybox root filesystem with no bash, sudo, glibc or `user` account: the agent
 is injected and the default-user phase is applied where the image allows it.
@@ -13,7 +13,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from registry import Layer, busybox_layer
+from support.registry import Layer, busybox_layer
 
 
 def _build(tpl, name):

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, require
+from support.warren import ROOT, require
 from test_domain import DOMAIN, client_env, domain_server, isolated  # noqa: F401 (fixture)
 
 RELEASES = ["1.13.2", "2.0.1", "2.51.0"]

@@ -13,7 +13,7 @@ import pytest
 import requests
 from e2b import Sandbox
 
-from conftest import API_KEY, ROOT, Server
+from support.warren import API_KEY, Server, warren_bin
 
 MIB = 1024 * 1024
 UTC = datetime.timezone.utc
@@ -195,7 +195,7 @@ def test_per_sandbox_series_when_asked(server):
 
 
 def test_warren_top_shows_each_sandbox_and_its_use(server):
-    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    binary = warren_bin()
     env = dict(os.environ, WARREN_API_KEY=API_KEY)
     busy = Sandbox.create(timeout=120)
     idle = Sandbox.create(timeout=120)

@@ -20,7 +20,7 @@ import pytest
 import requests
 from e2b import Sandbox
 
-from conftest import require
+from support.warren import require
 
 NEAR = "198.51.100.2"
 FAR = "203.0.113.7"

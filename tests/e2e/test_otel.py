@@ -24,9 +24,9 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from conftest import API_KEY, ROOT, Server, same_on_every_runtime
+from support.warren import API_KEY, Server, same_on_every_runtime, warren_bin
 
-WARREN = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+WARREN = warren_bin()
 SERVICE = "warren-e2e-otel"
 SPAN_KIND_SERVER = 2
 

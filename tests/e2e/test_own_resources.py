@@ -17,7 +17,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Template
 
-from conftest import require
+from support.warren import require
 
 RUNTIME = os.environ.get("WARREN_E2E_RUNTIME", "ns")
 CPUS = 1

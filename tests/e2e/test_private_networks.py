@@ -18,7 +18,7 @@ import pytest
 import requests
 from e2b import Sandbox
 
-from conftest import API_KEY
+from support.warren import API_KEY, warren_bin
 
 # In the sandbox: a TCP server on 8000 that answers each connection with the address it
 # came from, then closes.
@@ -158,7 +158,7 @@ def test_addresses_survive_pause_resume_and_a_fork_joins_with_its_own(server, ne
 
 def test_the_create_extension_the_cli_and_bad_input(server, network):
     name = network["name"]
-    warren = os.environ.get("WARREN_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "warren"))
+    warren = warren_bin()
     env = dict(os.environ, WARREN_API_KEY=API_KEY)
     cli = lambda *args: subprocess.run(  # noqa: E731
         [warren, *args, "--server", server.url], env=env, capture_output=True, text=True, timeout=300

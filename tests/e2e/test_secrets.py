@@ -77,10 +77,11 @@ def test_key_rotation_keeps_every_secret_and_needs_the_server_stopped(server):
     sealed value is sealed again under a new key and everything still works after a start."""
     import subprocess
 
-    from conftest import ROOT
     from e2b import Sandbox
 
-    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
+    from support.warren import warren_bin
+
+    binary = warren_bin()
     data_dir = os.path.dirname(server.log.name)
     rotate = [binary, "store", "--data-dir", data_dir, "rotate-key"]
     s = Secret.create(f"rot-{uuid.uuid4().hex[:8]}", "rotate-me")

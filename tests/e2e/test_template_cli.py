@@ -7,8 +7,8 @@ import uuid
 
 from e2b import Sandbox, Template
 
-from conftest import same_on_every_runtime
-from registry import busybox_layer
+from support.registry import busybox_layer
+from support.warren import same_on_every_runtime
 from test_cli import warren
 
 

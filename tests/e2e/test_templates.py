@@ -18,7 +18,7 @@ import requests
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from conftest import API_KEY, same_on_every_runtime
+from support.warren import same_on_every_runtime
 
 
 def _name(prefix: str) -> str:

@@ -16,8 +16,6 @@ import requests
 from e2b import Sandbox, Volume
 from e2b.exceptions import NotFoundException
 
-from conftest import require
-
 
 @pytest.fixture(autouse=True)
 def _volume_api(server):
@@ -50,7 +48,7 @@ def test_volume_api_without_a_sandbox():
         assert any(v.volume_id == vol.volume_id and v.name == vol.name for v in Volume.list())
         info = Volume.get_info(vol.volume_id)
         assert info.name == vol.name and info.token
-        # The SDK names no size: the volume gets the server's --volume-size-mb (conftest: 1024).
+        # The SDK names no size: the volume gets the server's --volume-size-mb (support.warren: 1024).
         r = requests.get(f"{os.environ['E2B_API_URL']}/volumes/{vol.volume_id}",
                          headers={"X-API-KEY": os.environ["E2B_API_KEY"]}, timeout=30)
         assert r.json()["quota"]["bytes"] == 1024 * 1024 * 1024, r.text

@@ -17,7 +17,7 @@ import time
 import pytest
 from e2b import Sandbox
 
-from conftest import Server, same_on_every_runtime
+from support.warren import Server, same_on_every_runtime
 
 LC = "sandbox.lifecycle."
 SECRET = "whsec-test-0123456789"

@@ -1,6 +1,7 @@
-"""Starts one `warren serve` for the session (the e2e suite's `Server`), makes sure the
-code-interpreter-v1 image is built (with visible progress: the first build takes minutes), and
-points the unmodified e2b-code-interpreter SDK at it through E2B_API_URL / E2B_SANDBOX_URL.
+"""Starts one `warren serve` for the session (the shared harness's `Server`, tests/support),
+makes sure the code-interpreter-v1 image is built (with visible progress: the first build takes
+minutes), and points the unmodified e2b-code-interpreter SDK at it through E2B_API_URL /
+E2B_SANDBOX_URL.
 
 WARREN_BIN: the `warren` binary (default target/release/warren).
 WARREN_E2E_DATA_DIR: data dir to reuse (keeps built template images between runs).
@@ -9,39 +10,29 @@ WARREN_E2E_RUNTIME, WARREN_REQUIRE_ALL: as in tests/e2e (default runtime `ns`).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import requests
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TEMPLATE = "code-interpreter-v1"
+# The bounded wait for "X cuts a stream" tests, shared with tests/e2e.
+from support.fixtures import outcome_within  # noqa: F401 (fixture)
+from support.warren import API_KEY, Server, point_sdk_at, require_root, session_data_dir, warren_bin
 
-# Reuse the e2e suite's server harness rather than a second copy of it.
-_spec = importlib.util.spec_from_file_location(
-    "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py")
-)
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
-API_KEY = _e2e.API_KEY
-# The e2e suite's bounded wait for "X cuts a stream" tests, reused as it is.
-outcome_within = _e2e.outcome_within
+TEMPLATE = "code-interpreter-v1"
 
 
 def _build_template(data_dir: str, name: str = TEMPLATE) -> None:
     """`warren template build`, its progress on the terminal."""
-    binary = os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
     # Written to the real stderr, past pytest's capture, so a first build shows its progress.
     out = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
     out.write(f"\nbuilding (or finding) template {name} in {data_dir} ...\n")
     out.flush()
     subprocess.run(
-        [binary, "template", "build", name, "--data-dir", data_dir],
+        [warren_bin(), "template", "build", name, "--data-dir", data_dir],
         check=True, stdout=out, stderr=out,
     )
     out.close()
@@ -49,13 +40,11 @@ def _build_template(data_dir: str, name: str = TEMPLATE) -> None:
 
 @pytest.fixture(scope="session")
 def server():
-    _e2e.require("root (the server's runtimes create namespaces, cgroups and network slots)", os.geteuid() == 0)
-    keep = os.environ.get("WARREN_E2E_DATA_DIR")
-    data_dir = keep or tempfile.mkdtemp(prefix="warren-interp-")
-    os.makedirs(data_dir, exist_ok=True)
-    _build_template(data_dir)
-    srv = _e2e.Server(data_dir)
-    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
+    require_root()
+    path, temporary = session_data_dir("warren-interp-")
+    _build_template(path)
+    srv = Server(path)
+    point_sdk_at(srv)
     srv.start()
     yield srv
     try:
@@ -63,8 +52,8 @@ def server():
             requests.delete(f"{srv.url}/sandboxes/{s['sandboxID']}", headers={"X-API-KEY": API_KEY}, timeout=30)
     finally:
         srv.stop()
-        if not keep:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        if temporary:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """The security suite: one test per threat-model finding that can be shown from outside, with
-the official E2B SDK and raw HTTP against one `warren serve` (the e2e suite's harness).
+the official E2B SDK and raw HTTP against one `warren serve` (the shared harness,
+tests/support).
 
 WARREN_BIN, WARREN_E2E_DATA_DIR, WARREN_E2E_RUNTIME (default `ns`) and WARREN_REQUIRE_ALL as in
 tests/e2e. Every network request goes to the server on loopback or stays inside the sandbox.
@@ -8,27 +9,13 @@ tests/e2e. Every network request goes to the server on loopback or stays inside 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 import shlex
 
 import pytest
 import requests
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-_spec = importlib.util.spec_from_file_location(
-    "warren_e2e_conftest", os.path.join(ROOT, "tests", "e2e", "conftest.py")
-)
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
-API_KEY = _e2e.API_KEY
-
-# The e2e suite's session-wide server and its raw REST helper, reused as they are.
-server = _e2e.server
-_registry = _e2e._registry
-registry = _e2e.registry
-api = _e2e.api
+from support.fixtures import _registry, api, registry, server  # noqa: F401 (fixtures)
+from support.warren import Server
 
 
 @pytest.fixture
@@ -78,7 +65,7 @@ def restarted_with(server, *flags: str):
     """The shared server's data dir and port, served for a while by a server started with
     `flags` on top of the defaults; the shared server is back afterwards."""
     server.stop()
-    srv = _e2e.Server(server.data_dir, flags)
+    srv = Server(server.data_dir, flags)
     srv.port, srv.url = server.port, server.url
     try:
         srv.start()

@@ -12,6 +12,7 @@ import requests
 from e2b import Sandbox
 
 import conftest
+from support.warren import API_KEY
 
 # The defaults of `warren serve` (`AuditBudget::default()`).
 BURST, RATE = 1000, 10
@@ -23,7 +24,7 @@ def trail(server, sandbox_id: str, kind: str) -> list[dict]:
     r = requests.get(
         f"{server.url}/v1/sandboxes/{sandbox_id}/audit",
         params={"kind": kind, "limit": 10000},
-        headers={"X-API-KEY": conftest.API_KEY},
+        headers={"X-API-KEY": API_KEY},
         timeout=60,
     )
     assert r.status_code == 200, r.text

@@ -16,12 +16,13 @@ import requests
 from e2b import Sandbox, Template
 
 import conftest
+from support.warren import API_KEY
 
 MIB = 1 << 20
 
 
 def volumes_api(server, method: str, path: str, **kw) -> requests.Response:
-    return requests.request(method, f"{server.url}{path}", headers={"X-API-KEY": conftest.API_KEY},
+    return requests.request(method, f"{server.url}{path}", headers={"X-API-KEY": API_KEY},
                             timeout=120, **kw)
 
 

@@ -9,7 +9,7 @@ import stat
 import requests
 from e2b import Sandbox
 
-from conftest import API_KEY
+from support.warren import API_KEY
 
 
 def _mode(path: str) -> int:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, proxy_get, serve_in_sandbox
+from conftest import proxy_get, serve_in_sandbox
+from support.warren import API_KEY
 
 SERVICE_PORT = 49999
 USER_PORT = 8000

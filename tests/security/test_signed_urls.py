@@ -8,7 +8,7 @@ import pytest
 import requests
 from e2b import Sandbox
 
-import conftest
+from support.warren import Server
 
 MAX_AGE = 300
 PATH = "/tmp/l2-signed.txt"
@@ -18,7 +18,7 @@ def capped(shared, max_age: int):
     """The shared server's data dir and port (the SDK's E2B_API_URL stays valid), started with
     `--signed-url-max-age`. Only one server may run per host, so the shared one is stopped for
     the time being."""
-    srv = conftest._e2e.Server(shared.data_dir, ("--signed-url-max-age", str(max_age)))
+    srv = Server(shared.data_dir, ("--signed-url-max-age", str(max_age)))
     srv.port, srv.url = shared.port, shared.url
     return srv
 

@@ -7,7 +7,7 @@
   untouched when the server prepares the image and when a sandbox of it starts (nsinit sets
   up the root before it pivots into it).
 
-The images come from the loopback registry of the e2e suite (tests/e2e/registry.py). Only the
+The images come from the shared loopback registry (tests/support/registry.py). Only the
 ns runtime mounts templates on the host and runs nsinit, and the unpacking is the same code
 for both runtimes, so these run with ns (a printed skip under vm).
 """
@@ -22,16 +22,11 @@ import uuid
 
 from e2b import Sandbox, Template
 
-from conftest import _e2e, sh
-
-same_on_every_runtime = _e2e.same_on_every_runtime
+from conftest import sh
+from support.registry import Layer, busybox_layer
+from support.warren import same_on_every_runtime
 
 TEMPLATES_DIR = "/run/warren/templates"
-
-
-def _registry_mod():
-    """tests/e2e/registry.py: layers built in memory."""
-    return _e2e._registry_module()
 
 
 def _template_mounts() -> list[tuple[str, str]]:
@@ -117,15 +112,14 @@ def test_a_tenants_setuid_file_is_root_only_inside_its_sandbox(server):
 
 def test_device_nodes_of_a_registry_image_are_never_made(server, registry):
     same_on_every_runtime("registry layers are unpacked on the host by the same code for both")
-    reg = _registry_mod()
     nonce = uuid.uuid4().hex[:8]
-    layer = reg.Layer().dir("srv")
+    layer = Layer().dir("srv")
     # /dev/kmsg's numbers, mode 0666: on the host, anyone could write the kernel log through it.
     ti = tarfile.TarInfo("srv/kmsg")
     ti.type, ti.mode, ti.devmajor, ti.devminor = tarfile.CHRTYPE, 0o666, 1, 11
     layer.tf.addfile(ti)
     layer.file("srv/kept.txt", b"kept\n")
-    registry.push("library/sec-dev", nonce, [reg.busybox_layer(), layer.gz()], {"Cmd": ["sh"]})
+    registry.push("library/sec-dev", nonce, [busybox_layer(), layer.gz()], {"Cmd": ["sh"]})
     name = f"sec-dev-{nonce}"
     _build(Template().from_image(f"sec-dev:{nonce}").run_cmd("true"), name)
     sbx = Sandbox.create(name, timeout=120)
@@ -141,7 +135,6 @@ def test_device_nodes_of_a_registry_image_are_never_made(server, registry):
 
 def test_image_symlinks_to_host_paths_leave_the_host_untouched(server, registry, tmp_path):
     same_on_every_runtime("the builder's fix-ups are the same for both; nsinit is the ns runtime's")
-    reg = _registry_mod()
     nonce = uuid.uuid4().hex[:8]
     canary = tmp_path / f"canary-{nonce}"
     canary.write_text("host secret\n")
@@ -152,8 +145,8 @@ def test_image_symlinks_to_host_paths_leave_the_host_untouched(server, registry,
     os.chmod(canary_dir, 0o1777)
     os.chmod(tmp_path, 0o755)
     # Over the lower layer's real directories: /tmp a host file, /usr a host directory.
-    top = reg.Layer().link("tmp", str(canary)).link("usr", str(canary_dir)).gz()
-    digest = registry.push("library/sec-links", nonce, [reg.busybox_layer(), top], {"Cmd": ["sh"]})
+    top = Layer().link("tmp", str(canary)).link("usr", str(canary_dir)).gz()
+    digest = registry.push("library/sec-links", nonce, [busybox_layer(), top], {"Cmd": ["sh"]})
     logs: list[str] = []
     name = f"sec-links-{nonce}"
     try:

@@ -1,4 +1,4 @@
-"""A real OCI registry on loopback for the e2e suites (Debian's `docker-registry`), and images
+"""A real OCI registry on loopback for the suites (Debian's `docker-registry`), and images
 made here and pushed with the registry's own HTTP API (monolithic blob uploads), so no test
 needs a public registry or a container tool.
 
