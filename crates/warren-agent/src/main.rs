@@ -9,7 +9,7 @@ use warren_agent::{AppState, Settings};
 #[command(version, about = "Warren guest agent (E2B envd-compatible)")]
 struct Args {
     /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0:49983", env = "WARREN_AGENT_LISTEN")]
+    #[arg(long, default_value = warren_types::AGENT_LISTEN, env = "WARREN_AGENT_LISTEN")]
     listen: SocketAddr,
     /// Access token required on every request (also settable later through POST /init).
     #[arg(long, env = "WARREN_AGENT_ACCESS_TOKEN", hide_env_values = true)]

@@ -216,7 +216,7 @@ impl Builder {
         let token = random_hex(40);
         let spec = CreateSpec {
             volumes: Vec::new(),
-            id: id.clone(),
+            id: id.parse().map_err(|e| format!("{e}"))?,
             template: parent.to_string(),
             cpu_count: job.cpu_count,
             memory_mb: job.memory_mb,

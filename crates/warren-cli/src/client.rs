@@ -6,9 +6,6 @@ use warren_proto::client::AgentClient;
 
 use crate::{ClientArgs, KEY_FILE};
 
-/// The port the agent listens on inside every sandbox (envd's).
-const AGENT_PORT: &str = "49983";
-
 /// `s` as one URL path segment: everything but unreserved characters percent-encoded (ids and
 /// names are checked by the server, but never trusted here).
 pub fn path_segment(s: &str) -> String {
@@ -122,7 +119,7 @@ impl Client {
     pub fn agent(&self, id: &str, token: &str) -> anyhow::Result<AgentClient> {
         Ok(AgentClient::new(self.http.clone(), self.base.clone())
             .with_header("E2b-Sandbox-Id", id)?
-            .with_header("E2b-Sandbox-Port", AGENT_PORT)?
+            .with_header("E2b-Sandbox-Port", &warren_types::AGENT_PORT.to_string())?
             .with_access_token(token)?)
     }
 }

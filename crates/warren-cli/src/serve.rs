@@ -325,7 +325,7 @@ async fn runtime(
              warren-agent-static"
         ),
         Err(e) => {
-            tracing::warn!(agent = %cfg.agent_bin.display(), error = %e, "cannot read the sandbox agent")
+            tracing::warn!(agent = %cfg.agent_bin.display(), error = %warren_runtime::chain(&e), "cannot read the sandbox agent")
         }
     }
     match kind {
@@ -468,7 +468,9 @@ pub async fn run(
             {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(volume = %id, removed = n, "removed leftover uploads"),
-                Err(e) => tracing::warn!(volume = %id, error = %e, "sweeping leftover uploads"),
+                Err(e) => {
+                    tracing::warn!(volume = %id, error = %warren_runtime::chain(&e), "sweeping leftover uploads")
+                }
             }
         }
     });
@@ -604,11 +606,13 @@ fn raise_nofile() {
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => {
             if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!(error = %e, "could not raise the open-file limit");
+                tracing::warn!(error = %warren_runtime::chain(&e), "could not raise the open-file limit");
             }
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+        Err(e) => {
+            tracing::warn!(error = %warren_runtime::chain(&e), "could not read the open-file limit")
+        }
     }
 }
 

@@ -308,9 +308,9 @@ impl Control {
             .store
             .get_build(&tag_ref.build_id)
             .await?
-            .ok_or_else(|| ControlError::Internal(format!("tag {tag} names a missing build")))?;
+            .ok_or_else(|| ControlError::internal(format!("tag {tag} names a missing build")))?;
         let image = build.image.ok_or_else(|| {
-            ControlError::Internal(format!("ready build {} has no image", build.id))
+            ControlError::internal(format!("ready build {} has no image", build.id))
         })?;
         Ok((image, Some(t)))
     }
@@ -595,7 +595,7 @@ impl Control {
         }
         build.updated_at = now;
         if let Err(e) = self.finish_build(&template.id, &build, log.all()).await {
-            tracing::error!(build_id = %build.id, error = %e, "recording a finished build");
+            tracing::error!(build_id = %build.id, error = %warren_runtime::chain(&e), "recording a finished build");
         }
         lock(&self.inner.builds.active).remove(&build.id);
     }
@@ -768,7 +768,7 @@ impl Control {
         if let Some(builder) = &self.inner.builds.builder {
             for key in images {
                 if let Err(e) = builder.remove_image(&key).await {
-                    tracing::warn!(image = %key, error = %e, "removing a deleted template's image");
+                    tracing::warn!(image = %key, error = %warren_runtime::chain(&e), "removing a deleted template's image");
                 }
             }
         }

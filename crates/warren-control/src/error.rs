@@ -29,19 +29,77 @@ pub enum ControlError {
     FailedPrecondition(String),
     #[error("{0}")]
     Unavailable(String),
-    #[error("internal error: {0}")]
-    Internal(String),
-    #[error("store: {0}")]
+    /// A bug or a broken invariant. The client is told only "internal error"; the server logs
+    /// the whole chain ([`warren_runtime::chain`]): `what`, then the cause it keeps.
+    #[error("internal error: {what}")]
+    Internal {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("store")]
     Store(#[from] StoreError),
 }
 
-/// Failure of the durable store. Implementations keep driver details in the message only.
+/// The error an internal failure wraps, kept whole for the log's chain.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl ControlError {
+    /// A broken invariant with no underlying error.
+    pub fn internal(what: impl Into<String>) -> ControlError {
+        ControlError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An internal failure while doing `what`, its cause kept as the source.
+    pub fn internal_cause<E>(what: impl Into<String>) -> impl FnOnce(E) -> ControlError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let what = what.into();
+        move |e| ControlError::Internal {
+            what,
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+/// Failure of the durable store: the category decided here, the driver's error kept as the
+/// source (never in the message: it may quote stored values).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("record is corrupt: {0}")]
     Corrupt(String),
-    #[error("{0}")]
-    Backend(String),
+    #[error("{what}")]
+    Backend {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+impl StoreError {
+    /// The store cannot do `what` at all (no underlying error).
+    pub fn backend(what: impl Into<String>) -> StoreError {
+        StoreError::Backend {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// The back end failed while doing `what`; its error is the source.
+    pub fn backend_cause<E>(what: impl Into<String>) -> impl FnOnce(E) -> StoreError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let what = what.into();
+        move |e| StoreError::Backend {
+            what,
+            source: Some(Box::new(e)),
+        }
+    }
 }
 
 impl From<warren_buildspec::SpecError> for ControlError {
@@ -64,4 +122,32 @@ pub fn dockerfile_build(
         build_args,
         force,
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// Each error says what failed once: its `Display` never repeats the cause, which stays
+    /// reachable as its source, so the chain a log prints has every part exactly once.
+    #[test]
+    fn causes_are_sources_not_messages() {
+        let io = || std::io::Error::other("disk on fire");
+        let e = ControlError::internal_cause("writing the record")(io());
+        assert_eq!(e.to_string(), "internal error: writing the record");
+        assert_eq!(
+            warren_runtime::chain(&e),
+            "internal error: writing the record: disk on fire"
+        );
+        let store = StoreError::backend_cause("insert sandbox")(io());
+        assert_eq!(store.to_string(), "insert sandbox");
+        let e = ControlError::from(store);
+        assert_eq!(e.to_string(), "store");
+        assert_eq!(
+            warren_runtime::chain(&e),
+            "store: insert sandbox: disk on fire"
+        );
+        assert!(ControlError::internal("no cause").source().is_none());
+    }
 }

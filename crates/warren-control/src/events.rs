@@ -123,7 +123,7 @@ impl Control {
             data,
         };
         if let Err(e) = self.inner.store.append_event(&event).await {
-            tracing::warn!(sandbox_id = %sandbox.id, kind = event.kind.type_name(), error = %e,
+            tracing::warn!(sandbox_id = %sandbox.id, kind = event.kind.type_name(), error = %warren_runtime::chain(&e),
                 "recording a lifecycle event");
         }
         self.queue_webhooks(&event).await;

@@ -38,21 +38,21 @@ async fn pruner(control: Control) {
                 records = n,
                 "forgot sandboxes that ended past the retention"
             ),
-            Err(e) => tracing::warn!(error = %e, "pruning ended sandboxes"),
+            Err(e) => tracing::warn!(error = %warren_runtime::chain(&e), "pruning ended sandboxes"),
         }
         if let Err(e) = inner
             .store
             .prune_events(Utc::now() - crate::events::EVENT_RETENTION)
             .await
         {
-            tracing::warn!(error = %e, "pruning lifecycle events");
+            tracing::warn!(error = %warren_runtime::chain(&e), "pruning lifecycle events");
         }
         if let Err(e) = inner
             .store
             .prune_audit(Utc::now() - crate::audit::AUDIT_RETENTION)
             .await
         {
-            tracing::warn!(error = %e, "pruning the audit trail");
+            tracing::warn!(error = %warren_runtime::chain(&e), "pruning the audit trail");
         }
     }
 }
@@ -85,7 +85,7 @@ async fn reaper(control: Control) {
             tokio::spawn(async move {
                 tracing::info!(sandbox_id = %id, "sandbox reached its end time");
                 if let Err(e) = c.end_time_reached(&id).await {
-                    tracing::warn!(sandbox_id = %id, error = %e, "ending expired sandbox");
+                    tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "ending expired sandbox");
                 }
             });
         }
@@ -130,7 +130,7 @@ async fn exit_watcher(control: Control) {
                 Ok(None) => {}
                 Ok(Some(exit)) => {
                     if let Err(e) = control.mark_exited(&id, exit.reason).await {
-                        tracing::warn!(sandbox_id = %id, error = %e, "recording sandbox exit");
+                        tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "recording sandbox exit");
                     }
                 }
                 Err(warren_runtime::RuntimeError::NotFound(_)) => {
@@ -138,10 +138,12 @@ async fn exit_watcher(control: Control) {
                         .mark_exited(&id, "the runtime no longer knows it".into())
                         .await
                     {
-                        tracing::warn!(sandbox_id = %id, error = %e, "recording sandbox exit");
+                        tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "recording sandbox exit");
                     }
                 }
-                Err(e) => tracing::debug!(sandbox_id = %id, error = %e, "status check failed"),
+                Err(e) => {
+                    tracing::debug!(sandbox_id = %id, error = %warren_runtime::chain(&e), "status check failed")
+                }
             }
         }
     }

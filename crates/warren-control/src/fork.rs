@@ -120,7 +120,7 @@ impl Control {
                     let _permit = gate
                         .acquire()
                         .await
-                        .map_err(|_| ControlError::Internal("fork gate closed".into()))?;
+                        .map_err(|_| ControlError::internal("fork gate closed"))?;
                     c.create_planned(plan).await
                 }
                 .instrument(child),
@@ -130,7 +130,7 @@ impl Control {
         for t in tasks {
             out.push(match t.await {
                 Ok(r) => r,
-                Err(e) => Err(ControlError::Internal(format!(
+                Err(e) => Err(ControlError::internal(format!(
                     "fork child task failed: {e}"
                 ))),
             });

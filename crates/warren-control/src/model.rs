@@ -191,6 +191,15 @@ impl OnTimeout {
 }
 
 impl Sandbox {
+    /// The egress policy the runtime enforces: its rules with `allow_internet_access` folded
+    /// in (as [`warren_runtime::CreateSpec::egress_policy`] does for a create).
+    pub fn egress_policy(&self) -> EgressPolicy {
+        self.network
+            .egress
+            .clone()
+            .with_internet_access(self.allow_internet_access)
+    }
+
     /// Moves to `to` if the table allows it.
     pub fn transition(&mut self, to: SandboxState) -> Result<(), TransitionError> {
         if self.state.can_become(to) {

@@ -8,7 +8,7 @@
 use tokio::sync::OwnedMutexGuard;
 use warren_runtime::egress::EgressPolicy;
 
-use crate::control::{spec_of, Control};
+use crate::control::Control;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
 
@@ -98,7 +98,7 @@ impl Control {
         if !running {
             return Ok(());
         }
-        let policy = spec_of(sb).egress_policy();
+        let policy = sb.egress_policy();
         let rt = self
             .inner
             .runtime
@@ -118,7 +118,7 @@ impl Control {
             return;
         }
         // Cheap when nothing changed: the slot already holds that policy and is left alone.
-        let policy = spec_of(sb).egress_policy();
+        let policy = sb.egress_policy();
         match self.inner.runtime.set_egress(&sb.id, &policy).await {
             Ok(rt) => sb.runtime = Some(rt),
             Err(e) => tracing::warn!(sandbox_id = %sb.id, error = %warren_runtime::chain(&e),

@@ -273,7 +273,7 @@ impl Control {
                 Ok(()) => {}
                 // Stopped or paused meanwhile: its next start applies the peers again.
                 Err(RuntimeError::NotFound(_) | RuntimeError::Conflict(_)) => {}
-                Err(e) => tracing::warn!(sandbox_id = %id, error = %e,
+                Err(e) => tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e),
                     "could not update the sandbox's private networks"),
             }
         }
@@ -585,7 +585,7 @@ impl Control {
         let networks = lock(&self.inner.networks).of_sandbox(sandbox_id);
         for n in &networks {
             if let Err(e) = self.inner.store.delete_member(n, sandbox_id).await {
-                tracing::warn!(sandbox_id, network = %n, error = %e, "could not forget a membership");
+                tracing::warn!(sandbox_id, network = %n, error = %warren_runtime::chain(&e), "could not forget a membership");
                 continue;
             }
             if let Some(m) = lock(&self.inner.networks).members.get_mut(n) {

@@ -38,7 +38,7 @@ impl Control {
             Category::StorageFull => {
                 ControlError::QuotaExceeded(format!("{message} (the host's disk is full)"))
             }
-            Category::Internal => ControlError::Internal(message),
+            Category::Internal => ControlError::internal(message),
         }
     }
 
@@ -150,7 +150,7 @@ impl Control {
                 // The runtime refused or failed; the sandbox is still the running one it was.
                 self.set_wakeable(sb, false);
                 self.route_running(sb);
-                tracing::warn!(sandbox_id = %id, error = %e, "pause failed");
+                tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "pause failed");
                 let doing = format!("pausing sandbox {id} failed (it keeps running)");
                 return Err(match e {
                     // The sandbox is unharmed: a retry may work, so it is not a bug report.
@@ -164,7 +164,7 @@ impl Control {
         let mut next = (**sb).clone();
         next.runtime = Some(rt);
         next.transition(SandboxState::Paused)
-            .map_err(|e| ControlError::Internal(e.to_string()))?;
+            .map_err(ControlError::internal_cause("sandbox state"))?;
         next.pause_mode = Some(mode);
         // It is paused whether or not the store takes the record: keep the truth in memory so
         // a connect resumes it, and report the store failure.
@@ -189,7 +189,7 @@ impl Control {
         timeout: std::time::Duration,
     ) -> Result<(), ControlError> {
         let id = sb.id.clone();
-        let mut spec = spec_of(sb);
+        let mut spec = spec_of(sb)?;
         // The volumes again (after a host restart they are mounted on the host first).
         spec.volumes = self.mount_sources(&sb.volume_mounts).await?;
         let resumed = self
@@ -201,7 +201,7 @@ impl Control {
         let (rt, kind) = match resumed {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(sandbox_id = %id, error = %e, "resume failed; sandbox stays paused");
+                tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "resume failed; sandbox stays paused");
                 let doing = format!("resuming sandbox {id} failed (it stays paused; retry)");
                 return Err(match e {
                     // The sandbox is unharmed: a retry may work, so it is not a bug report.
@@ -215,7 +215,7 @@ impl Control {
         let mut next = (**sb).clone();
         next.runtime = Some(rt);
         next.transition(SandboxState::Running)
-            .map_err(|e| ControlError::Internal(e.to_string()))?;
+            .map_err(ControlError::internal_cause("sandbox state"))?;
         let paused_mode = next.pause_mode.take();
         next.end_at = Utc::now() + timeout;
         if let Err(e) = self.inner.store.update_sandbox(&next).await {
@@ -329,7 +329,7 @@ impl Control {
                             return Err(e);
                         }
                         tracing::warn!(
-                            sandbox_id = %id, attempts = failures, error = %e,
+                            sandbox_id = %id, attempts = failures, error = %warren_runtime::chain(&e),
                             "pausing at the end time kept failing; the sandbox is killed"
                         );
                     }

@@ -60,7 +60,7 @@ impl Control {
                     // The kill was acknowledged to nobody yet, but it was asked for: finish
                     // it. Not passing it to reattach makes the runtime free it.
                     sb.transition(SandboxState::Killed)
-                        .map_err(|e| ControlError::Internal(e.to_string()))?;
+                        .map_err(ControlError::internal_cause("sandbox state"))?;
                     store.update_sandbox(&sb).await?;
                 }
                 (SandboxState::Pending, _) => {
@@ -91,7 +91,7 @@ impl Control {
                         // sandbox is paused, as the pause's caller asked.
                         Some(mode) if sb.state == SandboxState::Running => {
                             sb.transition(SandboxState::Paused)
-                                .map_err(|e| ControlError::Internal(e.to_string()))?;
+                                .map_err(ControlError::internal_cause("sandbox state"))?;
                             sb.pause_mode = Some(mode);
                             tracing::warn!(sandbox_id = %id, ?mode, "recorded a pause that finished while the server was down");
                         }

@@ -10,7 +10,7 @@ const ID_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], ControlError> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf)
-        .map_err(|e| ControlError::Internal(format!("no randomness available: {e}")))?;
+        .map_err(|e| ControlError::internal(format!("no randomness available: {e}")))?;
     Ok(buf)
 }
 

@@ -271,7 +271,9 @@ impl Control {
     pub(crate) async fn forget_runtime_snapshot(&self, key: &str) {
         match self.inner.runtime.delete_snapshot(key).await {
             Ok(()) | Err(warren_runtime::RuntimeError::NotFound(_)) => {}
-            Err(e) => tracing::warn!(snapshot_key = %key, error = %e, "deleting runtime snapshot"),
+            Err(e) => {
+                tracing::warn!(snapshot_key = %key, error = %warren_runtime::chain(&e), "deleting runtime snapshot")
+            }
         }
     }
 

@@ -100,9 +100,7 @@ pub trait Store: Send + Sync + 'static {
     /// store without private networks) refuses.
     async fn put_network(&self, network: &PrivateNetwork) -> Result<(), StoreError> {
         let _ = network;
-        Err(StoreError::Backend(
-            "this store keeps no private networks".into(),
-        ))
+        Err(StoreError::backend("this store keeps no private networks"))
     }
     /// Forgets a private network and its members; `false` if there was none.
     async fn delete_network(&self, id: &str) -> Result<bool, StoreError> {
@@ -116,9 +114,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records a membership, replacing the one of the same network and sandbox.
     async fn put_member(&self, member: &Member) -> Result<(), StoreError> {
         let _ = member;
-        Err(StoreError::Backend(
-            "this store keeps no private networks".into(),
-        ))
+        Err(StoreError::backend("this store keeps no private networks"))
     }
     /// Forgets a membership; `false` if there was none.
     async fn delete_member(&self, network_id: &str, sandbox_id: &str) -> Result<bool, StoreError> {
@@ -129,7 +125,7 @@ pub trait Store: Send + Sync + 'static {
     /// default (a store without volumes) refuses.
     async fn put_volume(&self, volume: &crate::volumes::Volume) -> Result<(), StoreError> {
         let _ = volume;
-        Err(StoreError::Backend("this store keeps no volumes".into()))
+        Err(StoreError::backend("this store keeps no volumes"))
     }
     async fn get_volume(&self, id: &str) -> Result<Option<crate::volumes::Volume>, StoreError> {
         let _ = id;
@@ -159,7 +155,7 @@ pub trait Store: Send + Sync + 'static {
         snapshot: &crate::volumes::VolumeSnapshot,
     ) -> Result<(), StoreError> {
         let _ = snapshot;
-        Err(StoreError::Backend("this store keeps no volumes".into()))
+        Err(StoreError::backend("this store keeps no volumes"))
     }
     async fn get_volume_snapshot(
         &self,
@@ -184,7 +180,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records a secret with its value (sealed by the store), replacing the one with its id.
     async fn put_secret(&self, secret: &crate::vault::SealedSecret) -> Result<(), StoreError> {
         let _ = secret;
-        Err(StoreError::Backend("this store keeps no secrets".into()))
+        Err(StoreError::backend("this store keeps no secrets"))
     }
     async fn get_secret(&self, id: &str) -> Result<Option<crate::vault::SealedSecret>, StoreError> {
         let _ = id;
@@ -232,7 +228,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records a webhook with its secret (sealed by the store), replacing the one with its id.
     async fn put_webhook(&self, hook: &crate::webhooks::SealedWebhook) -> Result<(), StoreError> {
         let _ = hook;
-        Err(StoreError::Backend("this store keeps no webhooks".into()))
+        Err(StoreError::backend("this store keeps no webhooks"))
     }
     async fn get_webhook(
         &self,

@@ -233,7 +233,7 @@ pub(crate) fn error_kind(e: &ControlError) -> &'static str {
         ControlError::QuotaExceeded(_) => "quota_exceeded",
         ControlError::FailedPrecondition(_) => "failed_precondition",
         ControlError::Unavailable(_) => "unavailable",
-        ControlError::Internal(_) => "internal",
+        ControlError::Internal { .. } => "internal",
         ControlError::Store(_) => "store",
     }
 }
@@ -445,7 +445,7 @@ impl Control {
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &t.registry)
-            .map_err(|e| ControlError::Internal(format!("encoding metrics: {e}")))?;
+            .map_err(|e| ControlError::internal(format!("encoding metrics: {e}")))?;
         Ok(out)
     }
 }

@@ -180,7 +180,7 @@ impl Control {
         }
         .await;
         if let Err(e) = result {
-            tracing::warn!(template = id, error = %e, "counting a spawn");
+            tracing::warn!(template = id, error = %warren_runtime::chain(&e), "counting a spawn");
         }
     }
 }

@@ -197,7 +197,7 @@ impl Control {
             Ok(Some(sb)) => sb.team,
             Ok(None) => return None,
             Err(e) => {
-                tracing::warn!(sandbox_id, error = %e, "cannot look up a brokered secret's team");
+                tracing::warn!(sandbox_id, error = %warren_runtime::chain(&e), "cannot look up a brokered secret's team");
                 return None;
             }
         };
@@ -209,7 +209,7 @@ impl Control {
                 found.map(|s| s.value)
             }
             Err(e) => {
-                tracing::warn!(sandbox_id, secret = %name, error = %e, "cannot read a secret");
+                tracing::warn!(sandbox_id, secret = %name, error = %warren_runtime::chain(&e), "cannot read a secret");
                 None
             }
         }

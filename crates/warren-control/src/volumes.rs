@@ -153,7 +153,7 @@ fn disk_error(e: DiskError) -> ControlError {
         DiskError::Invalid(m) => ControlError::InvalidArgument(m),
         DiskError::NoSpace(m) => ControlError::QuotaExceeded(m),
         DiskError::Busy(m) => ControlError::FailedPrecondition(m),
-        DiskError::Failed(m) => ControlError::Internal(m),
+        DiskError::Failed(m) => ControlError::internal(m),
     }
 }
 

@@ -159,7 +159,7 @@ impl Control {
         let pending = match store.deliveries().await {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(error = %e, "reading pending webhook deliveries");
+                tracing::warn!(error = %warren_runtime::chain(&e), "reading pending webhook deliveries");
                 return Some(Utc::now() + chrono::Duration::seconds(10));
             }
         };
@@ -224,7 +224,7 @@ impl Control {
         let hooks = match self.inner.store.webhooks(Some(&event.team)).await {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!(error = %e, "reading webhooks for an event");
+                tracing::warn!(error = %warren_runtime::chain(&e), "reading webhooks for an event");
                 return;
             }
         };
@@ -243,7 +243,7 @@ impl Control {
             match self.inner.store.put_delivery(&d).await {
                 Ok(()) => queued = true,
                 Err(e) => {
-                    tracing::warn!(webhook = %h.id, error = %e, "queueing a webhook delivery")
+                    tracing::warn!(webhook = %h.id, error = %warren_runtime::chain(&e), "queueing a webhook delivery")
                 }
             }
         }

@@ -18,15 +18,6 @@ pub use config::{default_agent, is_static_elf, HostConfig};
 pub use lock::HostLock;
 pub use templates::{image_error, image_of, TemplateRoot, Templates};
 
-/// Sandbox ids become host names, cgroup and directory names: lowercase letters and digits.
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-}
-
 /// A create's network slot could not be had. Every slot in use is exhaustion (429: retry
 /// later); anything else (an `ip` or `nft` that failed, the host's table gone, a tool missing)
 /// is the host being unable to serve, 503 with its cause, which a retry soon will not fix.

@@ -36,7 +36,7 @@ pub const GATEWAY_MAC: &str = "02:77:72:00:00:16";
 /// Name reserved for the microVM runtime's tap device inside a slot (not created here).
 pub const TAP_IFACE: &str = "tap0";
 /// Port of the guest agent (envd) that the host must always be able to reach.
-pub const AGENT_PORT: u16 = 49983;
+pub use warren_types::AGENT_PORT;
 /// Port of a VM's NFS server (its volumes), on [`SANDBOX_GATEWAY`] inside a slot laid out
 /// for a VM (where the tap device carries that address): the one service of the slot
 /// itself that the guest is meant to reach, never sent to the egress proxy.

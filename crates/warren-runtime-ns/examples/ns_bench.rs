@@ -186,13 +186,13 @@ async fn main() {
     };
     let spec = |i: usize, net: &NetNs| LaunchSpec {
         volumes: Vec::new(),
-        id: format!("b{}-{i}", std::process::id()),
+        id: format!("b{}x{i}", std::process::id()),
         image_root: root.clone(),
         netns: net.path(),
         resolv_conf: "nameserver 127.0.0.1\n".into(),
         limits,
         writable_bytes: 256 << 20,
-        agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
+        agent_args: vec!["--listen".into(), warren_types::AGENT_LISTEN.into()],
         seed: None,
         // Ranges well above /etc/subuid's usual allocations, one per benchmark sandbox.
         id_base: (1 << 30) + (i as u32) * warren_runtime_ns::config::ID_COUNT,

@@ -7,6 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
+use warren_types::SandboxId;
 
 use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -122,18 +123,9 @@ fn nix_io(what: &str) -> impl FnOnce(nix::errno::Errno) -> LaunchError + '_ {
     }
 }
 
-/// Sandbox ids become paths and cgroup names: keep them to DNS-label characters.
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
 /// Starts a sandbox and returns once its PID 1 is about to exec the agent.
 pub async fn launch(cfg: &NsConfig, spec: &LaunchSpec) -> Result<Sandbox, LaunchError> {
-    if !valid_id(&spec.id) {
+    if !SandboxId::is_valid(&spec.id) {
         return Err(LaunchError::InvalidId(spec.id.clone()));
     }
     if let Some(entry) = crate::idrange::overlap(spec.id_base) {
@@ -698,7 +690,7 @@ fn remove_state(
 /// Removes one sandbox by id (processes, cgroup, state), e.g. one a restarted manager could not
 /// take back. Idempotent.
 pub fn remove_sandbox(cfg: &NsConfig, id: &str) -> Result<(), LaunchError> {
-    if !valid_id(id) {
+    if !SandboxId::is_valid(id) {
         return Err(LaunchError::InvalidId(id.to_string()));
     }
     let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
@@ -723,7 +715,7 @@ pub fn cleanup_stale(cfg: &NsConfig, keep: &[String]) -> Vec<String> {
     }
     ids.sort();
     ids.dedup();
-    ids.retain(|id| !keep.contains(id) && valid_id(id));
+    ids.retain(|id| !keep.contains(id) && SandboxId::is_valid(id));
     for id in &ids {
         let cg = SandboxCgroup::at(&cfg.cgroup_parent, id);
         let _ = cg.kill_all();

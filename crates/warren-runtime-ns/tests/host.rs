@@ -28,7 +28,7 @@ fn config() -> Option<HostConfig> {
 fn spec(id: &str, internet: bool) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 512,

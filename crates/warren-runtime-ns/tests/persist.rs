@@ -29,7 +29,7 @@ fn config(tag: &str, net: u32) -> Option<HostConfig> {
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 512,

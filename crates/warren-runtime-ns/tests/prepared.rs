@@ -39,7 +39,7 @@ fn settings() -> warren_runtime_ns::NsSettings {
 fn spec(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 512,
@@ -124,7 +124,9 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let rt = rt.clone();
-        tasks.push(tokio::spawn(async move { rt.prepared_id("base").await }));
+        tasks.push(tokio::spawn(async move {
+            rt.prepared_id("base").await.map(String::from)
+        }));
     }
     let mut claimed = Vec::new();
     for t in tasks {
@@ -165,7 +167,10 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
         Some(id) => id.clone(),
         None => {
             wait_for(&rt, 3).await;
-            rt.prepared_id("base").await.expect("a prepared sandbox")
+            rt.prepared_id("base")
+                .await
+                .map(String::from)
+                .expect("a prepared sandbox")
         }
     };
     let mut b_spec = spec(&b_id, None, &[]);
@@ -227,7 +232,7 @@ async fn the_pool_follows_demand_and_empties() {
     assert_eq!(rt.prepared().unwrap().ready, 0);
 
     // One create: one in flight at its peak, so two wait for the next ones.
-    let id = warren_runtime::new_sandbox_id().unwrap();
+    let id = warren_runtime::SandboxId::generate().unwrap().to_string();
     rt.create(spec(&id, Some("tok"), &[]))
         .await
         .expect("create");
@@ -241,7 +246,11 @@ async fn the_pool_follows_demand_and_empties() {
     rt.kill(&id).await.expect("kill");
 
     // A claim is replaced.
-    let taken = rt.prepared_id("base").await.expect("reserved");
+    let taken = rt
+        .prepared_id("base")
+        .await
+        .map(String::from)
+        .expect("reserved");
     assert!(ready.contains(&taken));
     rt.create(spec(&taken, Some("tok"), &[]))
         .await
@@ -281,7 +290,11 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
     first.reattach(vec![]).await;
     first.set_warm_pool("base", 3).await.expect("pool of 3");
     wait_for(&first, 3).await;
-    let claimed = first.prepared_id("base").await.expect("reserved");
+    let claimed = first
+        .prepared_id("base")
+        .await
+        .map(String::from)
+        .expect("reserved");
     let kept = first
         .create(spec(&claimed, Some("tok"), &[]))
         .await

@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let token = format!("tok{}", std::process::id());
     let spec = |id: &str, token: Option<String>| CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 512,

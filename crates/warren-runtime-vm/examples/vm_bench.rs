@@ -247,7 +247,7 @@ fn forced_accel() -> Option<warren_runtime_vm::Accel> {
 fn spec(id: String) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id,
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 256,

@@ -34,7 +34,7 @@ fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 256,

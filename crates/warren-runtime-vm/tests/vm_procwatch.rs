@@ -17,7 +17,7 @@ use warren_runtime_vm::VmRuntime;
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 256,

@@ -43,7 +43,7 @@ fn spec(id: &str, volume: &Path, subpath: Option<&str>) -> CreateSpec {
             path: "/data".into(),
             read_only: false,
         }],
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 256,

@@ -18,12 +18,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+pub use warren_types::SandboxId;
 
 /// Everything a back end needs to create one sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreateSpec {
-    /// Sandbox id: lowercase letters and digits, at most 63 characters.
-    pub id: String,
+    pub id: SandboxId,
     /// Template name (e.g. `base`).
     pub template: String,
     pub cpu_count: u32,
@@ -361,28 +361,6 @@ pub struct PreparedStats {
     pub memory_bytes: u64,
 }
 
-/// A new sandbox id: `i` and 20 lowercase letters and digits, a DNS label without `-` or
-/// `.` as the `{port}-{id}.{domain}` host scheme needs (upstream ids look the same). Runtimes
-/// that prepare sandboxes ahead name them with it, so a prepared one needs no renaming.
-pub fn new_sandbox_id() -> Result<String, RuntimeError> {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    const LEN: usize = 21;
-    let mut out = String::with_capacity(LEN);
-    out.push('i');
-    while out.len() < LEN {
-        let mut buf = [0u8; 32];
-        getrandom::fill(&mut buf)
-            .map_err(|e| RuntimeError::Failed(format!("no randomness available: {e}")))?;
-        for b in buf {
-            // Rejection sampling keeps the distribution uniform: 252 = 7 * 36.
-            if b < 252 && out.len() < LEN {
-                out.push(char::from(ALPHABET[usize::from(b) % ALPHABET.len()]));
-            }
-        }
-    }
-    Ok(out)
-}
-
 #[async_trait::async_trait]
 pub trait SandboxRuntime: Send + Sync + 'static {
     /// Short name of the back end (`ns`, `vm`).
@@ -421,9 +399,9 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// The id of a sandbox of `template` the runtime has prepared ahead (started and waiting
     /// for its tenant), now reserved for the caller's create: a [`Self::create`] with this id
     /// (no snapshot, no volumes) claims it instead of starting one. `None` when none is
-    /// ready; the caller then picks a fresh id ([`new_sandbox_id`]). A reservation that no
+    /// ready; the caller then picks a fresh id ([`SandboxId::generate`]). A reservation that no
     /// create claims within a minute is discarded.
-    async fn prepared_id(&self, template: &str) -> Option<String> {
+    async fn prepared_id(&self, template: &str) -> Option<SandboxId> {
         let _ = template;
         None
     }
@@ -593,22 +571,6 @@ pub struct Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sandbox_ids_are_dns_labels_and_differ() {
-        let a = new_sandbox_id().unwrap();
-        let b = new_sandbox_id().unwrap();
-        assert_ne!(a, b);
-        for id in [a, b] {
-            assert_eq!(id.len(), 21, "{id}");
-            assert!(id.starts_with('i'), "{id}");
-            assert!(
-                id.bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
-                "{id}"
-            );
-        }
-    }
 
     #[test]
     fn records_carry_the_runtime_that_wrote_them() {

@@ -42,7 +42,9 @@ impl From<ControlError> for ApiError {
             ControlError::ResourceExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ControlError::FailedPrecondition(_) => StatusCode::CONFLICT,
             ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ControlError::Internal(_) | ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ControlError::Internal { .. } | ControlError::Store(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         let retry_after = match &e {
             ControlError::ResourceExhausted { retry_after, .. } => Some(*retry_after),
@@ -50,7 +52,7 @@ impl From<ControlError> for ApiError {
         };
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // Internal detail goes to the log, not to the client.
-            tracing::error!(error = %e, "internal error");
+            tracing::error!(error = %warren_runtime::chain(&e), "internal error");
             "internal error".to_string()
         } else {
             e.to_string()

@@ -52,7 +52,7 @@ impl ConnectionSocket {
         match stream.as_fd().try_clone_to_owned() {
             Ok(fd) => Some(ConnectionSocket(Arc::new(fd))),
             Err(e) => {
-                tracing::debug!(error = %e, "could not keep a handle on the connection's socket");
+                tracing::debug!(error = %warren_runtime::chain(&e), "could not keep a handle on the connection's socket");
                 None
             }
         }
@@ -61,7 +61,7 @@ impl ConnectionSocket {
     /// Makes the connection's close a reset (`SO_LINGER` with a zero timeout).
     pub fn reset_on_close(&self) {
         if let Err(e) = socket2::SockRef::from(&*self.0).set_linger(Some(Duration::ZERO)) {
-            tracing::debug!(error = %e, "could not set SO_LINGER");
+            tracing::debug!(error = %warren_runtime::chain(&e), "could not set SO_LINGER");
         }
     }
 }
@@ -184,7 +184,7 @@ pub async fn serve_all(
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the connections in
                 // progress free descriptors as they end.
-                tracing::warn!(error = %e, "accept failed");
+                tracing::warn!(error = %warren_runtime::chain(&e), "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -197,7 +197,7 @@ pub async fn serve_all(
         if let Err(e) = stream.set_nodelay(true) {
             // Proxied stream envelopes are small: without TCP_NODELAY each waits for the
             // client's delayed ACK (~40 ms per command round trip).
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            tracing::debug!(error = %warren_runtime::chain(&e), "could not set TCP_NODELAY");
         }
         let tls = if over_tls { acceptor.clone() } else { None };
         spawn_connection(
@@ -261,7 +261,9 @@ fn spawn_connection(
                 // that never finishes its request head.
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => serve_connection(&builder, watcher, tls, socket, app).await,
-                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %warren_runtime::chain(&e), "TLS handshake failed")
+                    }
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
             }

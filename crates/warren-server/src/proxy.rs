@@ -34,8 +34,8 @@ use crate::error::ApiError;
 use crate::ingress;
 use crate::AppState;
 
-/// The agent's port inside every sandbox.
-pub const AGENT_PORT: u16 = 49983;
+use warren_types::SandboxId;
+pub use warren_types::AGENT_PORT;
 
 /// Largest `/metrics` answer read from an agent (a real one is a few hundred bytes).
 const METRICS_BODY_LIMIT: usize = 64 * 1024;
@@ -92,14 +92,6 @@ fn strip_port(host: &str) -> &str {
             host
         }
     })
-}
-
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 impl Proxy {
@@ -180,7 +172,7 @@ impl Proxy {
     /// `Err` = the routing headers are present but unusable (the caller gets 400).
     fn target(&self, headers: &HeaderMap, uri: &Uri) -> Result<Option<Target>, ApiError> {
         if let Some(id) = headers.get(SANDBOX_ID) {
-            let id = id.to_str().ok().filter(|s| valid_id(s));
+            let id = id.to_str().ok().filter(|s| SandboxId::is_valid(s));
             let id = id.ok_or_else(|| ApiError::bad_request("invalid E2b-Sandbox-Id header"))?;
             let port = match headers.get(SANDBOX_PORT) {
                 None => AGENT_PORT,
@@ -246,7 +238,7 @@ impl Proxy {
         }
         let (port, id) = label.split_once('-')?;
         let port: u16 = port.parse().ok()?;
-        valid_id(id).then(|| Target {
+        SandboxId::is_valid(id).then(|| Target {
             id: id.to_string(),
             port,
         })
@@ -516,7 +508,7 @@ async fn admitted_route(
             ));
         }
         Err(e) => {
-            tracing::warn!(sandbox_id = %target.id, error = %e, "auto-resume failed");
+            tracing::warn!(sandbox_id = %target.id, error = %warren_runtime::chain(&e), "auto-resume failed");
             return Err(sandbox_error(
                 StatusCode::BAD_GATEWAY,
                 &target.id,
@@ -646,7 +638,7 @@ async fn splice(
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(pair) => pair,
         Err(e) => {
-            tracing::debug!(error = %e, "upgrade failed");
+            tracing::debug!(error = %warren_runtime::chain(&e), "upgrade failed");
             return;
         }
     };
@@ -655,7 +647,7 @@ async fn splice(
     tokio::select! {
         r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "upgraded connection ended");
+                tracing::debug!(error = %warren_runtime::chain(&e), "upgraded connection ended");
             }
         }
         // Dropping both ends closes the sockets.

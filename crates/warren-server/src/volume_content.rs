@@ -58,7 +58,7 @@ impl From<VolumeError> for ContentError {
         let status = StatusCode::from_u16(e.kind().http_status())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %e, "volume content operation failed");
+            tracing::error!(error = %warren_runtime::chain(&e), "volume content operation failed");
             return ContentError::new(status, "internal error");
         }
         ContentError::new(status, e.to_string())

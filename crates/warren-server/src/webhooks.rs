@@ -217,7 +217,7 @@ pub(crate) fn host_roots() -> &'static [reqwest_oci::Certificate] {
     ROOTS.get_or_init(|| {
         let found = rustls_native_certs::load_native_certs();
         for e in &found.errors {
-            tracing::warn!(error = %e, "reading the host's trust store for webhooks");
+            tracing::warn!(error = %warren_runtime::chain(&e), "reading the host's trust store for webhooks");
         }
         found
             .certs

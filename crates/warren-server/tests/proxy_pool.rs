@@ -95,9 +95,9 @@ impl SandboxRuntime for SlotRuntime {
         if owner.is_some() {
             return Err(RuntimeError::Exhausted("the one slot is taken".into()));
         }
-        *owner = Some(spec.id.clone());
+        *owner = Some(spec.id.to_string());
         Ok(RuntimeSandbox {
-            id: spec.id,
+            id: spec.id.to_string(),
             agent: self.addr,
             record: serde_json::json!({}),
         })

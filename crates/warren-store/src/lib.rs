@@ -78,8 +78,12 @@ pub struct SqliteStore {
     db: Arc<Mutex<Db>>,
 }
 
-pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+/// A database failure, the driver's error kept as the source.
+pub(crate) fn backend<E>(e: E) -> StoreError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    StoreError::backend_cause("the database failed")(e)
 }
 
 /// The `(key, JSON document)` rows `sql` selects with `params`, decoded (`what` names a
@@ -203,7 +207,7 @@ impl SqliteStore {
         tokio::task::spawn_blocking(move || {
             let mut guard = db
                 .lock()
-                .map_err(|_| backend("database connection poisoned"))?;
+                .map_err(|_| StoreError::backend("database connection poisoned"))?;
             f(&mut guard)
         })
         .await

@@ -148,7 +148,7 @@ fn purge(db: &mut Db) -> Result<(), StoreError> {
         .map_err(backend)?;
     if busy != 0 {
         // Another connection is reading: the WAL cannot be emptied under it.
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "another connection kept the WAL busy ({checkpointed} of {wal_frames} frames \
              checkpointed); run the rotation again once nothing else has the database open"
         )));
@@ -168,7 +168,7 @@ impl SqliteStore {
         let mut db = store
             .db
             .lock()
-            .map_err(|_| OpenError::Purge(backend("database connection poisoned")))?;
+            .map_err(|_| OpenError::Purge(StoreError::backend("database connection poisoned")))?;
         purge(&mut db).map_err(OpenError::Purge)?;
         Ok(n)
     }
@@ -192,7 +192,7 @@ impl SqliteStore {
         let mut db = store
             .db
             .lock()
-            .map_err(|_| OpenError::Reseal(backend("database connection poisoned")))?;
+            .map_err(|_| OpenError::Reseal(StoreError::backend("database connection poisoned")))?;
         let n = reseal_all(&mut db, &new).map_err(OpenError::Reseal)?;
         drop(db);
         Ok((n, new_path, key, store))

@@ -132,7 +132,9 @@ pub(crate) fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), St
         .pause_mode
         .map(|m| match serde_json::to_value(m) {
             Ok(serde_json::Value::String(m)) => Ok(m),
-            _ => Err(backend("pause mode does not serialise to a string")),
+            _ => Err(StoreError::backend(
+                "pause mode does not serialise to a string",
+            )),
         })
         .transpose()?;
     let sql = if insert {
@@ -172,7 +174,10 @@ pub(crate) fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), St
         )
         .map_err(backend)?;
     if n != 1 {
-        return Err(backend(format!("sandbox {} was not recorded", s.id)));
+        return Err(StoreError::backend(format!(
+            "sandbox {} was not recorded",
+            s.id
+        )));
     }
     Ok(())
 }

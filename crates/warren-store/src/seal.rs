@@ -117,7 +117,8 @@ impl Sealer {
 
     /// `plain` encrypted for column `column`.
     pub(crate) fn seal(&self, column: &str, plain: &str) -> Result<String, StoreError> {
-        let nonce = random::<NONCE_LEN>().map_err(|e| StoreError::Backend(e.to_string()))?;
+        let nonce =
+            random::<NONCE_LEN>().map_err(StoreError::backend_cause("no randomness available"))?;
         let ct = self
             .cipher
             .encrypt(
@@ -127,7 +128,7 @@ impl Sealer {
                     aad: column.as_bytes(),
                 },
             )
-            .map_err(|_| StoreError::Backend(format!("encrypting {column}")))?;
+            .map_err(|_| StoreError::backend(format!("encrypting {column}")))?;
         let mut raw = Vec::with_capacity(NONCE_LEN + ct.len());
         raw.extend_from_slice(&nonce);
         raw.extend_from_slice(&ct);

@@ -80,7 +80,7 @@ impl SnapshotRow {
 
 pub(crate) fn insert(db: &mut Db, s: &Snapshot, replaces: Option<&str>) -> Result<(), StoreError> {
     if s.names.len() > 1 {
-        return Err(backend("a snapshot has at most one name"));
+        return Err(StoreError::backend("a snapshot has at most one name"));
     }
     let env_vars = serde_json::to_string(&s.env_vars).map_err(backend)?;
     let env_vars = db.sealer.seal("env_vars", &env_vars)?;

@@ -110,7 +110,7 @@ fn run() -> Result<(), String> {
         &[
             AGENT,
             "--listen",
-            "0.0.0.0:49983",
+            warren_types::AGENT_LISTEN,
             "--default-user",
             "user",
             "--sync-clock",

@@ -129,11 +129,14 @@ impl SandboxRuntime for FakeRuntime {
             }
         }
         let rt = RuntimeSandbox {
-            id: spec.id.clone(),
+            id: spec.id.to_string(),
             agent: SocketAddr::from(([127, 0, 0, 1], 1)),
             record: serde_json::json!({"fake": true, "runtime": "fake"}),
         };
-        self.alive.lock().unwrap().insert(spec.id, rt.clone());
+        self.alive
+            .lock()
+            .unwrap()
+            .insert(spec.id.to_string(), rt.clone());
         Ok(rt)
     }
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
@@ -175,14 +178,17 @@ impl SandboxRuntime for FakeRuntime {
             .paused
             .lock()
             .unwrap()
-            .remove(&spec.id)
-            .ok_or_else(|| RuntimeError::NotFound(spec.id.clone()))?;
+            .remove(spec.id.as_str())
+            .ok_or_else(|| RuntimeError::NotFound(spec.id.to_string()))?;
         let rt = RuntimeSandbox {
-            id: spec.id.clone(),
+            id: spec.id.to_string(),
             agent: SocketAddr::from(([127, 0, 0, 1], 2)),
             record: serde_json::json!({"fake": true, "runtime": "fake"}),
         };
-        self.alive.lock().unwrap().insert(spec.id, rt.clone());
+        self.alive
+            .lock()
+            .unwrap()
+            .insert(spec.id.to_string(), rt.clone());
         let kind = match mode {
             PauseMode::Memory => ResumeKind::Memory,
             PauseMode::Filesystem => ResumeKind::Filesystem,
@@ -368,7 +374,7 @@ impl Store for MemStore {
             .values()
             .any(|o| o.id != t.id && o.alias.is_some() && o.alias == t.alias)
         {
-            return Err(StoreError::Backend("alias taken".into()));
+            return Err(StoreError::backend("alias taken"));
         }
         all.insert(t.id.clone(), t.clone());
         Ok(())
@@ -504,7 +510,7 @@ impl Store for MemStore {
     }
     async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
         if *self.refuse_full_scans.lock().unwrap() {
-            return Err(StoreError::Backend("every snapshot was loaded".into()));
+            return Err(StoreError::backend("every snapshot was loaded"));
         }
         Ok(self.snapshots.lock().unwrap().values().cloned().collect())
     }

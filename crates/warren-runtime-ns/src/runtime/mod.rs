@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use tracing::Instrument;
-use warren_host::{hardening, headroom, valid_id, HostConfig, HostLock, TemplateRoot, Templates};
+use warren_host::{hardening, headroom, HostConfig, HostLock, TemplateRoot, Templates};
 use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
@@ -358,8 +358,10 @@ impl SandboxRuntime for NsRuntime {
         self.set_prepared_target(template, size).await
     }
 
-    async fn prepared_id(&self, template: &str) -> Option<String> {
+    async fn prepared_id(&self, template: &str) -> Option<warren_runtime::SandboxId> {
+        // Prepared sandboxes are named by `SandboxId::generate`: the parse cannot fail.
         self.reserve_prepared(template)
+            .and_then(|id| id.parse().ok())
     }
 
     fn prepared(&self) -> Option<warren_runtime::PreparedStats> {
@@ -564,14 +566,8 @@ impl NsRuntime {
         spec: CreateSpec,
         seed: Option<launch::Seed>,
     ) -> Result<RuntimeSandbox, RuntimeError> {
-        if !valid_id(&spec.id) {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "invalid sandbox id {:?}",
-                spec.id
-            )));
-        }
-        if self.live.lock().await.contains_key(&spec.id)
-            || self.paused_fs.lock().await.contains(&spec.id)
+        if self.live.lock().await.contains_key(spec.id.as_str())
+            || self.paused_fs.lock().await.contains(spec.id.as_str())
         {
             return Err(RuntimeError::InvalidArgument(format!(
                 "sandbox {} already exists",
@@ -630,7 +626,7 @@ impl NsRuntime {
                 return Err(e);
             }
         };
-        self.register_running(spec.id, &spec.template, sandbox, slot)
+        self.register_running(spec.id.to_string(), &spec.template, sandbox, slot)
             .await
     }
 

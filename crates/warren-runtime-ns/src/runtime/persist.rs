@@ -236,7 +236,7 @@ impl NsRuntime {
         &self,
         spec: CreateSpec,
     ) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
-        let id = spec.id.clone();
+        let id = spec.id.to_string();
         if self.paused_fs.lock().await.contains(&id) {
             let seed = Seed {
                 dir: self.paused_dir(&id),

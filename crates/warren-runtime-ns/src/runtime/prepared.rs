@@ -330,7 +330,9 @@ impl NsRuntime {
     async fn prepare_one(&self, template: &str, shape: Shape) -> Result<Prepared, RuntimeError> {
         let image_root = self.template_root(template).await?;
         let pool = self.pool().await?;
-        let id = warren_runtime::new_sandbox_id()?;
+        let id = warren_runtime::SandboxId::generate()
+            .map_err(|e| RuntimeError::Failed(format!("no randomness available: {e}")))?
+            .to_string();
         let id_base = self.assign_ids(&id)?;
         let slot = match pool.acquire(&SlotPolicy::default()).await {
             Ok(slot) => slot,

@@ -58,7 +58,7 @@ impl NsRuntime {
             writable_bytes: s.writable_bytes,
             agent_args: vec![
                 "--listen".into(),
-                "0.0.0.0:49983".into(),
+                warren_types::AGENT_LISTEN.into(),
                 "--default-user".into(),
                 template_launch.default_user.clone(),
             ],
@@ -92,7 +92,7 @@ impl NsRuntime {
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();
         env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.to_string());
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
         let agent = SocketAddr::V4(slot.agent_endpoint());
         let init = agent::InitArgs {

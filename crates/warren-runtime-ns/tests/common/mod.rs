@@ -343,7 +343,7 @@ pub async fn start_in(
         resolv_conf: "nameserver 127.0.0.1\n".into(),
         limits,
         writable_bytes: writable,
-        agent_args: vec!["--listen".into(), "0.0.0.0:49983".into()],
+        agent_args: vec!["--listen".into(), warren_types::AGENT_LISTEN.into()],
         seed: None,
         id_base: fresh_id_base(),
         access_token: None,
@@ -527,7 +527,7 @@ pub async fn restart(
 pub fn small_spec(id: &str) -> warren_runtime::CreateSpec {
     warren_runtime::CreateSpec {
         volumes: Vec::new(),
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         cpu_count: 1,
         memory_mb: 256,

@@ -233,7 +233,7 @@ impl VmRuntime {
             child,
             cgroup.clone(),
             dir.clone(),
-            self.on_exit(spec.id.clone()),
+            self.on_exit(spec.id.to_string()),
         );
         let m = Arc::new(Machine {
             name,
@@ -268,10 +268,13 @@ impl VmRuntime {
         let running = Instant::now();
         m.own_flows(self.net.get(), &spec.id);
         // Registered before /init so that a QEMU dying now is torn down by its watcher.
-        self.live.lock().await.insert(spec.id.clone(), m.clone());
+        self.live
+            .lock()
+            .await
+            .insert(spec.id.to_string(), m.clone());
         let mut env: BTreeMap<String, String> = spec.env_vars.clone();
         env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.clone());
+        env.insert("E2B_SANDBOX_ID".into(), spec.id.to_string());
         env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
         let launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
@@ -310,7 +313,7 @@ impl VmRuntime {
             }
         };
         if let Err(e) = ready.await {
-            self.live.lock().await.remove(&spec.id);
+            self.live.lock().await.remove(spec.id.as_str());
             let why = m.exit.borrow().clone();
             m.kill().await;
             self.teardown(&m).await;
@@ -324,7 +327,7 @@ impl VmRuntime {
         stages.log(&spec.id);
         let record = Record::running(&m);
         Ok(RuntimeSandbox {
-            id: spec.id,
+            id: spec.id.to_string(),
             agent,
             record: warren_runtime::tag_record(
                 "vm",

@@ -37,7 +37,7 @@ use warren_runtime::{
 };
 
 use machine::Machine;
-use warren_host::{valid_id, HostConfig, HostLock};
+use warren_host::{HostConfig, HostLock};
 
 /// Settings of the VM runtime beyond [`HostConfig`].
 #[derive(Debug, Clone)]
@@ -689,13 +689,7 @@ impl SandboxRuntime for VmRuntime {
     }
 
     async fn create(&self, spec: CreateSpec) -> Result<RuntimeSandbox, RuntimeError> {
-        if !valid_id(&spec.id) {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "invalid sandbox id {:?}",
-                spec.id
-            )));
-        }
-        if self.live.lock().await.contains_key(&spec.id) {
+        if self.live.lock().await.contains_key(spec.id.as_str()) {
             return Err(RuntimeError::InvalidArgument(format!(
                 "sandbox {} already exists",
                 spec.id

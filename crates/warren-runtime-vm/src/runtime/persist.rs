@@ -313,7 +313,7 @@ impl VmRuntime {
         &self,
         spec: CreateSpec,
     ) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
-        let id = spec.id.clone();
+        let id = spec.id.to_string();
         if !self.paused.lock().await.contains(&id) {
             return Err(if self.live.lock().await.contains_key(&id) {
                 RuntimeError::InvalidArgument(format!("sandbox {id} is not paused"))

@@ -102,7 +102,7 @@ pub(crate) fn start(
             tick.tick().await;
             match control.sandbox_counts().await {
                 Ok(now) => *counts.lock().unwrap_or_else(|e| e.into_inner()) = now,
-                Err(e) => tracing::debug!(error = %e, "counting sandboxes for OTLP metrics"),
+                Err(e) => tracing::debug!(error = %warren_runtime::chain(&e), "counting sandboxes for OTLP metrics"),
             }
         }
     })

@@ -260,7 +260,7 @@ impl Otel {
             ("logs", self.logs.shutdown()),
         ] {
             if let Err(e) = r {
-                tracing::warn!(error = %e, "flushing OTLP {what} at shutdown");
+                tracing::warn!(error = %warren_runtime::chain(&e), "flushing OTLP {what} at shutdown");
             }
         }
     }

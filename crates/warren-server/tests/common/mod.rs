@@ -148,11 +148,11 @@ impl SandboxRuntime for AgentRuntime {
         self.egress
             .lock()
             .unwrap()
-            .push((spec.id.clone(), spec.egress_policy()));
+            .push((spec.id.to_string(), spec.egress_policy()));
         self.volumes
             .lock()
             .unwrap()
-            .push((spec.id.clone(), spec.volumes.clone()));
+            .push((spec.id.to_string(), spec.volumes.clone()));
         let port = free_port();
         let mut cmd = Command::new(agent_bin());
         cmd.arg("--listen")
@@ -165,7 +165,10 @@ impl SandboxRuntime for AgentRuntime {
         let child = cmd
             .spawn()
             .map_err(|e| RuntimeError::Failed(e.to_string()))?;
-        self.children.lock().unwrap().insert(spec.id.clone(), child);
+        self.children
+            .lock()
+            .unwrap()
+            .insert(spec.id.to_string(), child);
         let healthy = tokio::task::spawn_blocking(move || wait_healthy(port))
             .await
             .unwrap_or(false);
@@ -190,9 +193,12 @@ impl SandboxRuntime for AgentRuntime {
             }
         }
         let agent = SocketAddr::from(([127, 0, 0, 1], port));
-        self.agents.lock().unwrap().insert(spec.id.clone(), agent);
+        self.agents
+            .lock()
+            .unwrap()
+            .insert(spec.id.to_string(), agent);
         Ok(RuntimeSandbox {
-            id: spec.id,
+            id: spec.id.to_string(),
             agent,
             record: serde_json::json!({"port": port}),
         })
@@ -237,12 +243,12 @@ impl SandboxRuntime for AgentRuntime {
     async fn resume(&self, spec: CreateSpec) -> Result<(RuntimeSandbox, ResumeKind), RuntimeError> {
         let children = self.children.lock().unwrap();
         let child = children
-            .get(&spec.id)
-            .ok_or_else(|| RuntimeError::NotFound(spec.id.clone()))?;
+            .get(spec.id.as_str())
+            .ok_or_else(|| RuntimeError::NotFound(spec.id.to_string()))?;
         signal(child, "-CONT")?;
-        let agent = self.agents.lock().unwrap()[&spec.id];
+        let agent = self.agents.lock().unwrap()[spec.id.as_str()];
         let rt = RuntimeSandbox {
-            id: spec.id,
+            id: spec.id.to_string(),
             agent,
             record: serde_json::json!({"port": agent.port()}),
         };
