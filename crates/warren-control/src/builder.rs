@@ -10,7 +10,7 @@ use std::sync::Arc;
 use warren_runtime::SandboxRuntime;
 
 use crate::audit::AuditObserver;
-use crate::builds::TemplateBuilder;
+use crate::build_port::TemplateBuilder;
 use crate::control::{Config, Control};
 use crate::error::ControlError;
 use crate::store::Store;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::control::{Control, Plan};
+use crate::control::Control;
+use crate::create::Plan;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
 use crate::secrets::random_id;

@@ -11,10 +11,12 @@
 
 mod audit;
 mod audit_budget;
+mod build_port;
 mod builder;
 mod builds;
 mod config;
 mod control;
+mod create;
 mod error;
 mod events;
 mod expiry;
@@ -44,13 +46,14 @@ pub use audit::{
     MAX_AUDIT_PAGE, SOURCE_AGENT, SOURCE_BUDGET, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
 pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
-pub use builder::ControlBuilder;
-pub use builds::{
-    BuildFailure, BuildJob, BuildLog, BuildPage, BuildRequest, BuilderError, BuiltImage,
-    Registered, TemplateBuilder, UploadLink, BUILD_LAYER_PREFIX, MAX_LOG_PAGE,
+pub use build_port::{
+    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, TemplateBuilder, BUILD_LAYER_PREFIX,
 };
+pub use builder::ControlBuilder;
+pub use builds::{BuildPage, BuildRequest, Registered, UploadLink, MAX_LOG_PAGE};
 pub use config::AuditBudget;
-pub use control::{Access, Config, Control, CreateRequest, Route, SERVICE_PORT};
+pub use control::{Access, Config, Control, Route, SERVICE_PORT};
+pub use create::CreateRequest;
 pub use error::dockerfile_build;
 pub use error::{ControlError, StoreError};
 pub use events::{EventKind, EventQuery, SandboxEvent, EVENT_RETENTION, MAX_EVENT_PAGE};

@@ -11,7 +11,8 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::Instrument;
 use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
 
-use crate::control::{spec_of, Access, Control, Route};
+use crate::control::{Access, Control, Route};
+use crate::create::spec_of;
 use crate::error::ControlError;
 use crate::model::{Lifecycle, OnTimeout, Sandbox, SandboxState};
 

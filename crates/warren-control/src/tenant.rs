@@ -12,7 +12,8 @@ mod resources;
 
 pub use resources::AliasTarget;
 
-use crate::control::{not_found, Control, CreateRequest};
+use crate::control::{not_found, Control};
+use crate::create::CreateRequest;
 use crate::error::ControlError;
 use crate::fork::ForkResult;
 use crate::keys::{ApiKey, Scope};
