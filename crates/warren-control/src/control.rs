@@ -369,7 +369,7 @@ impl Control {
     }
 
     /// A live sandbox's current record, or the store's for others (gone ones are 404).
-    pub async fn get(&self, id: &str) -> Result<Sandbox, ControlError> {
+    pub(crate) async fn get(&self, id: &str) -> Result<Sandbox, ControlError> {
         if let Some(entry) = self.entry(id) {
             let sb = entry.lock().await;
             if !sb.state.is_gone() {
@@ -393,7 +393,7 @@ impl Control {
 
     /// Connects to a sandbox: extends its life to at least now + timeout; a paused sandbox is
     /// resumed first. Returns the record and whether it was resumed.
-    pub async fn connect(
+    pub(crate) async fn connect(
         &self,
         id: &str,
         timeout: Option<i64>,
@@ -441,7 +441,7 @@ impl Control {
     }
 
     /// Sets `end_at = now + timeout` (may shorten the sandbox's life).
-    pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
+    pub(crate) async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
         let id = id.to_string();
         self.detached(|c| async move { c.set_timeout_now(&id, timeout).await })
             .await
@@ -486,7 +486,7 @@ impl Control {
         Ok(())
     }
 
-    pub async fn list(&self, query: &ListQuery) -> Result<Page, ControlError> {
+    pub(crate) async fn list(&self, query: &ListQuery) -> Result<Page, ControlError> {
         let candidates = self
             .inner
             .store
@@ -497,7 +497,7 @@ impl Control {
 
     /// Kills a sandbox: stops routing to it (cutting open streams), has the runtime free
     /// everything, and records it as killed.
-    pub async fn kill(&self, id: &str) -> Result<(), ControlError> {
+    pub(crate) async fn kill(&self, id: &str) -> Result<(), ControlError> {
         let id = id.to_string();
         self.timed("kill", |c| async move { c.kill_now(&id).await })
             .await

@@ -60,7 +60,7 @@ pub(crate) struct Plan {
 }
 
 impl Control {
-    pub async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
+    pub(crate) async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
         self.timed("create", |c| async move { c.create_now(req).await })
             .await
     }

@@ -39,7 +39,7 @@ impl Control {
 
     /// Forks a running sandbox into `count` (default 1) children living `timeout` seconds.
     /// The whole request fails only when the parent cannot be checkpointed.
-    pub async fn fork(
+    pub(crate) async fn fork(
         &self,
         id: &str,
         count: Option<i64>,

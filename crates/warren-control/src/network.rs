@@ -49,7 +49,7 @@ impl Control {
     }
 
     /// Sandbox `id`'s flow log, from the runtime that enforces its policy.
-    pub async fn network_flows(&self, id: &str) -> Result<Vec<crate::Flow>, ControlError> {
+    pub(crate) async fn network_flows(&self, id: &str) -> Result<Vec<crate::Flow>, ControlError> {
         self.inner
             .runtime
             .network_flows(id)
@@ -59,7 +59,7 @@ impl Control {
 
     /// Replaces the egress policy of sandbox `id`. A running sandbox gets it at once (open
     /// connections it no longer allows are cut); a paused one gets it when it resumes.
-    pub async fn update_network(
+    pub(crate) async fn update_network(
         &self,
         id: &str,
         update: NetworkUpdate,

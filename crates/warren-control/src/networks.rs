@@ -321,7 +321,7 @@ impl Control {
     }
 
     /// Creates a network for `team`.
-    pub async fn create_network(
+    pub(crate) async fn create_network(
         &self,
         team: &str,
         name: &str,
@@ -386,7 +386,7 @@ impl Control {
     }
 
     /// The networks `team_filter` sees (all for `None`), by name.
-    pub fn networks(&self, team_filter: Option<&str>) -> Vec<NetworkView> {
+    pub(crate) fn networks(&self, team_filter: Option<&str>) -> Vec<NetworkView> {
         let st = lock(&self.inner.networks);
         let mut out: Vec<NetworkView> = st
             .networks
@@ -399,7 +399,11 @@ impl Control {
     }
 
     /// One network, by id or name.
-    pub fn network(&self, team_filter: Option<&str>, r: &str) -> Result<NetworkView, ControlError> {
+    pub(crate) fn network(
+        &self,
+        team_filter: Option<&str>,
+        r: &str,
+    ) -> Result<NetworkView, ControlError> {
         let st = lock(&self.inner.networks);
         let n = st
             .find(team_filter, r)
@@ -408,7 +412,7 @@ impl Control {
     }
 
     /// Deletes a network that has no members (409 otherwise: they leave first).
-    pub async fn delete_network(
+    pub(crate) async fn delete_network(
         &self,
         team_filter: Option<&str>,
         r: &str,
@@ -437,7 +441,7 @@ impl Control {
 
     /// Puts sandbox `sandbox_id` (of `team`) into network `r` and waits until every running
     /// member's slot knows it.
-    pub async fn join_network(
+    pub(crate) async fn join_network(
         &self,
         team_filter: Option<&str>,
         r: &str,
@@ -522,7 +526,7 @@ impl Control {
     }
 
     /// Takes sandbox `sandbox_id` out of network `r`; its open connections to members end.
-    pub async fn leave_network(
+    pub(crate) async fn leave_network(
         &self,
         team_filter: Option<&str>,
         r: &str,

@@ -84,7 +84,7 @@ impl Control {
     /// Pauses a running sandbox. `memory`: keep memory and processes (`true`), only the
     /// filesystem (`false`), or the best the runtime has (`None`). Pausing a paused sandbox is
     /// `FailedPrecondition` (409).
-    pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
+    pub(crate) async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
         let id = id.to_string();
         self.timed("pause", |c| async move {
             crate::telemetry::trace_sandbox(&id);

@@ -101,7 +101,7 @@ impl Control {
     /// Snapshots a running sandbox (it keeps running). `memory`: ask for memory in it
     /// (`true`), only files (`false`), or the best the runtime has (`None`); the record says
     /// which it got.
-    pub async fn create_snapshot(
+    pub(crate) async fn create_snapshot(
         &self,
         sandbox_id: &str,
         name: Option<String>,
@@ -121,25 +121,7 @@ impl Control {
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
         crate::telemetry::trace_sandbox(sandbox_id);
-        let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
-        if let Some(n) = &name {
-            if !valid_name(n) {
-                return Err(ControlError::InvalidArgument(format!(
-                    "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_', '.', '/'"
-                )));
-            }
-            if self
-                .inner
-                .config
-                .template_names
-                .iter()
-                .any(|t| t == strip_tag(n))
-            {
-                return Err(ControlError::InvalidArgument(format!(
-                    "snapshot name {n:?} is a template's name; choose another"
-                )));
-            }
-        }
+        let name = self.check_snapshot_name(name)?;
         let memory = self.check_snapshot_mode(memory)?;
         self.check_snapshot_quota(sandbox_id, name.as_deref())
             .await?;
@@ -243,6 +225,34 @@ impl Control {
         Ok(())
     }
 
+    /// A snapshot name as asked (`None` or blank: none), checked: its characters, and not a
+    /// template's name. Checked before anything else, ownership included.
+    pub(crate) fn check_snapshot_name(
+        &self,
+        name: Option<String>,
+    ) -> Result<Option<String>, ControlError> {
+        let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
+        if let Some(n) = &name {
+            if !valid_name(n) {
+                return Err(ControlError::InvalidArgument(format!(
+                    "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_', '.', '/'"
+                )));
+            }
+            if self
+                .inner
+                .config
+                .template_names
+                .iter()
+                .any(|t| t == strip_tag(n))
+            {
+                return Err(ControlError::InvalidArgument(format!(
+                    "snapshot name {n:?} is a template's name; choose another"
+                )));
+            }
+        }
+        Ok(name)
+    }
+
     /// Whether a snapshot keeps memory: what was asked if the runtime has it, else the best it
     /// has when nothing was asked. Refuses a mode the runtime does not have.
     pub(crate) fn check_snapshot_mode(&self, memory: Option<bool>) -> Result<bool, ControlError> {
@@ -278,7 +288,10 @@ impl Control {
     }
 
     /// Snapshots, newest first, filtered by source sandbox and/or name.
-    pub async fn list_snapshots(&self, q: &SnapshotQuery) -> Result<SnapshotPage, ControlError> {
+    pub(crate) async fn list_snapshots(
+        &self,
+        q: &SnapshotQuery,
+    ) -> Result<SnapshotPage, ControlError> {
         let limit = match q.limit {
             None => MAX_LIMIT,
             Some(l) if (1..=MAX_LIMIT).contains(&l) => l,
@@ -315,7 +328,7 @@ impl Control {
     }
 
     /// Deletes a snapshot by id or name (tag optional); sandboxes created from it live on.
-    pub async fn delete_snapshot(&self, r: &str) -> Result<(), ControlError> {
+    pub(crate) async fn delete_snapshot(&self, r: &str) -> Result<(), ControlError> {
         let r = r.to_string();
         self.detached(|c| async move {
             let snap = c

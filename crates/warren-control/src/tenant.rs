@@ -249,6 +249,7 @@ impl Tenant {
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
         self.control.check_snapshot_mode(memory)?;
+        let name = self.control.check_snapshot_name(name)?;
         self.own(sandbox_id).await?;
         if let Some(n) = &name {
             // Names are unique across teams: reusing another team's name would replace its

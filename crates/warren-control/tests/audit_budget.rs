@@ -11,7 +11,7 @@ use warren_control::{
     ApiKey, AuditBudget, AuditEntry, AuditQuery, Config, Control, Sandbox, Tenant, KIND_DROPPED,
 };
 
-fn admin() -> ApiKey {
+fn admin_key() -> ApiKey {
     ApiKey {
         id: "k".into(),
         name: "admin".into(),
@@ -57,15 +57,15 @@ fn summed(summaries: &[AuditEntry], field: &str) -> u64 {
 
 async fn two(c: &Control) -> (Sandbox, Sandbox) {
     (
-        c.create(base()).await.unwrap(),
-        c.create(base()).await.unwrap(),
+        admin(c).create(base()).await.unwrap(),
+        admin(c).create(base()).await.unwrap(),
     )
 }
 
 #[tokio::test]
 async fn a_flood_from_one_sandbox_is_kept_at_its_budget_and_summed_up() {
     let (c, store, rt) = start(budget(100)).await;
-    let t = c.tenant(&admin());
+    let t = c.tenant(&admin_key());
     let (loud, quiet) = two(&c).await;
     rt.exec(&loud.id, 5000, 100);
     rt.exec(&quiet.id, 50, 100);
@@ -74,7 +74,7 @@ async fn a_flood_from_one_sandbox_is_kept_at_its_budget_and_summed_up() {
     assert_eq!(kept.len(), 100, "the burst is kept, the rest is not");
     assert!(kept[0].message.starts_with("1 "), "the first ones are kept");
     // The kill reads what is left and writes the summary that is due.
-    c.kill(&loud.id).await.unwrap();
+    admin(&c).kill(&loud.id).await.unwrap();
     let summaries = trail(&t, &loud.id, &["audit"]).await;
     assert_eq!(summaries.len(), 1, "{summaries:?}");
     let s = &summaries[0];
@@ -98,7 +98,7 @@ async fn a_flood_from_one_sandbox_is_kept_at_its_budget_and_summed_up() {
     // The quiet sandbox lost nothing to its neighbour.
     let theirs = trail(&t, &quiet.id, &["process"]).await;
     assert_eq!(theirs.len(), 50);
-    c.kill(&quiet.id).await.unwrap();
+    admin(&c).kill(&quiet.id).await.unwrap();
     let all = trail(&t, &quiet.id, &[]).await;
     assert!(all.iter().all(|e| e.kind != KIND_DROPPED), "{all:?}");
 }
@@ -109,8 +109,8 @@ async fn a_sandboxs_bytes_are_bounded_also_across_a_restart() {
     // About 40 entries of 1 KiB each.
     config.audit_budget.sandbox_bytes = 40 * 1200;
     let (c, store, rt) = start(config.clone()).await;
-    let t = c.tenant(&admin());
-    let sb = c.create(base()).await.unwrap();
+    let t = c.tenant(&admin_key());
+    let sb = admin(&c).create(base()).await.unwrap();
     rt.exec(&sb.id, 30, 1024);
     assert_eq!(trail(&t, &sb.id, &["process"]).await.len(), 30);
 
@@ -119,13 +119,13 @@ async fn a_sandboxs_bytes_are_bounded_also_across_a_restart() {
     let c = Control::start(store.clone(), rt.clone(), config)
         .await
         .unwrap();
-    let t = c.tenant(&admin());
+    let t = c.tenant(&admin_key());
     rt.exec(&sb.id, 30, 1024);
     let kept = trail(&t, &sb.id, &["process"]).await.len();
     assert!(kept > 30 && kept < 45, "{kept} entries kept");
     let bytes: u64 = store.audit.lock().unwrap().iter().map(row_bytes).sum();
     assert!(bytes <= 40 * 1200, "{bytes} bytes kept");
-    c.kill(&sb.id).await.unwrap();
+    admin(&c).kill(&sb.id).await.unwrap();
     let summaries = trail(&t, &sb.id, &["audit"]).await;
     assert_eq!(summed(&summaries, "entries"), 60 - kept as u64);
     assert!(summaries[0].fields["reasons"].starts_with("size:"));
@@ -137,8 +137,8 @@ async fn huge_pages_are_read_a_bounded_number_of_bytes_per_round() {
     let mut config = budget(100_000);
     config.audit_budget.round_bytes = 1 << 20;
     let (c, store, rt) = start(config).await;
-    let t = c.tenant(&admin());
-    let sb = c.create(base()).await.unwrap();
+    let t = c.tenant(&admin_key());
+    let sb = admin(&c).create(base()).await.unwrap();
     // A hostile source: 100 KiB entries, two a page.
     *rt.journal_page.lock().unwrap() = Some(2);
     rt.exec(&sb.id, 40, 100 * 1024);
@@ -162,8 +162,8 @@ async fn huge_pages_are_read_a_bounded_number_of_bytes_per_round() {
 #[tokio::test]
 async fn below_the_free_space_floor_nothing_more_is_stored() {
     let (c, store, rt) = start(budget(100_000)).await;
-    let t = c.tenant(&admin());
-    let sb = c.create(base()).await.unwrap();
+    let t = c.tenant(&admin_key());
+    let sb = admin(&c).create(base()).await.unwrap();
     let floor = c.config().audit_budget.min_free_bytes;
     let free = |bytes: u64| {
         Some(warren_runtime::Headroom {
@@ -177,19 +177,22 @@ async fn below_the_free_space_floor_nothing_more_is_stored() {
     assert!(trail(&t, &sb.id, &["process", "audit"]).await.is_empty());
     assert!(store.audit.lock().unwrap().is_empty(), "nothing is stored");
     // A summary is not written either while the disk is full; it is once there is room.
-    c.kill(&sb.id).await.unwrap_or_else(|e| panic!("{e}"));
+    admin(&c)
+        .kill(&sb.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(store.audit.lock().unwrap().is_empty());
 
     let (c, store, rt) = start(budget(100_000)).await;
-    let t = c.tenant(&admin());
-    let sb = c.create(base()).await.unwrap();
+    let t = c.tenant(&admin_key());
+    let sb = admin(&c).create(base()).await.unwrap();
     *rt.headroom.lock().unwrap() = free(floor - 1);
     rt.exec(&sb.id, 20, 100);
     trail(&t, &sb.id, &["process"]).await;
     *rt.headroom.lock().unwrap() = free(floor * 2);
     rt.exec(&sb.id, 5, 100);
     assert_eq!(trail(&t, &sb.id, &["process"]).await.len(), 5);
-    c.kill(&sb.id).await.unwrap();
+    admin(&c).kill(&sb.id).await.unwrap();
     let summaries = trail(&t, &sb.id, &["audit"]).await;
     assert_eq!(summed(&summaries, "entries"), 20, "{summaries:?}");
     assert_eq!(summaries[0].fields["reasons"], "disk:20");

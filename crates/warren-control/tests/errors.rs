@@ -8,9 +8,9 @@ use warren_control::{Config, ControlError, SandboxState};
 #[tokio::test]
 async fn a_full_disk_during_a_pause_is_a_storage_error_with_its_cause() {
     let (c, _store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     *rt.pause_io_error.lock().unwrap() = Some(std::io::ErrorKind::StorageFull);
-    let err = c.pause(&sb.id, None).await.unwrap_err();
+    let err = admin(&c).pause(&sb.id, None).await.unwrap_err();
     let ControlError::QuotaExceeded(msg) = &err else {
         panic!("a full disk is not a {err:?}");
     };
@@ -20,15 +20,18 @@ async fn a_full_disk_during_a_pause_is_a_storage_error_with_its_cause() {
     );
     assert!(msg.contains("disk is full"), "{msg}");
     // It keeps running.
-    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        admin(&c).get(&sb.id).await.unwrap().state,
+        SandboxState::Running
+    );
 }
 
 #[tokio::test]
 async fn another_io_failure_during_a_pause_is_unavailable_with_its_cause() {
     let (c, _store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     *rt.pause_io_error.lock().unwrap() = Some(std::io::ErrorKind::PermissionDenied);
-    let err = c.pause(&sb.id, None).await.unwrap_err();
+    let err = admin(&c).pause(&sb.id, None).await.unwrap_err();
     let ControlError::Unavailable(msg) = &err else {
         panic!("{err:?}");
     };

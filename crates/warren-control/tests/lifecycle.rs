@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{base, start};
+use common::{admin, base, start};
 use warren_control::{
     Config, Control, ControlError, CreateRequest, ListQuery, SandboxState, Store,
 };
@@ -13,7 +13,7 @@ use warren_control::{
 #[tokio::test]
 async fn create_get_kill() {
     let (c, store, rt) = start(Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     assert_eq!(sb.state, SandboxState::Running);
     assert!(c.route(&sb.id).is_some());
     assert_eq!(
@@ -21,16 +21,16 @@ async fn create_get_kill() {
         SandboxState::Running
     );
     let route = c.route(&sb.id).unwrap();
-    c.kill(&sb.id).await.unwrap();
+    admin(&c).kill(&sb.id).await.unwrap();
     assert!(route.cancel.is_cancelled(), "open streams must be cut");
     assert!(c.route(&sb.id).is_none());
     assert!(rt.alive.lock().unwrap().is_empty());
     assert!(matches!(
-        c.get(&sb.id).await,
+        admin(&c).get(&sb.id).await,
         Err(ControlError::NotFound(_))
     ));
     assert!(matches!(
-        c.kill(&sb.id).await,
+        admin(&c).kill(&sb.id).await,
         Err(ControlError::NotFound(_))
     ));
     assert_eq!(
@@ -43,7 +43,7 @@ async fn create_get_kill() {
 async fn bad_input_changes_nothing() {
     let (c, store, _) = start(Config::default()).await;
     for t in [Some(0), Some(-5), Some(10_000_000)] {
-        let r = c
+        let r = admin(&c)
             .create(CreateRequest {
                 timeout: t,
                 ..base()
@@ -51,14 +51,14 @@ async fn bad_input_changes_nothing() {
             .await;
         assert!(matches!(r, Err(ControlError::InvalidArgument(_))), "{t:?}");
     }
-    let r = c
+    let r = admin(&c)
         .create(CreateRequest {
             template: "nope".into(),
             ..Default::default()
         })
         .await;
     assert!(matches!(r, Err(ControlError::NotFound(_))));
-    assert!(c
+    assert!(admin(&c)
         .list(&ListQuery::default())
         .await
         .unwrap()
@@ -80,11 +80,11 @@ async fn bad_input_changes_nothing() {
 #[tokio::test]
 async fn expiry_kills_at_end_time() {
     let (c, _, rt) = start(Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
-    c.set_timeout(&sb.id, 1).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
+    admin(&c).set_timeout(&sb.id, 1).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert!(matches!(
-        c.get(&sb.id).await,
+        admin(&c).get(&sb.id).await,
         Err(ControlError::NotFound(_))
     ));
     assert!(rt.alive.lock().unwrap().is_empty());
@@ -93,17 +93,17 @@ async fn expiry_kills_at_end_time() {
 #[tokio::test]
 async fn connect_only_extends() {
     let (c, _, _) = start(Config::default()).await;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             timeout: Some(600),
             ..base()
         })
         .await
         .unwrap();
-    let (after, resumed) = c.connect(&sb.id, Some(10)).await.unwrap();
+    let (after, resumed) = admin(&c).connect(&sb.id, Some(10)).await.unwrap();
     assert!(!resumed);
     assert_eq!(after.end_at, sb.end_at);
-    let (after, _) = c.connect(&sb.id, Some(3600)).await.unwrap();
+    let (after, _) = admin(&c).connect(&sb.id, Some(3600)).await.unwrap();
     assert!(after.end_at > sb.end_at);
 }
 
@@ -114,29 +114,32 @@ async fn concurrency_limit() {
         ..Config::default()
     })
     .await;
-    let a = c.create(base()).await.unwrap();
-    c.create(base()).await.unwrap();
-    match c.create(base()).await {
+    let a = admin(&c).create(base()).await.unwrap();
+    admin(&c).create(base()).await.unwrap();
+    match admin(&c).create(base()).await {
         Err(ControlError::ResourceExhausted { retry_after, .. }) => {
             assert!(retry_after > Duration::ZERO)
         }
         other => panic!("expected ResourceExhausted, got {other:?}"),
     }
-    c.kill(&a.id).await.unwrap();
-    c.create(base()).await.unwrap();
+    admin(&c).kill(&a.id).await.unwrap();
+    admin(&c).create(base()).await.unwrap();
 }
 
 #[tokio::test]
 async fn restart_reattaches_or_fails_with_reason() {
     let (c, store, rt) = start(Config::default()).await;
-    let keep = c.create(base()).await.unwrap();
-    let lost = c.create(base()).await.unwrap();
+    let keep = admin(&c).create(base()).await.unwrap();
+    let lost = admin(&c).create(base()).await.unwrap();
     c.shutdown();
     rt.lose.lock().unwrap().push(lost.id.clone());
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
         .unwrap();
-    assert_eq!(c2.get(&keep.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        admin(&c2).get(&keep.id).await.unwrap().state,
+        SandboxState::Running
+    );
     assert!(c2.route(&keep.id).is_some());
     let lost_rec = store.get_sandbox(&lost.id).await.unwrap().unwrap();
     assert_eq!(lost_rec.state, SandboxState::Failed);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{base, full_caps, start_with, FakeRuntime};
+use common::{admin, base, full_caps, start_with, FakeRuntime};
 use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, EgressPolicy, Network,
     NetworkUpdate, Store,
@@ -27,7 +27,7 @@ fn applied(rt: &FakeRuntime, id: &str) -> Vec<EgressPolicy> {
 #[tokio::test]
 async fn create_passes_the_policy_with_internet_access_folded_in() {
     let (c, _, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             allow_internet_access: Some(false),
             network: Network {
@@ -52,7 +52,7 @@ async fn create_passes_the_policy_with_internet_access_folded_in() {
 #[tokio::test]
 async fn an_update_is_stored_then_applied_and_replaces_everything() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             network: Network {
                 egress: lists(&[], &["198.51.100.0/24"]),
@@ -62,15 +62,16 @@ async fn an_update_is_stored_then_applied_and_replaces_everything() {
         })
         .await
         .unwrap();
-    c.update_network(
-        &sb.id,
-        NetworkUpdate {
-            egress: lists(&["203.0.113.1"], &[]),
-            allow_internet_access: Some(false),
-        },
-    )
-    .await
-    .unwrap();
+    admin(&c)
+        .update_network(
+            &sb.id,
+            NetworkUpdate {
+                egress: lists(&["203.0.113.1"], &[]),
+                allow_internet_access: Some(false),
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(
         applied(&rt, &sb.id),
         vec![lists(&["203.0.113.1"], &["0.0.0.0/0"])]
@@ -82,7 +83,7 @@ async fn an_update_is_stored_then_applied_and_replaces_everything() {
     // A failing runtime: the caller hears it (503), the policy is on record, and the next
     // start of the server puts it on the sandbox.
     *rt.fail_egress.lock().unwrap() = true;
-    match c
+    match admin(&c)
         .update_network(
             &sb.id,
             NetworkUpdate {
@@ -112,22 +113,23 @@ async fn an_update_is_stored_then_applied_and_replaces_everything() {
 #[tokio::test]
 async fn paused_sandboxes_get_the_policy_on_resume() {
     let (c, _, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
-    c.pause(&sb.id, None).await.unwrap();
-    c.update_network(
-        &sb.id,
-        NetworkUpdate {
-            egress: lists(&[], &["192.0.2.0/24"]),
-            allow_internet_access: None,
-        },
-    )
-    .await
-    .unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
+    admin(&c).pause(&sb.id, None).await.unwrap();
+    admin(&c)
+        .update_network(
+            &sb.id,
+            NetworkUpdate {
+                egress: lists(&[], &["192.0.2.0/24"]),
+                allow_internet_access: None,
+            },
+        )
+        .await
+        .unwrap();
     assert!(
         applied(&rt, &sb.id).is_empty(),
         "nothing runs to apply it to"
     );
-    c.connect(&sb.id, None).await.unwrap();
+    admin(&c).connect(&sb.id, None).await.unwrap();
     let resumed = rt.specs.lock().unwrap().last().unwrap().clone();
     assert_eq!(resumed.egress_policy(), lists(&[], &["192.0.2.0/24"]));
 }
@@ -142,19 +144,20 @@ async fn runtimes_without_egress_policies_or_names_refuse_them() {
         },
         ..base()
     };
-    match c.create(req(lists(&[], &["192.0.2.0/24"]))).await {
+    match admin(&c).create(req(lists(&[], &["192.0.2.0/24"]))).await {
         Err(ControlError::InvalidArgument(m)) => assert!(m.contains("does not enforce"), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
     // allow_internet_access=false alone is not a list policy: it still works there.
-    c.create(CreateRequest {
-        allow_internet_access: Some(false),
-        ..base()
-    })
-    .await
-    .unwrap();
+    admin(&c)
+        .create(CreateRequest {
+            allow_internet_access: Some(false),
+            ..base()
+        })
+        .await
+        .unwrap();
     let (c, _, _) = start_with(full_caps(), Config::default()).await;
-    match c
+    match admin(&c)
         .create(req(lists(&["example.test"], &["0.0.0.0/0"])))
         .await
     {

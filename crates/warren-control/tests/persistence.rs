@@ -5,7 +5,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{base, full_caps, ns_caps, start_with};
+use common::{admin, base, full_caps, ns_caps, start_with};
 use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, Lifecycle, OnTimeout, PauseMode,
     SandboxState, SnapshotQuery, Store,
@@ -24,9 +24,9 @@ fn with_env() -> CreateRequest {
 #[tokio::test]
 async fn pause_resume_round_trip_keeps_env_and_token() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(with_env()).await.unwrap();
+    let sb = admin(&c).create(with_env()).await.unwrap();
     let route = c.route(&sb.id).unwrap();
-    c.pause(&sb.id, None).await.unwrap();
+    admin(&c).pause(&sb.id, None).await.unwrap();
     assert!(route.cancel.is_cancelled(), "open streams must be cut");
     assert!(c.route(&sb.id).is_none());
     let rec = store.get_sandbox(&sb.id).await.unwrap().unwrap();
@@ -37,16 +37,16 @@ async fn pause_resume_round_trip_keeps_env_and_token() {
         "best mode by default"
     );
     assert_eq!(rec.runtime.unwrap().record["paused"], "memory");
-    assert_eq!(c.get(&sb.id).await.unwrap().api_state(), "paused");
+    assert_eq!(admin(&c).get(&sb.id).await.unwrap().api_state(), "paused");
 
     // Pausing again is the 409 the SDK turns into `False`.
     assert!(matches!(
-        c.pause(&sb.id, None).await,
+        admin(&c).pause(&sb.id, None).await,
         Err(ControlError::FailedPrecondition(_))
     ));
 
     for _ in 0..3 {
-        let (after, resumed) = c.connect(&sb.id, Some(60)).await.unwrap();
+        let (after, resumed) = admin(&c).connect(&sb.id, Some(60)).await.unwrap();
         assert!(resumed);
         assert_eq!(after.state, SandboxState::Running);
         assert_eq!(after.pause_mode, None);
@@ -61,18 +61,18 @@ async fn pause_resume_round_trip_keeps_env_and_token() {
         assert!(!spec.allow_internet_access);
         assert_eq!(spec.from_snapshot, None);
         // Connecting to the running sandbox again is not a resume.
-        assert!(!c.connect(&sb.id, Some(60)).await.unwrap().1);
-        c.pause(&sb.id, Some(false)).await.unwrap();
+        assert!(!admin(&c).connect(&sb.id, Some(60)).await.unwrap().1);
+        admin(&c).pause(&sb.id, Some(false)).await.unwrap();
         assert_eq!(
             store.get_sandbox(&sb.id).await.unwrap().unwrap().pause_mode,
             Some(PauseMode::Filesystem)
         );
     }
     // Killing a paused sandbox frees its saved state.
-    c.kill(&sb.id).await.unwrap();
+    admin(&c).kill(&sb.id).await.unwrap();
     assert!(rt.paused.lock().unwrap().is_empty());
     assert!(matches!(
-        c.get(&sb.id).await,
+        admin(&c).get(&sb.id).await,
         Err(ControlError::NotFound(_))
     ));
 }
@@ -80,10 +80,10 @@ async fn pause_resume_round_trip_keeps_env_and_token() {
 #[tokio::test]
 async fn failed_resume_leaves_it_paused() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
-    c.pause(&sb.id, Some(true)).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
+    admin(&c).pause(&sb.id, Some(true)).await.unwrap();
     *rt.fail_resume.lock().unwrap() = true;
-    match c.connect(&sb.id, None).await {
+    match admin(&c).connect(&sb.id, None).await {
         Err(ControlError::Unavailable(m)) => {
             assert!(
                 m.contains("stays paused") && m.contains("disk is full"),
@@ -97,7 +97,7 @@ async fn failed_resume_leaves_it_paused() {
         SandboxState::Paused
     );
     *rt.fail_resume.lock().unwrap() = false;
-    assert!(c.connect(&sb.id, None).await.unwrap().1);
+    assert!(admin(&c).connect(&sb.id, None).await.unwrap().1);
 }
 
 #[tokio::test]
@@ -109,12 +109,12 @@ async fn unsupported_modes_are_clear_400s() {
         ..Capabilities::default()
     };
     let (c, _, _) = start_with(caps, Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
-    match c.pause(&sb.id, Some(true)).await {
+    let sb = admin(&c).create(base()).await.unwrap();
+    match admin(&c).pause(&sb.id, Some(true)).await {
         Err(ControlError::InvalidArgument(m)) => assert!(m.contains("filesystem"), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
-    match c.create_snapshot(&sb.id, None, Some(true)).await {
+    match admin(&c).create_snapshot(&sb.id, None, Some(true)).await {
         Err(ControlError::InvalidArgument(m)) => assert!(m.contains("mode=\"filesystem\""), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
@@ -128,14 +128,17 @@ async fn unsupported_modes_are_clear_400s() {
         Config::default(),
     )
     .await;
-    let other = full.create(base()).await.unwrap();
-    match full.create_snapshot(&other.id, None, Some(false)).await {
+    let other = admin(&full).create(base()).await.unwrap();
+    match admin(&full)
+        .create_snapshot(&other.id, None, Some(false))
+        .await
+    {
         Err(ControlError::InvalidArgument(m)) => assert!(m.contains("mode=\"full\""), "{m}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
     // Still running and routed after the refusals.
     assert!(c.route(&sb.id).is_some());
-    let r = c
+    let r = admin(&c)
         .create(CreateRequest {
             lifecycle: Lifecycle {
                 on_timeout: OnTimeout::Pause,
@@ -148,13 +151,13 @@ async fn unsupported_modes_are_clear_400s() {
     assert!(matches!(r, Err(ControlError::InvalidArgument(_))));
 
     let (none, _, _) = start_with(Capabilities::default(), Config::default()).await;
-    let sb = none.create(base()).await.unwrap();
+    let sb = admin(&none).create(base()).await.unwrap();
     assert!(matches!(
-        none.pause(&sb.id, None).await,
+        admin(&none).pause(&sb.id, None).await,
         Err(ControlError::InvalidArgument(_))
     ));
     assert!(matches!(
-        none.fork(&sb.id, Some(1), None).await,
+        admin(&none).fork(&sb.id, Some(1), None).await,
         Err(ControlError::InvalidArgument(_))
     ));
 }
@@ -162,13 +165,13 @@ async fn unsupported_modes_are_clear_400s() {
 #[tokio::test]
 async fn paused_sandboxes_survive_restart_and_do_not_expire() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     // An end time that passes while it is paused does not end it.
-    c.set_timeout(&sb.id, 1).await.unwrap();
-    c.pause(&sb.id, None).await.unwrap();
+    admin(&c).set_timeout(&sb.id, 1).await.unwrap();
+    admin(&c).pause(&sb.id, None).await.unwrap();
     // A paused sandbox has no timeout to set (as on E2B: "not found" until it runs again).
     assert!(matches!(
-        c.set_timeout(&sb.id, 1).await,
+        admin(&c).set_timeout(&sb.id, 1).await,
         Err(ControlError::NotFound(_))
     ));
     c.shutdown();
@@ -176,10 +179,10 @@ async fn paused_sandboxes_survive_restart_and_do_not_expire() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let got = c2.get(&sb.id).await.unwrap();
+    let got = admin(&c2).get(&sb.id).await.unwrap();
     assert_eq!(got.state, SandboxState::Paused);
     assert!(c2.route(&sb.id).is_none());
-    assert!(c2.connect(&sb.id, None).await.unwrap().1);
+    assert!(admin(&c2).connect(&sb.id, None).await.unwrap().1);
     assert!(c2.route(&sb.id).is_some());
 }
 
@@ -188,13 +191,13 @@ async fn paused_sandboxes_survive_restart_and_do_not_expire() {
 #[tokio::test]
 async fn a_pause_that_finished_while_the_server_was_down_is_recorded() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     c.shutdown();
     rt.finish_pause.lock().unwrap().push(sb.id.clone());
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
         .unwrap();
-    let got = c2.get(&sb.id).await.unwrap();
+    let got = admin(&c2).get(&sb.id).await.unwrap();
     assert_eq!(got.state, SandboxState::Paused);
     assert_eq!(got.pause_mode, Some(warren_runtime::PauseMode::Memory));
     let record = &got.runtime.as_ref().unwrap().record;
@@ -204,14 +207,20 @@ async fn a_pause_that_finished_while_the_server_was_down_is_recorded() {
     );
     assert!(c2.route(&sb.id).is_none());
     rt.finish_pause.lock().unwrap().clear();
-    assert!(c2.connect(&sb.id, None).await.unwrap().1, "it resumes");
-    assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    assert!(
+        admin(&c2).connect(&sb.id, None).await.unwrap().1,
+        "it resumes"
+    );
+    assert_eq!(
+        admin(&c2).get(&sb.id).await.unwrap().state,
+        SandboxState::Running
+    );
 }
 
 #[tokio::test]
 async fn on_timeout_pause_then_traffic_resumes() {
     let (c, store, _) = start_with(full_caps(), Config::default()).await;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             timeout: Some(1),
             lifecycle: Lifecycle {
@@ -230,37 +239,46 @@ async fn on_timeout_pause_then_traffic_resumes() {
     // A request the sandbox would refuse does not wake it.
     let refused = c.route_or_resume(&sb.id, |_| false).await;
     assert!(matches!(refused, Err(ControlError::PermissionDenied(_))));
-    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        admin(&c).get(&sb.id).await.unwrap().state,
+        SandboxState::Paused
+    );
     let route = c
         .route_or_resume(&sb.id, |a| a.envd_access_token == sb.envd_access_token)
         .await
         .unwrap();
     assert!(route.is_some(), "traffic wakes it");
-    let got = c.get(&sb.id).await.unwrap();
+    let got = admin(&c).get(&sb.id).await.unwrap();
     assert_eq!(got.state, SandboxState::Running);
     assert!(got.end_at > chrono::Utc::now() + chrono::Duration::seconds(200));
 
     // Without autoResume traffic does not wake it.
-    let plain = c.create(base()).await.unwrap();
-    c.pause(&plain.id, None).await.unwrap();
+    let plain = admin(&c).create(base()).await.unwrap();
+    admin(&c).pause(&plain.id, None).await.unwrap();
     assert!(c
         .route_or_resume(&plain.id, |_| true)
         .await
         .unwrap()
         .is_none());
-    assert_eq!(c.get(&plain.id).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        admin(&c).get(&plain.id).await.unwrap().state,
+        SandboxState::Paused
+    );
 }
 
 #[tokio::test]
 async fn snapshots_create_from_list_replace_delete() {
     let (c, store, rt) = start_with(ns_caps(), Config::default()).await;
-    let sb = c.create(with_env()).await.unwrap();
-    let s1 = c
+    let sb = admin(&c).create(with_env()).await.unwrap();
+    let s1 = admin(&c)
         .create_snapshot(&sb.id, Some("nightly".into()), None)
         .await
         .unwrap();
     assert!(!s1.memory, "the runtime's snapshots carry files only");
-    assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        admin(&c).get(&sb.id).await.unwrap().state,
+        SandboxState::Running
+    );
 
     // The id, with or without a tag, and the name are templates.
     for template in [
@@ -268,7 +286,7 @@ async fn snapshots_create_from_list_replace_delete() {
         format!("{}:default", s1.id),
         "nightly".into(),
     ] {
-        let child = c
+        let child = admin(&c)
             .create(CreateRequest { template, ..base() })
             .await
             .unwrap();
@@ -282,18 +300,21 @@ async fn snapshots_create_from_list_replace_delete() {
     }
 
     // Reusing the name replaces the older snapshot and frees its saved state.
-    let s2 = c
+    let s2 = admin(&c)
         .create_snapshot(&sb.id, Some("nightly".into()), Some(false))
         .await
         .unwrap();
     assert!(store.get_snapshot(&s1.id).await.unwrap().is_none());
     assert!(!rt.snapshots.lock().unwrap().contains_key(&s1.key));
-    let s3 = c.create_snapshot(&sb.id, None, None).await.unwrap();
+    let s3 = admin(&c).create_snapshot(&sb.id, None, None).await.unwrap();
 
-    let all = c.list_snapshots(&SnapshotQuery::default()).await.unwrap();
+    let all = admin(&c)
+        .list_snapshots(&SnapshotQuery::default())
+        .await
+        .unwrap();
     let ids: Vec<&str> = all.items.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, [s3.id.as_str(), s2.id.as_str()], "newest first");
-    let page = c
+    let page = admin(&c)
         .list_snapshots(&SnapshotQuery {
             limit: Some(1),
             ..Default::default()
@@ -301,7 +322,7 @@ async fn snapshots_create_from_list_replace_delete() {
         .await
         .unwrap();
     assert_eq!(page.items[0].id, s3.id);
-    let next = c
+    let next = admin(&c)
         .list_snapshots(&SnapshotQuery {
             limit: Some(1),
             next_token: page.next_token,
@@ -311,7 +332,7 @@ async fn snapshots_create_from_list_replace_delete() {
         .unwrap();
     assert_eq!(next.items[0].id, s2.id);
     assert!(next.next_token.is_none());
-    let named = c
+    let named = admin(&c)
         .list_snapshots(&SnapshotQuery {
             name: Some("nightly:default".into()),
             ..Default::default()
@@ -319,7 +340,7 @@ async fn snapshots_create_from_list_replace_delete() {
         .await
         .unwrap();
     assert_eq!(named.items.len(), 1);
-    assert!(c
+    assert!(admin(&c)
         .list_snapshots(&SnapshotQuery {
             sandbox_id: Some("iother".into()),
             ..Default::default()
@@ -329,15 +350,15 @@ async fn snapshots_create_from_list_replace_delete() {
         .items
         .is_empty());
 
-    c.delete_snapshot(&s2.id).await.unwrap();
+    admin(&c).delete_snapshot(&s2.id).await.unwrap();
     assert!(!rt.snapshots.lock().unwrap().contains_key(&s2.key));
     assert!(matches!(
-        c.delete_snapshot(&s2.id).await,
+        admin(&c).delete_snapshot(&s2.id).await,
         Err(ControlError::NotFound(_))
     ));
     // Snapshots outlive their sandbox.
-    c.kill(&sb.id).await.unwrap();
-    assert!(c
+    admin(&c).kill(&sb.id).await.unwrap();
+    assert!(admin(&c)
         .create(CreateRequest {
             template: s3.id.clone(),
             ..base()
@@ -345,11 +366,12 @@ async fn snapshots_create_from_list_replace_delete() {
         .await
         .is_ok());
     assert!(matches!(
-        c.create_snapshot(&sb.id, None, None).await,
+        admin(&c).create_snapshot(&sb.id, None, None).await,
         Err(ControlError::NotFound(_))
     ));
     assert!(matches!(
-        c.create_snapshot("inope", Some("bad:name".into()), None)
+        admin(&c)
+            .create_snapshot("inope", Some("bad:name".into()), None)
             .await,
         Err(ControlError::InvalidArgument(_))
     ));
@@ -358,7 +380,7 @@ async fn snapshots_create_from_list_replace_delete() {
 #[tokio::test]
 async fn fork_children_inherit_and_fail_alone() {
     let (c, _, rt) = start_with(ns_caps(), Config::default()).await;
-    let parent = c
+    let parent = admin(&c)
         .create(CreateRequest {
             lifecycle: Lifecycle {
                 on_timeout: OnTimeout::Pause,
@@ -371,17 +393,20 @@ async fn fork_children_inherit_and_fail_alone() {
         .unwrap();
     for bad in [0, 101, -1] {
         assert!(matches!(
-            c.fork(&parent.id, Some(bad), None).await,
+            admin(&c).fork(&parent.id, Some(bad), None).await,
             Err(ControlError::InvalidArgument(_))
         ));
     }
     assert!(matches!(
-        c.fork("inope", Some(1), None).await,
+        admin(&c).fork("inope", Some(1), None).await,
         Err(ControlError::NotFound(_))
     ));
 
     *rt.fail_creates.lock().unwrap() = 1;
-    let results = c.fork(&parent.id, Some(4), Some(120)).await.unwrap();
+    let results = admin(&c)
+        .fork(&parent.id, Some(4), Some(120))
+        .await
+        .unwrap();
     assert_eq!(results.len(), 4);
     let children: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     assert_eq!(children.len(), 3, "one child failed on its own");
@@ -401,13 +426,13 @@ async fn fork_children_inherit_and_fail_alone() {
     // The checkpoint is gone once the children started; the parent still runs.
     assert!(rt.snapshots.lock().unwrap().is_empty());
     assert_eq!(
-        c.get(&parent.id).await.unwrap().state,
+        admin(&c).get(&parent.id).await.unwrap().state,
         SandboxState::Running
     );
 
-    c.pause(&parent.id, None).await.unwrap();
+    admin(&c).pause(&parent.id, None).await.unwrap();
     assert!(matches!(
-        c.fork(&parent.id, None, None).await,
+        admin(&c).fork(&parent.id, None, None).await,
         Err(ControlError::FailedPrecondition(_))
     ));
 }
@@ -415,7 +440,7 @@ async fn fork_children_inherit_and_fail_alone() {
 #[tokio::test]
 async fn auto_resume_survives_restart() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             lifecycle: Lifecycle {
                 on_timeout: OnTimeout::Pause,
@@ -426,7 +451,7 @@ async fn auto_resume_survives_restart() {
         })
         .await
         .unwrap();
-    c.pause(&sb.id, None).await.unwrap();
+    admin(&c).pause(&sb.id, None).await.unwrap();
     c.shutdown();
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
@@ -436,10 +461,13 @@ async fn auto_resume_survives_restart() {
         .await
         .unwrap()
         .is_some());
-    assert_eq!(c2.get(&sb.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        admin(&c2).get(&sb.id).await.unwrap().state,
+        SandboxState::Running
+    );
     // Killed while paused: traffic gets the plain not-found answer.
-    c2.pause(&sb.id, None).await.unwrap();
-    c2.kill(&sb.id).await.unwrap();
+    admin(&c2).pause(&sb.id, None).await.unwrap();
+    admin(&c2).kill(&sb.id).await.unwrap();
     assert!(c2
         .route_or_resume(&sb.id, |_| true)
         .await
@@ -454,9 +482,9 @@ async fn a_snapshot_cannot_take_a_template_name() {
         ..Config::default()
     };
     let (c, _store, _rt) = start_with(ns_caps(), config).await;
-    let sb = c.create(with_env()).await.unwrap();
+    let sb = admin(&c).create(with_env()).await.unwrap();
     for name in ["base", "base:default", "code-interpreter-v1"] {
-        let err = c
+        let err = admin(&c)
             .create_snapshot(&sb.id, Some(name.into()), None)
             .await
             .unwrap_err();
@@ -465,7 +493,7 @@ async fn a_snapshot_cannot_take_a_template_name() {
             "{name}: {err:?}"
         );
     }
-    assert!(c
+    assert!(admin(&c)
         .create_snapshot(&sb.id, Some("base-2".into()), None)
         .await
         .is_ok());
@@ -474,8 +502,8 @@ async fn a_snapshot_cannot_take_a_template_name() {
 #[tokio::test]
 async fn a_restart_removes_runtime_snapshots_nothing_records_but_build_layers() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
-    let kept = c.create_snapshot(&sb.id, None, None).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
+    let kept = admin(&c).create_snapshot(&sb.id, None, None).await.unwrap();
     // What a fork leaves when the server dies before deleting its checkpoint.
     rt.snapshot(&sb.id, "forkleftover", true).await.unwrap();
     // A template build's cached step: the builder records it, not the store.
@@ -502,7 +530,7 @@ async fn an_end_of_life_pause_that_keeps_failing_ends_the_sandbox() {
     };
     let (c, store, rt) = start_with(full_caps(), config).await;
     *rt.fail_pause.lock().unwrap() = true;
-    let sb = c
+    let sb = admin(&c)
         .create(CreateRequest {
             timeout: Some(1),
             lifecycle: Lifecycle {
@@ -539,35 +567,40 @@ async fn snapshots_and_pauses_have_quotas() {
         ..Config::default()
     };
     let (c, _, _) = start_with(full_caps(), config).await;
-    let a = c.create(base()).await.unwrap();
-    let b = c.create(base()).await.unwrap();
-    c.create_snapshot(&a.id, None, None).await.unwrap();
-    c.create_snapshot(&a.id, Some("keep".into()), None)
+    let a = admin(&c).create(base()).await.unwrap();
+    let b = admin(&c).create(base()).await.unwrap();
+    admin(&c).create_snapshot(&a.id, None, None).await.unwrap();
+    admin(&c)
+        .create_snapshot(&a.id, Some("keep".into()), None)
         .await
         .unwrap();
-    let per_sandbox = c.create_snapshot(&a.id, None, None).await;
+    let per_sandbox = admin(&c).create_snapshot(&a.id, None, None).await;
     assert!(
         matches!(per_sandbox, Err(ControlError::QuotaExceeded(_))),
         "{per_sandbox:?}"
     );
     // Replacing a name frees the older one.
-    c.create_snapshot(&a.id, Some("keep".into()), None)
+    admin(&c)
+        .create_snapshot(&a.id, Some("keep".into()), None)
         .await
         .unwrap();
-    c.create_snapshot(&b.id, None, None).await.unwrap();
-    let total = c.create_snapshot(&b.id, None, None).await;
+    admin(&c).create_snapshot(&b.id, None, None).await.unwrap();
+    let total = admin(&c).create_snapshot(&b.id, None, None).await;
     assert!(
         matches!(total, Err(ControlError::QuotaExceeded(_))),
         "{total:?}"
     );
 
-    c.pause(&a.id, None).await.unwrap();
-    let paused = c.pause(&b.id, None).await;
+    admin(&c).pause(&a.id, None).await.unwrap();
+    let paused = admin(&c).pause(&b.id, None).await;
     assert!(
         matches!(paused, Err(ControlError::QuotaExceeded(_))),
         "{paused:?}"
     );
-    assert_eq!(c.get(&b.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        admin(&c).get(&b.id).await.unwrap().state,
+        SandboxState::Running
+    );
 }
 
 /// Threat model M5: a nearly full disk (bytes or inodes) refuses new saved state with 507,
@@ -575,7 +608,7 @@ async fn snapshots_and_pauses_have_quotas() {
 #[tokio::test]
 async fn a_nearly_full_disk_refuses_creates_pauses_snapshots_and_forks() {
     let (c, _, rt) = start_with(full_caps(), Config::default()).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     for (bytes, inodes) in [
         (10 * 1024 * 1024, 10_000_000),
         (100 * 1024 * 1024 * 1024, 10),
@@ -584,34 +617,37 @@ async fn a_nearly_full_disk_refuses_creates_pauses_snapshots_and_forks() {
             free_bytes: bytes,
             free_inodes: inodes,
         });
-        let snap = c.create_snapshot(&sb.id, None, None).await;
+        let snap = admin(&c).create_snapshot(&sb.id, None, None).await;
         assert!(
             matches!(snap, Err(ControlError::QuotaExceeded(_))),
             "{snap:?}"
         );
-        let fork = c.fork(&sb.id, None, None).await;
+        let fork = admin(&c).fork(&sb.id, None, None).await;
         assert!(
             matches!(fork, Err(ControlError::QuotaExceeded(_))),
             "{fork:?}"
         );
-        let pause = c.pause(&sb.id, None).await;
+        let pause = admin(&c).pause(&sb.id, None).await;
         assert!(
             matches!(pause, Err(ControlError::QuotaExceeded(_))),
             "{pause:?}"
         );
-        let create = c.create(base()).await;
+        let create = admin(&c).create(base()).await;
         assert!(
             matches!(&create, Err(ControlError::QuotaExceeded(m)) if m.contains("stay free")),
             "{create:?}"
         );
-        assert_eq!(c.get(&sb.id).await.unwrap().state, SandboxState::Running);
+        assert_eq!(
+            admin(&c).get(&sb.id).await.unwrap().state,
+            SandboxState::Running
+        );
     }
     *rt.headroom.lock().unwrap() = Some(warren_runtime::Headroom {
         free_bytes: 100 * 1024 * 1024 * 1024,
         free_inodes: 10_000_000,
     });
     // Space freed: everything works again, with no restart.
-    c.create(base()).await.unwrap();
-    c.create_snapshot(&sb.id, None, None).await.unwrap();
-    c.pause(&sb.id, None).await.unwrap();
+    admin(&c).create(base()).await.unwrap();
+    admin(&c).create_snapshot(&sb.id, None, None).await.unwrap();
+    admin(&c).pause(&sb.id, None).await.unwrap();
 }

@@ -9,7 +9,7 @@ use warren_control::{Config, Control, ControlError, SandboxState, Store};
 #[tokio::test]
 async fn records_of_another_runtime_refuse_the_start() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let running = c.create(base()).await.unwrap();
+    let running = admin(&c).create(base()).await.unwrap();
     c.shutdown();
     // As if the sandbox had been started by the vm runtime.
     let mut sb = store.get_sandbox(&running.id).await.unwrap().unwrap();
@@ -36,8 +36,8 @@ async fn records_of_another_runtime_refuse_the_start() {
 #[tokio::test]
 async fn own_and_untagged_records_are_taken_back() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
-    let tagged = c.create(base()).await.unwrap();
-    let legacy = c.create(base()).await.unwrap();
+    let tagged = admin(&c).create(base()).await.unwrap();
+    let legacy = admin(&c).create(base()).await.unwrap();
     c.shutdown();
     // A record written before records were tagged.
     let mut sb = store.get_sandbox(&legacy.id).await.unwrap().unwrap();
@@ -49,6 +49,9 @@ async fn own_and_untagged_records_are_taken_back() {
         .await
         .unwrap();
     for id in [&tagged.id, &legacy.id] {
-        assert_eq!(c2.get(id).await.unwrap().state, SandboxState::Running);
+        assert_eq!(
+            admin(&c2).get(id).await.unwrap().state,
+            SandboxState::Running
+        );
     }
 }

@@ -5,10 +5,8 @@
 mod common;
 
 use chrono::Utc;
-use common::{base, full_caps, start_with};
-use warren_control::{
-    ApiKey, Config, ControlError, CreateRequest, Snapshot, SnapshotQuery, Store, Tenant,
-};
+use common::{admin, base, full_caps, start_with};
+use warren_control::{ApiKey, Config, ControlError, Snapshot, SnapshotQuery, Store, Tenant};
 
 fn key(team: &str, admin: bool) -> ApiKey {
     ApiKey {
@@ -46,24 +44,20 @@ fn newest_first(mut snaps: Vec<Snapshot>) -> Vec<String> {
 async fn listings_page_newest_first_within_the_callers_team() {
     let (c, store, _) = start_with(full_caps(), Config::default()).await;
     let a = c
-        .create(CreateRequest {
-            team: "team-a".into(),
-            ..base()
-        })
+        .tenant(&key("team-a", false))
+        .create(base())
         .await
         .unwrap();
     let b = c
-        .create(CreateRequest {
-            team: "team-b".into(),
-            ..base()
-        })
+        .tenant(&key("team-b", false))
+        .create(base())
         .await
         .unwrap();
     for _ in 0..5 {
-        c.create_snapshot(&a.id, None, None).await.unwrap();
+        admin(&c).create_snapshot(&a.id, None, None).await.unwrap();
     }
     for _ in 0..2 {
-        c.create_snapshot(&b.id, None, None).await.unwrap();
+        admin(&c).create_snapshot(&b.id, None, None).await.unwrap();
     }
     let all = store.snapshots().await.unwrap();
     let of = |team: &str| newest_first(all.iter().filter(|s| s.team == team).cloned().collect());
@@ -132,7 +126,7 @@ async fn bad_pages_are_refused() {
             ..Default::default()
         },
     ] {
-        let got = c.list_snapshots(&q).await;
+        let got = admin(&c).list_snapshots(&q).await;
         assert!(
             matches!(got, Err(ControlError::InvalidArgument(_))),
             "{q:?}: {got:?}"
@@ -148,17 +142,19 @@ async fn the_byte_quota_refuses_at_the_limit_and_a_replaced_name_frees_its_bytes
         ..Config::default()
     };
     let (c, store, _) = start_with(full_caps(), config).await;
-    let sb = c.create(base()).await.unwrap();
-    c.create_snapshot(&sb.id, None, None).await.unwrap();
-    c.create_snapshot(&sb.id, Some("keep".into()), None)
+    let sb = admin(&c).create(base()).await.unwrap();
+    admin(&c).create_snapshot(&sb.id, None, None).await.unwrap();
+    admin(&c)
+        .create_snapshot(&sb.id, Some("keep".into()), None)
         .await
         .unwrap();
-    let over = c.create_snapshot(&sb.id, None, None).await;
+    let over = admin(&c).create_snapshot(&sb.id, None, None).await;
     assert!(
         matches!(over, Err(ControlError::QuotaExceeded(_))),
         "{over:?}"
     );
-    c.create_snapshot(&sb.id, Some("keep".into()), None)
+    admin(&c)
+        .create_snapshot(&sb.id, Some("keep".into()), None)
         .await
         .unwrap();
     assert_eq!(store.snapshot_usage(None, None).await.unwrap(), (2, 8192));
@@ -180,12 +176,12 @@ async fn listings_and_quotas_never_load_every_snapshot() {
         ..Config::default()
     };
     let (c, store, _) = start_with(full_caps(), config).await;
-    let sb = c.create(base()).await.unwrap();
+    let sb = admin(&c).create(base()).await.unwrap();
     *store.refuse_full_scans.lock().unwrap() = true;
     for _ in 0..3 {
-        c.create_snapshot(&sb.id, None, None).await.unwrap();
+        admin(&c).create_snapshot(&sb.id, None, None).await.unwrap();
     }
-    let over = c.create_snapshot(&sb.id, None, None).await;
+    let over = admin(&c).create_snapshot(&sb.id, None, None).await;
     assert!(
         matches!(over, Err(ControlError::QuotaExceeded(_))),
         "{over:?}"

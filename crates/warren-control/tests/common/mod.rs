@@ -587,6 +587,21 @@ impl Store for MemStore {
     }
 }
 
+/// The operator's view of `c` (an admin key of the default team): the tests reach sandboxes
+/// through the same scoped entry the API's handlers use.
+pub fn admin(c: &Control) -> warren_control::Tenant {
+    c.tenant(&ApiKey {
+        id: "k-admin".into(),
+        name: "admin".into(),
+        hash: "hash-admin".into(),
+        prefix: "wr_".into(),
+        created_at: chrono::Utc::now(),
+        revoked_at: None,
+        team: String::new(),
+        admin: true,
+    })
+}
+
 pub fn base() -> CreateRequest {
     CreateRequest {
         template: "base".into(),
