@@ -526,6 +526,10 @@ async fn a_checkpoint_helper_never_outlives_its_snapshot() {
     assert_eq!(run(s.agent, "echo ok").await, (0, "ok\n".into()));
     rt.kill("sharedvm").await.unwrap();
     rt.shutdown().await.expect("shutdown");
+    assert!(
+        !work.parent().unwrap().exists(),
+        "the runtime's capture directory outlived its shutdown"
+    );
     cleanup(&cfg);
 }
 

@@ -582,6 +582,7 @@ impl VmRuntime {
             self.discard_warm(w).await;
         }
         let this = self.sole().await?;
+        let captures = this.captures_dir();
         if let Some(pool) = this.net.into_inner() {
             pool.shutdown()
                 .await
@@ -589,6 +590,8 @@ impl VmRuntime {
         }
         let _ = warren_host::cgroup::remove_parent(&format!("{}-vm", this.cfg.cgroup_parent));
         crate::error::remove_tree(&vms_dir(&this.cfg)).await;
+        // Every VM is gone, and no checkpoint is under way: nothing of this runtime's is left.
+        crate::error::remove_tree(&captures).await;
         crate::error::remove_tree(&this.cfg.run_dir.join("vm/links")).await;
         let _ = std::fs::remove_dir(this.cfg.net.run_dir.as_path());
         Ok(())
