@@ -11,7 +11,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 ./scripts/setup.sh
 ./scripts/setup-test.sh
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+# Each stage's line shows the time since the script started (setup included), so a slow stage
+# shows in any log.
+log() { printf '\033[1m==> [%d:%02d] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 # Free space where the build and the sandboxes' data go: the suite needs about 25 GB (a fresh
 # target/ and the microVM stage's disks); a stage that fails for room shows the cause here.
 disk() { df -h --output=avail,target . /var/lib 2>/dev/null | sed 's/^/    free: /'; }

@@ -4,10 +4,11 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use warren_control::store::*;
 
 use anyhow::Context;
 use clap::Subcommand;
-use warren_control::{ApiKey, Store};
+use warren_control::ApiKey;
 use warren_store::SqliteStore;
 
 #[derive(Subcommand)]

@@ -30,7 +30,7 @@ mod pause;
 mod recover;
 mod secrets;
 mod snapshots;
-mod store;
+pub mod store;
 mod telemetry;
 mod template_disk;
 mod template_tags;
@@ -69,7 +69,10 @@ pub use networks::{
     METADATA_KEY,
 };
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
-pub use store::Store;
+pub use store::{
+    AuditStore, EventStore, KeyStore, NetworkStore, SandboxStore, SecretStore, SnapshotStore,
+    Store, TemplateStore, VolumeStore, WebhookStore,
+};
 pub use telemetry::{OperationObserver, SandboxCount, SandboxCounts};
 pub use template_disk::{DiskPart, DiskUse};
 pub use template_tags::{Assigned, TagInfo};

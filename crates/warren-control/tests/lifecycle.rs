@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{admin, base, start};
 use warren_control::{
-    Config, Control, ControlError, CreateRequest, ListQuery, SandboxState, Store,
+    Config, Control, ControlError, CreateRequest, ListQuery, SandboxState, SandboxStore,
 };
 
 #[tokio::test]

@@ -4,9 +4,10 @@
 mod common;
 
 use common::{admin, base, full_caps, start_with, FakeRuntime};
+use warren_control::store::*;
 use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, EgressPolicy, Network,
-    NetworkUpdate, Store,
+    NetworkUpdate,
 };
 
 fn lists(allow: &[&str], deny: &[&str]) -> EgressPolicy {

@@ -4,11 +4,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+use warren_control::store::*;
 
 use common::{admin, base, full_caps, ns_caps, start_with};
 use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, Lifecycle, OnTimeout, PauseMode,
-    SandboxState, SnapshotQuery, Store,
+    SandboxState, SnapshotQuery,
 };
 use warren_runtime::SandboxRuntime;
 

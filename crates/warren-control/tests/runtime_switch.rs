@@ -4,7 +4,8 @@
 mod common;
 
 use common::*;
-use warren_control::{Config, Control, ControlError, SandboxState, Store};
+use warren_control::store::*;
+use warren_control::{Config, Control, ControlError, SandboxState};
 
 #[tokio::test]
 async fn records_of_another_runtime_refuse_the_start() {

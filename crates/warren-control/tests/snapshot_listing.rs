@@ -6,7 +6,8 @@ mod common;
 
 use chrono::Utc;
 use common::{admin, base, full_caps, start_with};
-use warren_control::{ApiKey, Config, ControlError, Snapshot, SnapshotQuery, Store, Tenant};
+use warren_control::store::*;
+use warren_control::{ApiKey, Config, ControlError, Snapshot, SnapshotQuery, Tenant};
 
 fn key(team: &str, admin: bool) -> ApiKey {
     ApiKey {

@@ -30,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use warren_control::{ApiKey, Sandbox, SandboxState, Snapshot, Store, StoreError};
+use warren_control::{ApiKey, Sandbox, SandboxState, Snapshot, StoreError};
 
 use crate::sandboxes::{read_row, write_sandbox, SANDBOX_COLUMNS};
 

@@ -1,234 +1,15 @@
-//! [`SqliteStore`] as the control plane's [`Store`] port: each method runs one aggregate's
-//! queries (in `sandboxes.rs`, `volumes.rs`, `audit.rs`, ...) on the connection, off the async
-//! workers.
+//! [`SqliteStore`] as the control plane's store ports, one trait per aggregate: each method
+//! runs that aggregate's queries (in `sandboxes.rs`, `volumes.rs`, `audit.rs`, ...) on the
+//! connection, off the async workers.
 
 use super::*;
+use warren_control::{
+    AuditStore, EventStore, KeyStore, NetworkStore, SandboxStore, SecretStore, SnapshotStore,
+    TemplateStore, VolumeStore, WebhookStore,
+};
 
 #[async_trait]
-impl Store for SqliteStore {
-    async fn put_network(&self, n: &warren_control::PrivateNetwork) -> Result<(), StoreError> {
-        let n = n.clone();
-        self.with(move |c| networks::put_network(c, &n)).await
-    }
-
-    async fn delete_network(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| networks::delete_network(c, &id)).await
-    }
-
-    async fn networks(&self) -> Result<Vec<warren_control::PrivateNetwork>, StoreError> {
-        self.with(networks::networks).await
-    }
-
-    async fn put_member(&self, m: &warren_control::Member) -> Result<(), StoreError> {
-        let m = m.clone();
-        self.with(move |c| networks::put_member(c, &m)).await
-    }
-
-    async fn delete_member(&self, network_id: &str, sandbox_id: &str) -> Result<bool, StoreError> {
-        let (n, s) = (network_id.to_string(), sandbox_id.to_string());
-        self.with(move |c| networks::delete_member(c, &n, &s)).await
-    }
-
-    async fn members(&self) -> Result<Vec<warren_control::Member>, StoreError> {
-        self.with(networks::members).await
-    }
-
-    async fn put_volume(&self, v: &warren_control::Volume) -> Result<(), StoreError> {
-        let v = v.clone();
-        self.with(move |c| volumes::put(c, &v)).await
-    }
-
-    async fn get_volume(&self, id: &str) -> Result<Option<warren_control::Volume>, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| volumes::get(c, "id = ?1", &[&id])).await
-    }
-
-    async fn volume_by_name(
-        &self,
-        team: &str,
-        name: &str,
-    ) -> Result<Option<warren_control::Volume>, StoreError> {
-        let (t, n) = (team.to_string(), name.to_string());
-        self.with(move |c| volumes::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
-            .await
-    }
-
-    async fn volumes(&self, team: Option<&str>) -> Result<Vec<warren_control::Volume>, StoreError> {
-        let team = team.map(str::to_string);
-        self.with(move |c| volumes::all(c, team.as_deref())).await
-    }
-
-    async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| volumes::delete(c, &id)).await
-    }
-
-    async fn append_event(&self, e: &warren_control::SandboxEvent) -> Result<(), StoreError> {
-        let e = e.clone();
-        self.with(move |c| events::append(c, &e)).await
-    }
-
-    async fn events(
-        &self,
-        q: &warren_control::EventQuery,
-    ) -> Result<Vec<warren_control::SandboxEvent>, StoreError> {
-        let q = q.clone();
-        self.with(move |c| events::query(c, &q)).await
-    }
-
-    async fn prune_events(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-    ) -> Result<usize, StoreError> {
-        let before = before.timestamp_micros();
-        self.with(move |c| events::prune(c, before)).await
-    }
-
-    async fn append_audit(
-        &self,
-        entries: &[warren_control::StoredAudit],
-    ) -> Result<Vec<usize>, StoreError> {
-        let entries = entries.to_vec();
-        self.with(move |c| audit::append(c, &entries)).await
-    }
-
-    async fn audit(
-        &self,
-        q: &warren_control::AuditQuery,
-    ) -> Result<Vec<warren_control::AuditEntry>, StoreError> {
-        let q = q.clone();
-        self.with(move |c| audit::query(c, &q)).await
-    }
-
-    async fn prune_audit(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-    ) -> Result<usize, StoreError> {
-        let before = before.timestamp_micros();
-        self.with(move |c| audit::prune(c, before)).await
-    }
-
-    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
-        let id = sandbox_id.to_string();
-        self.with(move |c| audit::usage(c, &id)).await
-    }
-
-    async fn audit_last(
-        &self,
-        sandbox_id: &str,
-        source: &str,
-    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
-        let (id, source) = (sandbox_id.to_string(), source.to_string());
-        self.with(move |c| audit::last(c, &id, &source)).await
-    }
-
-    async fn put_webhook(&self, h: &warren_control::SealedWebhook) -> Result<(), StoreError> {
-        let h = h.clone();
-        self.with(move |c| webhooks::put(c, &h)).await
-    }
-
-    async fn get_webhook(
-        &self,
-        id: &str,
-    ) -> Result<Option<warren_control::SealedWebhook>, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| webhooks::get(c, &id)).await
-    }
-
-    async fn webhooks(
-        &self,
-        team: Option<&str>,
-    ) -> Result<Vec<warren_control::Webhook>, StoreError> {
-        let team = team.map(str::to_string);
-        self.with(move |c| webhooks::all(c, team.as_deref())).await
-    }
-
-    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| webhooks::delete(c, &id)).await
-    }
-
-    async fn put_delivery(&self, d: &warren_control::Delivery) -> Result<(), StoreError> {
-        let d = d.clone();
-        self.with(move |c| webhooks::put_delivery(c, &d)).await
-    }
-
-    async fn deliveries(&self) -> Result<Vec<warren_control::Delivery>, StoreError> {
-        self.with(webhooks::deliveries).await
-    }
-
-    async fn delete_delivery(&self, id: &str) -> Result<(), StoreError> {
-        let id = id.to_string();
-        self.with(move |c| webhooks::delete_delivery(c, &id)).await
-    }
-
-    async fn put_secret(&self, s: &warren_control::SealedSecret) -> Result<(), StoreError> {
-        let s = s.clone();
-        self.with(move |c| vault::put(c, &s)).await
-    }
-
-    async fn get_secret(
-        &self,
-        id: &str,
-    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| vault::get(c, "id = ?1", &[&id])).await
-    }
-
-    async fn secret_by_name(
-        &self,
-        team: &str,
-        name: &str,
-    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
-        let (t, n) = (team.to_string(), name.to_string());
-        self.with(move |c| vault::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
-            .await
-    }
-
-    async fn secrets(
-        &self,
-        team: Option<&str>,
-    ) -> Result<Vec<warren_control::SecretInfo>, StoreError> {
-        let team = team.map(str::to_string);
-        self.with(move |c| vault::all(c, team.as_deref())).await
-    }
-
-    async fn delete_secret(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| vault::delete(c, &id)).await
-    }
-
-    async fn put_volume_snapshot(
-        &self,
-        s: &warren_control::VolumeSnapshot,
-    ) -> Result<(), StoreError> {
-        let s = s.clone();
-        self.with(move |c| volumes::put_snapshot(c, &s)).await
-    }
-
-    async fn get_volume_snapshot(
-        &self,
-        id: &str,
-    ) -> Result<Option<warren_control::VolumeSnapshot>, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| volumes::get_snapshot(c, &id)).await
-    }
-
-    async fn volume_snapshots(
-        &self,
-        team: Option<&str>,
-    ) -> Result<Vec<warren_control::VolumeSnapshot>, StoreError> {
-        let team = team.map(str::to_string);
-        self.with(move |c| volumes::snapshots(c, team.as_deref()))
-            .await
-    }
-
-    async fn delete_volume_snapshot(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.with(move |c| volumes::delete_snapshot(c, &id)).await
-    }
-
+impl SandboxStore for SqliteStore {
     async fn prune_ended(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {
         self.with(move |c| {
             c.conn
@@ -288,7 +69,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl SnapshotStore for SqliteStore {
     async fn insert_snapshot(
         &self,
         snapshot: &Snapshot,
@@ -354,7 +138,10 @@ impl Store for SqliteStore {
         let id = id.to_string();
         self.with(move |c| snapshots::delete(c, &id)).await
     }
+}
 
+#[async_trait]
+impl TemplateStore for SqliteStore {
     async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
         let t = t.clone();
         self.with(move |c| templates::put_template(c, &t)).await
@@ -426,7 +213,10 @@ impl Store for SqliteStore {
         self.with(move |c| templates::logs(c, &id, offset, limit))
             .await
     }
+}
 
+#[async_trait]
+impl KeyStore for SqliteStore {
     async fn insert_api_key(&self, key: &ApiKey) -> Result<(), StoreError> {
         let k = key.clone();
         self.with(move |c| {
@@ -499,5 +289,246 @@ impl Store for SqliteStore {
             Ok(n == 1)
         })
         .await
+    }
+}
+
+#[async_trait]
+impl NetworkStore for SqliteStore {
+    async fn put_network(&self, n: &warren_control::PrivateNetwork) -> Result<(), StoreError> {
+        let n = n.clone();
+        self.with(move |c| networks::put_network(c, &n)).await
+    }
+
+    async fn delete_network(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| networks::delete_network(c, &id)).await
+    }
+
+    async fn networks(&self) -> Result<Vec<warren_control::PrivateNetwork>, StoreError> {
+        self.with(networks::networks).await
+    }
+
+    async fn put_member(&self, m: &warren_control::Member) -> Result<(), StoreError> {
+        let m = m.clone();
+        self.with(move |c| networks::put_member(c, &m)).await
+    }
+
+    async fn delete_member(&self, network_id: &str, sandbox_id: &str) -> Result<bool, StoreError> {
+        let (n, s) = (network_id.to_string(), sandbox_id.to_string());
+        self.with(move |c| networks::delete_member(c, &n, &s)).await
+    }
+
+    async fn members(&self) -> Result<Vec<warren_control::Member>, StoreError> {
+        self.with(networks::members).await
+    }
+}
+
+#[async_trait]
+impl VolumeStore for SqliteStore {
+    async fn put_volume(&self, v: &warren_control::Volume) -> Result<(), StoreError> {
+        let v = v.clone();
+        self.with(move |c| volumes::put(c, &v)).await
+    }
+
+    async fn get_volume(&self, id: &str) -> Result<Option<warren_control::Volume>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::get(c, "id = ?1", &[&id])).await
+    }
+
+    async fn volume_by_name(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> Result<Option<warren_control::Volume>, StoreError> {
+        let (t, n) = (team.to_string(), name.to_string());
+        self.with(move |c| volumes::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
+            .await
+    }
+
+    async fn volumes(&self, team: Option<&str>) -> Result<Vec<warren_control::Volume>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| volumes::all(c, team.as_deref())).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::delete(c, &id)).await
+    }
+
+    async fn put_volume_snapshot(
+        &self,
+        s: &warren_control::VolumeSnapshot,
+    ) -> Result<(), StoreError> {
+        let s = s.clone();
+        self.with(move |c| volumes::put_snapshot(c, &s)).await
+    }
+
+    async fn get_volume_snapshot(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::VolumeSnapshot>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::get_snapshot(c, &id)).await
+    }
+
+    async fn volume_snapshots(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::VolumeSnapshot>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| volumes::snapshots(c, team.as_deref()))
+            .await
+    }
+
+    async fn delete_volume_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| volumes::delete_snapshot(c, &id)).await
+    }
+}
+
+#[async_trait]
+impl SecretStore for SqliteStore {
+    async fn put_secret(&self, s: &warren_control::SealedSecret) -> Result<(), StoreError> {
+        let s = s.clone();
+        self.with(move |c| vault::put(c, &s)).await
+    }
+
+    async fn get_secret(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| vault::get(c, "id = ?1", &[&id])).await
+    }
+
+    async fn secret_by_name(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> Result<Option<warren_control::SealedSecret>, StoreError> {
+        let (t, n) = (team.to_string(), name.to_string());
+        self.with(move |c| vault::get(c, "team = ?1 AND name = ?2", &[&t, &n]))
+            .await
+    }
+
+    async fn secrets(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::SecretInfo>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| vault::all(c, team.as_deref())).await
+    }
+
+    async fn delete_secret(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| vault::delete(c, &id)).await
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn append_event(&self, e: &warren_control::SandboxEvent) -> Result<(), StoreError> {
+        let e = e.clone();
+        self.with(move |c| events::append(c, &e)).await
+    }
+
+    async fn events(
+        &self,
+        q: &warren_control::EventQuery,
+    ) -> Result<Vec<warren_control::SandboxEvent>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| events::query(c, &q)).await
+    }
+
+    async fn prune_events(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let before = before.timestamp_micros();
+        self.with(move |c| events::prune(c, before)).await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn put_webhook(&self, h: &warren_control::SealedWebhook) -> Result<(), StoreError> {
+        let h = h.clone();
+        self.with(move |c| webhooks::put(c, &h)).await
+    }
+
+    async fn get_webhook(
+        &self,
+        id: &str,
+    ) -> Result<Option<warren_control::SealedWebhook>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::get(c, &id)).await
+    }
+
+    async fn webhooks(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<warren_control::Webhook>, StoreError> {
+        let team = team.map(str::to_string);
+        self.with(move |c| webhooks::all(c, team.as_deref())).await
+    }
+
+    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::delete(c, &id)).await
+    }
+
+    async fn put_delivery(&self, d: &warren_control::Delivery) -> Result<(), StoreError> {
+        let d = d.clone();
+        self.with(move |c| webhooks::put_delivery(c, &d)).await
+    }
+
+    async fn deliveries(&self) -> Result<Vec<warren_control::Delivery>, StoreError> {
+        self.with(webhooks::deliveries).await
+    }
+
+    async fn delete_delivery(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.with(move |c| webhooks::delete_delivery(c, &id)).await
+    }
+}
+
+#[async_trait]
+impl AuditStore for SqliteStore {
+    async fn append_audit(
+        &self,
+        entries: &[warren_control::StoredAudit],
+    ) -> Result<Vec<usize>, StoreError> {
+        let entries = entries.to_vec();
+        self.with(move |c| audit::append(c, &entries)).await
+    }
+
+    async fn audit(
+        &self,
+        q: &warren_control::AuditQuery,
+    ) -> Result<Vec<warren_control::AuditEntry>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| audit::query(c, &q)).await
+    }
+
+    async fn prune_audit(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let before = before.timestamp_micros();
+        self.with(move |c| audit::prune(c, before)).await
+    }
+
+    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
+        let id = sandbox_id.to_string();
+        self.with(move |c| audit::usage(c, &id)).await
+    }
+
+    async fn audit_last(
+        &self,
+        sandbox_id: &str,
+        source: &str,
+    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let (id, source) = (sandbox_id.to_string(), source.to_string());
+        self.with(move |c| audit::last(c, &id, &source)).await
     }
 }

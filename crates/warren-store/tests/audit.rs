@@ -2,9 +2,10 @@
 //! estimate the budget adds up) and where each source's kept entries end.
 
 use std::collections::BTreeMap;
+use warren_control::store::*;
 
 use chrono::{TimeZone, Utc};
-use warren_control::{AuditEntry, AuditLevel, Store, StoredAudit, AUDIT_ROW_OVERHEAD};
+use warren_control::{AuditEntry, AuditLevel, StoredAudit, AUDIT_ROW_OVERHEAD};
 use warren_store::SqliteStore;
 
 fn row(sandbox: &str, source: &str, position: u64, message: &str) -> StoredAudit {

@@ -2,7 +2,8 @@
 //! one by one or with their network.
 
 use chrono::{TimeZone, Utc};
-use warren_control::{Member, PrivateNetwork, Store};
+use warren_control::store::*;
+use warren_control::{Member, PrivateNetwork};
 use warren_store::SqliteStore;
 
 fn network(id: &str, name: &str, cidr: &str) -> PrivateNetwork {

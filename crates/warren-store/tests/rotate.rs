@@ -3,10 +3,11 @@
 //! crash interrupted is finished or undone on the next open.
 
 use std::collections::BTreeMap;
+use warren_control::store::*;
 
 use chrono::Utc;
 use warren_control::{
-    Lifecycle, Network, SandboxState, SealedSecret, SecretInfo, Store, Volume, VolumeQuota,
+    Lifecycle, Network, SandboxState, SealedSecret, SecretInfo, Volume, VolumeQuota,
 };
 use warren_store::SqliteStore;
 

@@ -2,9 +2,10 @@
 //! order, each team's rows only, counts and bytes as aggregates.
 
 use std::collections::BTreeMap;
+use warren_control::store::*;
 
 use chrono::{TimeZone, Utc};
-use warren_control::{Snapshot, Store};
+use warren_control::Snapshot;
 use warren_store::SqliteStore;
 
 fn snap(id: &str, team: &str, sandbox: &str, micros: i64, bytes: u64) -> Snapshot {

@@ -1,10 +1,11 @@
 //! The SQLite store against real database files.
 
 use std::collections::BTreeMap;
+use warren_control::store::*;
 
 use chrono::{TimeZone, Utc};
 use warren_control::{
-    ApiKey, Lifecycle, Network, OnTimeout, PauseMode, Sandbox, SandboxState, Snapshot, Store,
+    ApiKey, Lifecycle, Network, OnTimeout, PauseMode, Sandbox, SandboxState, Snapshot,
 };
 use warren_runtime::RuntimeSandbox;
 use warren_store::SqliteStore;

@@ -1,9 +1,8 @@
 //! Templates, builds and build logs in SQLite: what the control plane relies on.
 
 use chrono::{TimeZone, Utc};
-use warren_control::{
-    Build, BuildReason, BuildStatus, LogEntry, LogLevel, Store, TagRef, Template,
-};
+use warren_control::store::*;
+use warren_control::{Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template};
 use warren_store::SqliteStore;
 
 fn template(id: &str, alias: Option<&str>) -> Template {

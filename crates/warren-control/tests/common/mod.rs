@@ -6,14 +6,16 @@
 
 #![allow(dead_code)]
 
+mod mem_records;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use warren_control::{
-    ApiKey, AuditEntry, AuditQuery, Config, Control, CreateRequest, Sandbox, SandboxState,
-    Snapshot, Store, StoreError, StoredAudit,
+    ApiKey, AuditEntry, AuditQuery, AuditStore, Config, Control, CreateRequest, KeyStore, Sandbox,
+    SandboxState, SandboxStore, Snapshot, SnapshotStore, StoreError, StoredAudit, TemplateStore,
 };
 use warren_proto::journal::{JournalEntry, JournalPage, Level};
 use warren_runtime::egress::EgressPolicy;
@@ -293,6 +295,7 @@ pub struct MemStore {
     pub builds: Mutex<HashMap<String, warren_control::Build>>,
     pub build_logs: Mutex<HashMap<String, Vec<warren_control::LogEntry>>>,
     pub audit: Mutex<Vec<StoredAudit>>,
+    pub records: Mutex<mem_records::Records>,
 }
 
 /// The store's estimate of an audit row's bytes (`warren-store`'s `audit::usage`).
@@ -308,158 +311,17 @@ pub fn row_bytes(s: &StoredAudit) -> u64 {
 }
 
 #[async_trait]
-impl Store for MemStore {
-    async fn append_audit(&self, entries: &[StoredAudit]) -> Result<Vec<usize>, StoreError> {
-        let mut kept = self.audit.lock().unwrap();
-        let mut fresh = Vec::new();
-        for (i, s) in entries.iter().enumerate() {
-            let same = |k: &StoredAudit| {
-                k.entry.sandbox_id == s.entry.sandbox_id
-                    && k.source == s.source
-                    && k.position == s.position
-            };
-            if !kept.iter().any(same) {
-                kept.push(s.clone());
-                fresh.push(i);
-            }
-        }
-        Ok(fresh)
-    }
-    async fn audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
-        let mut out: Vec<AuditEntry> = self
-            .audit
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|s| s.entry.clone())
-            .filter(|e| {
-                e.sandbox_id == q.sandbox_id
-                    && q.team.as_ref().is_none_or(|t| *t == e.team)
-                    && q.wants_kind(&e.kind)
-            })
-            .collect();
-        out.sort_by_key(|e| e.at);
-        out.truncate(q.limit);
-        Ok(out)
-    }
-    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
-        Ok(self
-            .audit
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.entry.sandbox_id == sandbox_id)
-            .map(row_bytes)
-            .sum())
-    }
-    async fn audit_last(
+impl SandboxStore for MemStore {
+    async fn prune_ended(
         &self,
-        sandbox_id: &str,
-        source: &str,
-    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
-        let kept = self.audit.lock().unwrap();
-        let of: Vec<&StoredAudit> = kept
-            .iter()
-            .filter(|s| s.entry.sandbox_id == sandbox_id && s.source == source)
-            .collect();
-        Ok(of
-            .iter()
-            .map(|s| s.position)
-            .max()
-            .zip(of.iter().map(|s| s.entry.at).max()))
-    }
-    async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
-        let mut all = self.templates.lock().unwrap();
-        if all
-            .values()
-            .any(|o| o.id != t.id && o.alias.is_some() && o.alias == t.alias)
-        {
-            return Err(StoreError::backend("alias taken"));
-        }
-        all.insert(t.id.clone(), t.clone());
-        Ok(())
-    }
-    async fn get_template(&self, id: &str) -> Result<Option<warren_control::Template>, StoreError> {
-        Ok(self.templates.lock().unwrap().get(id).cloned())
-    }
-    async fn template_by_alias(
-        &self,
-        alias: &str,
-    ) -> Result<Option<warren_control::Template>, StoreError> {
-        Ok(self
-            .templates
-            .lock()
-            .unwrap()
-            .values()
-            .find(|t| t.alias.as_deref() == Some(alias))
-            .cloned())
-    }
-    async fn templates(&self) -> Result<Vec<warren_control::Template>, StoreError> {
-        Ok(self.templates.lock().unwrap().values().cloned().collect())
-    }
-    async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
-        self.builds
-            .lock()
-            .unwrap()
-            .retain(|_, b| b.template_id != id);
-        Ok(self.templates.lock().unwrap().remove(id).is_some())
-    }
-    async fn put_build(&self, b: &warren_control::Build) -> Result<(), StoreError> {
-        self.builds.lock().unwrap().insert(b.id.clone(), b.clone());
-        Ok(())
-    }
-    async fn get_build(&self, id: &str) -> Result<Option<warren_control::Build>, StoreError> {
-        Ok(self.builds.lock().unwrap().get(id).cloned())
-    }
-    async fn builds_of(&self, template_id: &str) -> Result<Vec<warren_control::Build>, StoreError> {
-        Ok(self
-            .builds
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|b| b.template_id == template_id)
-            .cloned()
-            .collect())
-    }
-    async fn builds_in(
-        &self,
-        status: warren_control::BuildStatus,
-    ) -> Result<Vec<warren_control::Build>, StoreError> {
-        Ok(self
-            .builds
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|b| b.status == status)
-            .cloned()
-            .collect())
-    }
-    async fn append_build_logs(
-        &self,
-        build_id: &str,
-        first: usize,
-        entries: &[warren_control::LogEntry],
-    ) -> Result<(), StoreError> {
-        let mut logs = self.build_logs.lock().unwrap();
-        let log = logs.entry(build_id.to_string()).or_default();
-        log.truncate(first);
-        log.extend_from_slice(entries);
-        Ok(())
-    }
-    async fn build_logs(
-        &self,
-        build_id: &str,
-        offset: usize,
-        limit: usize,
-    ) -> Result<Vec<warren_control::LogEntry>, StoreError> {
-        Ok(self
-            .build_logs
-            .lock()
-            .unwrap()
-            .get(build_id)
-            // The page the store contract asks for: from `offset`, at most `limit`.
-            .map(|l| l.iter().skip(offset).take(limit).cloned().collect())
-            .unwrap_or_default())
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let mut all = self.sandboxes.lock().unwrap();
+        let n = all.len();
+        all.retain(|_, s| {
+            !(matches!(s.state, SandboxState::Killed | SandboxState::Failed) && s.end_at < before)
+        });
+        Ok(n - all.len())
     }
     async fn insert_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
         self.sandboxes
@@ -468,12 +330,15 @@ impl Store for MemStore {
             .insert(s.id.clone(), s.clone());
         Ok(())
     }
+
     async fn update_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
         self.insert_sandbox(s).await
     }
+
     async fn get_sandbox(&self, id: &str) -> Result<Option<Sandbox>, StoreError> {
         Ok(self.sandboxes.lock().unwrap().get(id).cloned())
     }
+
     async fn sandboxes_in(&self, states: &[SandboxState]) -> Result<Vec<Sandbox>, StoreError> {
         Ok(self
             .sandboxes
@@ -484,6 +349,10 @@ impl Store for MemStore {
             .cloned()
             .collect())
     }
+}
+
+#[async_trait]
+impl SnapshotStore for MemStore {
     async fn insert_snapshot(
         &self,
         s: &Snapshot,
@@ -496,9 +365,11 @@ impl Store for MemStore {
         snaps.insert(s.id.clone(), s.clone());
         Ok(())
     }
+
     async fn get_snapshot(&self, id: &str) -> Result<Option<Snapshot>, StoreError> {
         Ok(self.snapshots.lock().unwrap().get(id).cloned())
     }
+
     async fn snapshot_by_name(&self, name: &str) -> Result<Option<Snapshot>, StoreError> {
         Ok(self
             .snapshots
@@ -508,12 +379,14 @@ impl Store for MemStore {
             .find(|s| s.names.iter().any(|n| n == name))
             .cloned())
     }
+
     async fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
         if *self.refuse_full_scans.lock().unwrap() {
             return Err(StoreError::backend("every snapshot was loaded"));
         }
         Ok(self.snapshots.lock().unwrap().values().cloned().collect())
     }
+
     async fn snapshot_page(
         &self,
         team: Option<&str>,
@@ -541,6 +414,7 @@ impl Store for MemStore {
         page.truncate(limit);
         Ok(page)
     }
+
     async fn snapshot_usage(
         &self,
         sandbox_id: Option<&str>,
@@ -553,13 +427,126 @@ impl Store for MemStore {
         });
         Ok(counted.fold((0, 0), |(n, b), s| (n + 1, b + s.bytes)))
     }
+
     async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self.snapshots.lock().unwrap().remove(id).is_some())
     }
+}
+
+#[async_trait]
+impl TemplateStore for MemStore {
+    async fn put_template(&self, t: &warren_control::Template) -> Result<(), StoreError> {
+        let mut all = self.templates.lock().unwrap();
+        if all
+            .values()
+            .any(|o| o.id != t.id && o.alias.is_some() && o.alias == t.alias)
+        {
+            return Err(StoreError::backend("alias taken"));
+        }
+        all.insert(t.id.clone(), t.clone());
+        Ok(())
+    }
+
+    async fn get_template(&self, id: &str) -> Result<Option<warren_control::Template>, StoreError> {
+        Ok(self.templates.lock().unwrap().get(id).cloned())
+    }
+
+    async fn template_by_alias(
+        &self,
+        alias: &str,
+    ) -> Result<Option<warren_control::Template>, StoreError> {
+        Ok(self
+            .templates
+            .lock()
+            .unwrap()
+            .values()
+            .find(|t| t.alias.as_deref() == Some(alias))
+            .cloned())
+    }
+
+    async fn templates(&self) -> Result<Vec<warren_control::Template>, StoreError> {
+        Ok(self.templates.lock().unwrap().values().cloned().collect())
+    }
+
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        self.builds
+            .lock()
+            .unwrap()
+            .retain(|_, b| b.template_id != id);
+        Ok(self.templates.lock().unwrap().remove(id).is_some())
+    }
+
+    async fn put_build(&self, b: &warren_control::Build) -> Result<(), StoreError> {
+        self.builds.lock().unwrap().insert(b.id.clone(), b.clone());
+        Ok(())
+    }
+
+    async fn get_build(&self, id: &str) -> Result<Option<warren_control::Build>, StoreError> {
+        Ok(self.builds.lock().unwrap().get(id).cloned())
+    }
+
+    async fn builds_of(&self, template_id: &str) -> Result<Vec<warren_control::Build>, StoreError> {
+        Ok(self
+            .builds
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|b| b.template_id == template_id)
+            .cloned()
+            .collect())
+    }
+
+    async fn builds_in(
+        &self,
+        status: warren_control::BuildStatus,
+    ) -> Result<Vec<warren_control::Build>, StoreError> {
+        Ok(self
+            .builds
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|b| b.status == status)
+            .cloned()
+            .collect())
+    }
+
+    async fn append_build_logs(
+        &self,
+        build_id: &str,
+        first: usize,
+        entries: &[warren_control::LogEntry],
+    ) -> Result<(), StoreError> {
+        let mut logs = self.build_logs.lock().unwrap();
+        let log = logs.entry(build_id.to_string()).or_default();
+        log.truncate(first);
+        log.extend_from_slice(entries);
+        Ok(())
+    }
+
+    async fn build_logs(
+        &self,
+        build_id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<warren_control::LogEntry>, StoreError> {
+        Ok(self
+            .build_logs
+            .lock()
+            .unwrap()
+            .get(build_id)
+            // The page the store contract asks for: from `offset`, at most `limit`.
+            .map(|l| l.iter().skip(offset).take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl KeyStore for MemStore {
     async fn insert_api_key(&self, k: &ApiKey) -> Result<(), StoreError> {
         self.keys.lock().unwrap().push(k.clone());
         Ok(())
     }
+
     async fn api_key_by_hash(&self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
         Ok(self
             .keys
@@ -569,9 +556,11 @@ impl Store for MemStore {
             .find(|k| k.hash == hash && k.revoked_at.is_none())
             .cloned())
     }
+
     async fn api_keys(&self) -> Result<Vec<ApiKey>, StoreError> {
         Ok(self.keys.lock().unwrap().clone())
     }
+
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
         let mut keys = self.keys.lock().unwrap();
         match keys
@@ -584,6 +573,81 @@ impl Store for MemStore {
             }
             None => Ok(false),
         }
+    }
+}
+
+#[async_trait]
+impl AuditStore for MemStore {
+    async fn prune_audit(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, StoreError> {
+        let mut kept = self.audit.lock().unwrap();
+        let n = kept.len();
+        kept.retain(|s| s.entry.at >= before);
+        Ok(n - kept.len())
+    }
+    async fn append_audit(&self, entries: &[StoredAudit]) -> Result<Vec<usize>, StoreError> {
+        let mut kept = self.audit.lock().unwrap();
+        let mut fresh = Vec::new();
+        for (i, s) in entries.iter().enumerate() {
+            let same = |k: &StoredAudit| {
+                k.entry.sandbox_id == s.entry.sandbox_id
+                    && k.source == s.source
+                    && k.position == s.position
+            };
+            if !kept.iter().any(same) {
+                kept.push(s.clone());
+                fresh.push(i);
+            }
+        }
+        Ok(fresh)
+    }
+
+    async fn audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut out: Vec<AuditEntry> = self
+            .audit
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.entry.clone())
+            .filter(|e| {
+                e.sandbox_id == q.sandbox_id
+                    && q.team.as_ref().is_none_or(|t| *t == e.team)
+                    && q.wants_kind(&e.kind)
+            })
+            .collect();
+        out.sort_by_key(|e| e.at);
+        out.truncate(q.limit);
+        Ok(out)
+    }
+
+    async fn audit_usage(&self, sandbox_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .audit
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.entry.sandbox_id == sandbox_id)
+            .map(row_bytes)
+            .sum())
+    }
+
+    async fn audit_last(
+        &self,
+        sandbox_id: &str,
+        source: &str,
+    ) -> Result<Option<(u64, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let kept = self.audit.lock().unwrap();
+        let of: Vec<&StoredAudit> = kept
+            .iter()
+            .filter(|s| s.entry.sandbox_id == sandbox_id && s.source == source)
+            .collect();
+        Ok(of
+            .iter()
+            .map(|s| s.position)
+            .max()
+            .zip(of.iter().map(|s| s.entry.at).max()))
     }
 }
 
