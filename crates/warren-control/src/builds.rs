@@ -19,7 +19,7 @@ use sha2::Sha256;
 use crate::build_port::{BuildFailure, BuildJob, BuildLog, BuilderError, TemplateBuilder};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::secrets::random_id;
+use crate::random::random_id;
 use crate::templates::{
     build_tags, check_resources, Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef,
     Template, TemplateName,
@@ -52,7 +52,7 @@ impl BuildState {
             builder,
             active: StdMutex::new(HashMap::new()),
             gate: tokio::sync::Semaphore::new(1),
-            upload_key: crate::secrets::random_bytes::<32>()?,
+            upload_key: crate::random::random_bytes::<32>()?,
             template_docs: tokio::sync::Mutex::new(()),
         })
     }
@@ -676,7 +676,7 @@ impl Control {
 
 /// A random (version 4) UUID.
 fn uuid_v4() -> Result<String, ControlError> {
-    let mut b = crate::secrets::random_bytes::<16>()?;
+    let mut b = crate::random::random_bytes::<16>()?;
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();

@@ -84,8 +84,8 @@ pub(crate) struct Inner {
     pub(crate) peering: Mutex<()>,
     /// The host's volume storage (`None`: volumes are off).
     pub(crate) volume_disks: Option<Arc<dyn crate::volumes::VolumeDisks>>,
-    /// Serialises creation and deletion of named resources (volumes, secrets): name and
-    /// in-use checks.
+    /// Serialises creation and deletion of volumes and their snapshots: name and in-use
+    /// checks.
     pub(crate) resource_lock: Mutex<()>,
     /// Reads the agents' own view of their sandboxes' resources.
     pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
@@ -94,13 +94,12 @@ pub(crate) struct Inner {
     /// How far each sandbox's journals have been read, and who is told of new entries.
     pub(crate) audit_cursors: StdMutex<crate::audit::Cursors>,
     pub(crate) audit_observer: Option<Arc<dyn crate::audit::AuditObserver>>,
-    /// Lifecycle events as they are recorded, for streams.
-    pub(crate) event_feed: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
-    /// Posts webhook deliveries (`None`: none are queued); woken when some are queued.
-    pub(crate) webhook_sender: Option<Arc<dyn crate::webhooks::WebhookSender>>,
-    pub(crate) webhook_wake: Notify,
+    // The services other operations use, each owning its state (leaves of the DAG first).
+    pub(crate) secrets: crate::secrets::Secrets,
+    pub(crate) webhooks: Arc<crate::webhooks::Webhooks>,
+    pub(crate) events: crate::events::Events,
 }
 
 /// The control plane. Cheap to clone.
@@ -162,6 +161,9 @@ impl Control {
             webhooks,
         } = built;
         let config_per_sandbox = config.per_sandbox_metrics;
+        let secrets = crate::secrets::Secrets::new(store.clone(), config.max_secrets);
+        let webhooks = Arc::new(crate::webhooks::Webhooks::new(store.clone(), webhooks));
+        let events = crate::events::Events::new(store.clone(), webhooks.clone());
         let control = Control {
             inner: Arc::new(Inner {
                 store,
@@ -183,10 +185,10 @@ impl Control {
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
                 audit_observer,
-                event_feed: tokio::sync::broadcast::channel(crate::events::EVENT_FEED).0,
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
-                webhook_sender: webhooks,
-                webhook_wake: Notify::new(),
+                secrets,
+                webhooks,
+                events,
             }),
         };
         control.load_networks().await?;
@@ -195,7 +197,10 @@ impl Control {
         control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         control.start_sampling();
-        control.start_deliveries();
+        control
+            .inner
+            .webhooks
+            .start(control.inner.shutdown.clone());
         Ok(control)
     }
 
@@ -477,7 +482,7 @@ impl Control {
         let end = sb
             .end_at
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        self.record_event(
+        self.inner.events.record(
             &sb,
             crate::events::EventKind::Updated,
             Some(serde_json::json!({"set_timeout": end})),
@@ -541,7 +546,7 @@ impl Control {
             .num_milliseconds();
         let data = serde_json::json!({"execution": {"started_at": sb.started_at,
             "vcpu_count": sb.cpu_count, "memory_mb": sb.memory_mb, "execution_time": ran}});
-        self.record_event(sb, crate::events::EventKind::Killed, Some(data))
+        self.inner.events.record(sb, crate::events::EventKind::Killed, Some(data))
             .await;
         tracing::info!(sandbox_id = %id, state = sb.state.as_str(), "sandbox stopped");
         result
@@ -559,7 +564,7 @@ impl Control {
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
         self.leave_all_networks(id).await;
-        self.record_event(
+        self.inner.events.record(
             sb,
             crate::events::EventKind::Killed,
             Some(serde_json::json!({"reason": reason})),
@@ -572,5 +577,34 @@ impl Control {
     /// Ids of running sandboxes (for the exit watcher).
     pub(crate) fn running_ids(&self) -> Vec<String> {
         lock(&self.inner.routes).keys().cloned().collect()
+    }
+}
+
+/// The services, for this crate's scoped entry points ([`crate::Tenant`]).
+impl Control {
+    pub(crate) fn secrets(&self) -> &crate::secrets::Secrets {
+        &self.inner.secrets
+    }
+
+    pub(crate) fn webhooks(&self) -> &crate::webhooks::Webhooks {
+        &self.inner.webhooks
+    }
+
+    pub(crate) fn events(&self) -> &crate::events::Events {
+        &self.inner.events
+    }
+
+    /// The value of the secret `name` of the team that owns `sandbox_id`, for the egress
+    /// proxy brokering one of that sandbox's requests (`None`: no such sandbox or secret).
+    pub async fn brokered_secret(&self, sandbox_id: &str, name: &str) -> Option<String> {
+        let team = match self.inner.store.get_sandbox(sandbox_id).await {
+            Ok(Some(sb)) => sb.team,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(sandbox_id, error = %warren_runtime::chain(&e), "cannot look up a brokered secret's team");
+                return None;
+            }
+        };
+        self.inner.secrets.brokered(sandbox_id, &team, name).await
     }
 }

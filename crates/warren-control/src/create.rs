@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::control::{lock, team_of, Control, Entry};
 use crate::error::ControlError;
 use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
-use crate::secrets::random_secret;
+use crate::random::random_secret;
 use crate::telemetry::trace_sandbox;
 
 /// What a caller asks for when creating a sandbox.
@@ -265,7 +265,7 @@ impl Control {
                 }
                 tracing::info!(sandbox_id = %sb.id, template = %sb.template, "sandbox running");
                 let out = sb.clone();
-                self.record_event(&out, crate::events::EventKind::Created, None)
+                self.inner.events.record(&out, crate::events::EventKind::Created, None)
                     .await;
                 self.register(&out, Some(entry.clone()));
                 Ok(out)

@@ -6,10 +6,14 @@
 //! otherwise. Recording is part of the operation's bookkeeping, not of its outcome: a store
 //! that fails to take an event is logged and the operation still answers as it went.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
 
-use crate::control::Control;
+use crate::store::EventStore;
+use crate::webhooks::Webhooks;
 use crate::{ControlError, Sandbox};
 
 /// How long events are kept (E2B keeps seven days).
@@ -105,9 +109,26 @@ impl Default for EventQuery {
     }
 }
 
-impl Control {
+/// Lifecycle events: recorded, fed to streams and handed to webhooks. Depends only on
+/// [`Webhooks`].
+pub(crate) struct Events {
+    store: Arc<dyn EventStore>,
+    /// Events as they are recorded, for streams.
+    feed: broadcast::Sender<SandboxEvent>,
+    webhooks: Arc<Webhooks>,
+}
+
+impl Events {
+    pub(crate) fn new(store: Arc<dyn EventStore>, webhooks: Arc<Webhooks>) -> Self {
+        Self {
+            store,
+            feed: broadcast::channel(EVENT_FEED).0,
+            webhooks,
+        }
+    }
+
     /// Records that `kind` happened to `sandbox` now.
-    pub(crate) async fn record_event(
+    pub(crate) async fn record(
         &self,
         sandbox: &Sandbox,
         kind: EventKind,
@@ -122,23 +143,23 @@ impl Control {
             at: Utc::now(),
             data,
         };
-        if let Err(e) = self.inner.store.append_event(&event).await {
+        if let Err(e) = self.store.append_event(&event).await {
             tracing::warn!(sandbox_id = %sandbox.id, kind = event.kind.type_name(), error = %warren_runtime::chain(&e),
                 "recording a lifecycle event");
         }
-        self.queue_webhooks(&event).await;
+        self.webhooks.queue(&event).await;
         // Nobody listening is not an error.
-        let _ = self.inner.event_feed.send(event);
+        let _ = self.feed.send(event);
     }
 
     /// Every event recorded from now on, as it is recorded (the stream of events). A
     /// receiver that falls behind by more than [`EVENT_FEED`] events loses the oldest.
-    pub(crate) fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<SandboxEvent> {
-        self.inner.event_feed.subscribe()
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<SandboxEvent> {
+        self.feed.subscribe()
     }
 
     /// Events as `query` asks (its limit capped at [`MAX_EVENT_PAGE`]).
-    pub(crate) async fn events(
+    pub(crate) async fn query(
         &self,
         query: &EventQuery,
     ) -> Result<Vec<SandboxEvent>, ControlError> {
@@ -148,7 +169,7 @@ impl Control {
                 query.limit
             )));
         }
-        Ok(self.inner.store.events(query).await?)
+        Ok(self.store.events(query).await?)
     }
 }
 

@@ -14,7 +14,7 @@ use crate::control::Control;
 use crate::create::Plan;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
-use crate::secrets::random_id;
+use crate::random::random_id;
 
 /// Most children of one fork request (the SDKs' limit too).
 pub const MAX_FORK_COUNT: u32 = 100;

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::error::ControlError;
-use crate::secrets::random_id;
+use crate::random::random_id;
 
 /// A stored API key. There is deliberately no field for the key itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,7 +110,7 @@ pub fn generate(name: &str, team: &str, admin: bool) -> Result<NewApiKey, Contro
 /// A key in E2B's format, `e2b_` and 40 lowercase hex digits (160 random bits): newer SDKs
 /// check keys against `^e2b_[0-9a-f]+$` before sending them.
 fn e2b_format_secret() -> Result<String, ControlError> {
-    let bytes = crate::secrets::random_bytes::<20>()?;
+    let bytes = crate::random::random_bytes::<20>()?;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("e2b_{hex}"))
 }

@@ -28,7 +28,7 @@ mod network;
 mod networks;
 mod pause;
 mod recover;
-mod secrets;
+mod random;
 mod snapshots;
 pub mod store;
 mod telemetry;
@@ -37,7 +37,7 @@ mod template_tags;
 mod templates;
 mod tenant;
 mod usage;
-mod vault;
+mod secrets;
 mod volumes;
 mod webhooks;
 
@@ -82,7 +82,7 @@ pub use templates::{
 };
 pub use tenant::{AliasTarget, Tenant};
 pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
-pub use vault::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
+pub use secrets::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
     VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,

@@ -26,7 +26,7 @@ use warren_runtime::RuntimeError;
 use crate::control::{lock, Control};
 use crate::error::ControlError;
 use crate::model::SandboxState;
-use crate::secrets::random_id;
+use crate::random::random_id;
 use crate::tenant::Tenant;
 
 /// The metadata key through which an unmodified E2B SDK asks for networks at create:

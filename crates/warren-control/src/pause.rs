@@ -172,7 +172,7 @@ impl Control {
         **sb = next;
         self.inner.store.update_sandbox(sb).await?;
         let memory = mode == PauseMode::Memory;
-        self.record_event(
+        self.inner.events.record(
             sb,
             EventKind::Paused,
             Some(serde_json::json!({"memory": memory})),
@@ -246,7 +246,7 @@ impl Control {
             tracing::warn!(sandbox_id = %id, "memory of the paused sandbox was lost; resumed from its files");
         }
         let from_memory = kind != ResumeKind::Filesystem;
-        self.record_event(
+        self.inner.events.record(
             sb,
             EventKind::Resumed,
             Some(serde_json::json!({"memory": from_memory})),

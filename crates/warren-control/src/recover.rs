@@ -104,7 +104,7 @@ impl Control {
                     self.register(&sb, None);
                     if sb.state == SandboxState::Paused && finished.is_some() {
                         let memory = finished == Some(warren_runtime::PauseMode::Memory);
-                        self.record_event(
+                        self.inner.events.record(
                             &sb,
                             crate::events::EventKind::Paused,
                             Some(serde_json::json!({"memory": memory})),

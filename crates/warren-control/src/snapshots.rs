@@ -14,7 +14,7 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::list::{decode_position, encode_position};
 use crate::model::SandboxState;
-use crate::secrets::random_id;
+use crate::random::random_id;
 
 /// One snapshot as the store keeps it.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,7 +182,7 @@ impl Control {
             self.forget_runtime_snapshot(&old.key).await;
         }
         let data = serde_json::json!({"snapshot_id": snap.id, "memory": snap.memory});
-        self.record_event(&owner, crate::events::EventKind::Checkpointed, Some(data))
+        self.inner.events.record(&owner, crate::events::EventKind::Checkpointed, Some(data))
             .await;
         tracing::info!(snapshot_id = %snap.id, sandbox_id = %sandbox_id, memory = snap.memory, bytes = snap.bytes, "snapshot created");
         Ok(snap)

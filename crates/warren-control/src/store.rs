@@ -233,21 +233,21 @@ pub trait VolumeStore: Send + Sync + 'static {
 #[async_trait]
 pub trait SecretStore: Send + Sync + 'static {
     /// Records a secret with its value (sealed by the store), replacing the one with its id.
-    async fn put_secret(&self, secret: &crate::vault::SealedSecret) -> Result<(), StoreError>;
+    async fn put_secret(&self, secret: &crate::secrets::SealedSecret) -> Result<(), StoreError>;
 
-    async fn get_secret(&self, id: &str) -> Result<Option<crate::vault::SealedSecret>, StoreError>;
+    async fn get_secret(&self, id: &str) -> Result<Option<crate::secrets::SealedSecret>, StoreError>;
 
     async fn secret_by_name(
         &self,
         team: &str,
         name: &str,
-    ) -> Result<Option<crate::vault::SealedSecret>, StoreError>;
+    ) -> Result<Option<crate::secrets::SealedSecret>, StoreError>;
 
     /// Every secret of `team` (`None`: of every team), without values, in no particular order.
     async fn secrets(
         &self,
         team: Option<&str>,
-    ) -> Result<Vec<crate::vault::SecretInfo>, StoreError>;
+    ) -> Result<Vec<crate::secrets::SecretInfo>, StoreError>;
 
     async fn delete_secret(&self, id: &str) -> Result<bool, StoreError>;
 }

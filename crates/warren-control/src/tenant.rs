@@ -95,7 +95,7 @@ impl Tenant {
     /// Lifecycle events as they are recorded that this key may see (its team's, or all for
     /// an admin key).
     pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<crate::SandboxEvent> {
-        self.control.subscribe_events()
+        self.control.events().subscribe()
     }
 
     /// Whether this key may see an event of `team`.
@@ -136,7 +136,7 @@ impl Tenant {
                 }
             }
         }
-        self.control.events(&query).await
+        self.control.events().query(&query).await
     }
 
     /// Registers a webhook for this key's team.
@@ -144,23 +144,23 @@ impl Tenant {
         &self,
         c: crate::WebhookChange,
     ) -> Result<crate::Webhook, ControlError> {
-        self.control.create_webhook(&self.team, c).await
+        self.control.webhooks().create(&self.team, c).await
     }
     pub async fn webhook(&self, id: &str) -> Result<crate::Webhook, ControlError> {
-        Ok(self.control.webhook(self.team_filter(), id).await?.hook)
+        Ok(self.control.webhooks().get(self.team_filter(), id).await?.hook)
     }
     pub async fn update_webhook(
         &self,
         id: &str,
         c: crate::WebhookChange,
     ) -> Result<crate::Webhook, ControlError> {
-        self.control.update_webhook(self.team_filter(), id, c).await
+        self.control.webhooks().update(self.team_filter(), id, c).await
     }
     pub async fn delete_webhook(&self, id: &str) -> Result<(), ControlError> {
-        self.control.delete_webhook(self.team_filter(), id).await
+        self.control.webhooks().delete(self.team_filter(), id).await
     }
     pub async fn webhooks(&self) -> Result<Vec<crate::Webhook>, ControlError> {
-        self.control.list_webhooks(self.team_filter()).await
+        self.control.webhooks().list(self.team_filter()).await
     }
 
     /// Sandbox `id`'s resource samples in `[start, end]` (unix seconds), oldest first.

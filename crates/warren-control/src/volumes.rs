@@ -17,7 +17,7 @@ use warren_runtime::VolumeMount;
 
 use crate::control::{lock, Control};
 use crate::error::ControlError;
-use crate::secrets::{random_id, random_secret};
+use crate::random::{random_id, random_secret};
 
 /// Volumes one sandbox may mount.
 pub const MAX_VOLUME_MOUNTS: usize = 16;

@@ -1,4 +1,4 @@
-//! Lifecycle webhooks (E2B's `/events/webhooks`): a team registers a URL and the event types it
+//! The webhooks service: lifecycle webhooks (E2B's `/events/webhooks`): a team registers a URL and the event types it
 //! wants; every such event is POSTed there, signed with the webhook's secret.
 //!
 //! Delivery is at least once: an event's deliveries are written to the store in the same step
@@ -10,14 +10,17 @@
 //! The HTTP side is the server's ([`WebhookSender`]): it signs, refuses receivers on private
 //! addresses unless the operator allows them, and bounds each attempt in time.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, Notify};
+use tokio_util::sync::CancellationToken;
 
-use crate::control::Control;
 use crate::events::{EventKind, SandboxEvent};
+use crate::store::WebhookStore;
 use crate::ControlError;
 
 /// Attempts per delivery: the first and three retries.
@@ -124,20 +127,40 @@ fn check_secret(secret: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
-impl Control {
-    /// Starts delivering, when the control plane has a way out to receivers.
-    pub(crate) fn start_deliveries(&self) {
-        if self.inner.webhook_sender.is_none() {
+/// Webhooks and their deliveries. Depends on no other service; events queue deliveries here.
+pub(crate) struct Webhooks {
+    store: Arc<dyn WebhookStore>,
+    /// Posts deliveries (`None`: none are queued).
+    sender: Option<Arc<dyn WebhookSender>>,
+    /// Woken when deliveries are queued.
+    wake: Notify,
+    /// Serialises the count check of creates with updates and deletes.
+    lock: Mutex<()>,
+}
+
+impl Webhooks {
+    pub(crate) fn new(store: Arc<dyn WebhookStore>, sender: Option<Arc<dyn WebhookSender>>) -> Self {
+        Self {
+            store,
+            sender,
+            wake: Notify::new(),
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Starts delivering until `shutdown`, when there is a way out to receivers.
+    pub(crate) fn start(self: &Arc<Self>, shutdown: CancellationToken) {
+        if self.sender.is_none() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let control = self.clone();
-        handle.spawn(async move { control.deliveries().await });
+        let me = self.clone();
+        handle.spawn(async move { me.deliveries(shutdown).await });
     }
 
-    async fn deliveries(&self) {
+    async fn deliveries(&self, shutdown: CancellationToken) {
         loop {
             let next = self.deliver_due().await;
             let wait = next
@@ -145,17 +168,16 @@ impl Control {
                 .unwrap_or(Duration::from_secs(60))
                 .max(Duration::from_millis(50));
             tokio::select! {
-                _ = self.inner.shutdown.cancelled() => return,
-                _ = self.inner.webhook_wake.notified() => {}
+                _ = shutdown.cancelled() => return,
+                _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
     }
-
     /// Sends what is due; answers when the next pending delivery is due.
     async fn deliver_due(&self) -> Option<DateTime<Utc>> {
-        let sender = self.inner.webhook_sender.clone()?;
-        let store = &self.inner.store;
+        let sender = self.sender.clone()?;
+        let store = &self.store;
         let pending = match store.deliveries().await {
             Ok(p) => p,
             Err(e) => {
@@ -180,11 +202,10 @@ impl Control {
                 }
             };
             let sender = sender.clone();
-            let control = self.clone();
+            let store = self.store.clone();
             sends.spawn(async move {
                 let result = sender.send(&hook, &d).await;
                 d.attempts += 1;
-                let store = &control.inner.store;
                 match result {
                     Ok(()) => {
                         let _ = store.delete_delivery(&d.id).await;
@@ -217,11 +238,11 @@ impl Control {
     }
 
     /// Queues `event` for every enabled webhook of its team that asked for its type.
-    pub(crate) async fn queue_webhooks(&self, event: &SandboxEvent) {
-        if self.inner.webhook_sender.is_none() {
+    pub(crate) async fn queue(&self, event: &SandboxEvent) {
+        if self.sender.is_none() {
             return;
         }
-        let hooks = match self.inner.store.webhooks(Some(&event.team)).await {
+        let hooks = match self.store.webhooks(Some(&event.team)).await {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %warren_runtime::chain(&e), "reading webhooks for an event");
@@ -240,7 +261,7 @@ impl Control {
                 attempts: 0,
                 next_at: Utc::now(),
             };
-            match self.inner.store.put_delivery(&d).await {
+            match self.store.put_delivery(&d).await {
                 Ok(()) => queued = true,
                 Err(e) => {
                     tracing::warn!(webhook = %h.id, error = %warren_runtime::chain(&e), "queueing a webhook delivery")
@@ -248,11 +269,11 @@ impl Control {
             }
         }
         if queued {
-            self.inner.webhook_wake.notify_one();
+            self.wake.notify_one();
         }
     }
 
-    pub(crate) async fn create_webhook(
+    pub(crate) async fn create(
         &self,
         team: &str,
         c: WebhookChange,
@@ -266,8 +287,8 @@ impl Control {
         if name.len() > 256 {
             return Err(bad("name is longer than 256 bytes"));
         }
-        let _one = self.inner.resource_lock.lock().await;
-        if self.inner.store.webhooks(Some(team)).await?.len() >= MAX_WEBHOOKS {
+        let _one = self.lock.lock().await;
+        if self.store.webhooks(Some(team)).await?.len() >= MAX_WEBHOOKS {
             return Err(ControlError::QuotaExceeded(format!(
                 "team {team} has {MAX_WEBHOOKS} webhooks, the most it may keep; delete one first"
             )));
@@ -283,8 +304,7 @@ impl Control {
             created_at: now,
             updated_at: now,
         };
-        self.inner
-            .store
+        self.store
             .put_webhook(&SealedWebhook {
                 hook: hook.clone(),
                 secret,
@@ -293,25 +313,25 @@ impl Control {
         Ok(hook)
     }
 
-    pub(crate) async fn webhook(
+    pub(crate) async fn get(
         &self,
         team: Option<&str>,
         id: &str,
     ) -> Result<SealedWebhook, ControlError> {
-        match self.inner.store.get_webhook(id).await? {
+        match self.store.get_webhook(id).await? {
             Some(h) if team.is_none_or(|t| t == h.hook.team) => Ok(h),
             _ => Err(ControlError::NotFound(format!("webhook {id} not found"))),
         }
     }
 
-    pub(crate) async fn update_webhook(
+    pub(crate) async fn update(
         &self,
         team: Option<&str>,
         id: &str,
         c: WebhookChange,
     ) -> Result<Webhook, ControlError> {
-        let _one = self.inner.resource_lock.lock().await;
-        let mut h = self.webhook(team, id).await?;
+        let _one = self.lock.lock().await;
+        let mut h = self.get(team, id).await?;
         if let Some(url) = c.url {
             check_url(&url)?;
             h.hook.url = url;
@@ -333,26 +353,26 @@ impl Control {
             h.hook.enabled = enabled;
         }
         h.hook.updated_at = Utc::now();
-        self.inner.store.put_webhook(&h).await?;
+        self.store.put_webhook(&h).await?;
         Ok(h.hook)
     }
 
-    pub(crate) async fn delete_webhook(
+    pub(crate) async fn delete(
         &self,
         team: Option<&str>,
         id: &str,
     ) -> Result<(), ControlError> {
-        let _one = self.inner.resource_lock.lock().await;
-        self.webhook(team, id).await?;
-        self.inner.store.delete_webhook(id).await?;
+        let _one = self.lock.lock().await;
+        self.get(team, id).await?;
+        self.store.delete_webhook(id).await?;
         Ok(())
     }
 
-    pub(crate) async fn list_webhooks(
+    pub(crate) async fn list(
         &self,
         team: Option<&str>,
     ) -> Result<Vec<Webhook>, ControlError> {
-        let mut all = self.inner.store.webhooks(team).await?;
+        let mut all = self.store.webhooks(team).await?;
         all.sort_by(|a, b| {
             a.created_at
                 .cmp(&b.created_at)

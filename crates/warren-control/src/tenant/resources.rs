@@ -9,7 +9,7 @@ use crate::error::ControlError;
 use crate::template_disk::DiskUse;
 use crate::template_tags::{Assigned, TagInfo};
 use crate::templates::{Build, Template, TemplateName, DEFAULT_TAG};
-use crate::vault::{SecretInfo, SecretPage};
+use crate::secrets::{SecretInfo, SecretPage};
 use crate::volumes::{QuotaRequest, Volume, VolumeSnapshot, VolumeUsage};
 use warren_buildspec::BuildSpec;
 
@@ -252,7 +252,8 @@ impl Tenant {
         metadata: BTreeMap<String, String>,
     ) -> Result<SecretInfo, ControlError> {
         self.control
-            .create_secret(&self.team, name, value, metadata)
+            .secrets()
+            .create(&self.team, name, value, metadata)
             .await
     }
 
@@ -263,13 +264,14 @@ impl Tenant {
         next_token: Option<&str>,
     ) -> Result<SecretPage, ControlError> {
         self.control
-            .list_secrets(self.team_filter(), limit, next_token)
+            .secrets()
+            .list(self.team_filter(), limit, next_token)
             .await
     }
 
     /// A secret by id or name (never its value).
     pub async fn secret(&self, r: &str) -> Result<SecretInfo, ControlError> {
-        self.control.secret(self.team_filter(), r).await
+        self.control.secrets().get(self.team_filter(), r).await
     }
 
     /// Replaces a secret's value and, when given, its metadata.
@@ -280,12 +282,13 @@ impl Tenant {
         metadata: Option<BTreeMap<String, String>>,
     ) -> Result<SecretInfo, ControlError> {
         self.control
-            .update_secret(self.team_filter(), r, value, metadata)
+            .secrets()
+            .update(self.team_filter(), r, value, metadata)
             .await
     }
 
     /// Deletes a secret.
     pub async fn delete_secret(&self, r: &str) -> Result<(), ControlError> {
-        self.control.delete_secret(self.team_filter(), r).await
+        self.control.secrets().delete(self.team_filter(), r).await
     }
 }
