@@ -82,11 +82,6 @@ pub(crate) struct Inner {
     pub(crate) networks: StdMutex<crate::networks::NetworkState>,
     /// Serialises changes of networks and the application of peers to runtimes.
     pub(crate) peering: Mutex<()>,
-    /// The host's volume storage (`None`: volumes are off).
-    pub(crate) volume_disks: Option<Arc<dyn crate::volumes::VolumeDisks>>,
-    /// Serialises creation and deletion of volumes and their snapshots: name and in-use
-    /// checks.
-    pub(crate) resource_lock: Mutex<()>,
     /// Reads the agents' own view of their sandboxes' resources.
     pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
@@ -100,6 +95,7 @@ pub(crate) struct Inner {
     pub(crate) secrets: crate::secrets::Secrets,
     pub(crate) webhooks: Arc<crate::webhooks::Webhooks>,
     pub(crate) events: crate::events::Events,
+    pub(crate) volumes: crate::volumes::Volumes,
 }
 
 /// The control plane. Cheap to clone.
@@ -164,6 +160,12 @@ impl Control {
         let secrets = crate::secrets::Secrets::new(store.clone(), config.max_secrets);
         let webhooks = Arc::new(crate::webhooks::Webhooks::new(store.clone(), webhooks));
         let events = crate::events::Events::new(store.clone(), webhooks.clone());
+        let volumes = crate::volumes::Volumes::new(
+            store.clone(),
+            volumes,
+            runtime.clone(),
+            crate::volumes::VolumeLimits::of(&config),
+        );
         let control = Control {
             inner: Arc::new(Inner {
                 store,
@@ -179,8 +181,6 @@ impl Control {
                 builds: crate::builds::BuildState::new(templates)?,
                 networks: StdMutex::default(),
                 peering: Mutex::new(()),
-                volume_disks: volumes,
-                resource_lock: Mutex::new(()),
                 guest_metrics,
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
@@ -189,6 +189,7 @@ impl Control {
                 secrets,
                 webhooks,
                 events,
+                volumes,
             }),
         };
         control.load_networks().await?;
@@ -197,10 +198,7 @@ impl Control {
         control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         control.start_sampling();
-        control
-            .inner
-            .webhooks
-            .start(control.inner.shutdown.clone());
+        control.inner.webhooks.start(control.inner.shutdown.clone());
         Ok(control)
     }
 
@@ -482,12 +480,14 @@ impl Control {
         let end = sb
             .end_at
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        self.inner.events.record(
-            &sb,
-            crate::events::EventKind::Updated,
-            Some(serde_json::json!({"set_timeout": end})),
-        )
-        .await;
+        self.inner
+            .events
+            .record(
+                &sb,
+                crate::events::EventKind::Updated,
+                Some(serde_json::json!({"set_timeout": end})),
+            )
+            .await;
         Ok(())
     }
 
@@ -546,7 +546,9 @@ impl Control {
             .num_milliseconds();
         let data = serde_json::json!({"execution": {"started_at": sb.started_at,
             "vcpu_count": sb.cpu_count, "memory_mb": sb.memory_mb, "execution_time": ran}});
-        self.inner.events.record(sb, crate::events::EventKind::Killed, Some(data))
+        self.inner
+            .events
+            .record(sb, crate::events::EventKind::Killed, Some(data))
             .await;
         tracing::info!(sandbox_id = %id, state = sb.state.as_str(), "sandbox stopped");
         result
@@ -564,12 +566,14 @@ impl Control {
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
         self.leave_all_networks(id).await;
-        self.inner.events.record(
-            sb,
-            crate::events::EventKind::Killed,
-            Some(serde_json::json!({"reason": reason})),
-        )
-        .await;
+        self.inner
+            .events
+            .record(
+                sb,
+                crate::events::EventKind::Killed,
+                Some(serde_json::json!({"reason": reason})),
+            )
+            .await;
         tracing::warn!(sandbox_id = %id, reason = %reason, "sandbox exited on its own");
         Ok(())
     }
@@ -594,6 +598,36 @@ impl Control {
         &self.inner.events
     }
 
+    pub(crate) fn volumes(&self) -> &crate::volumes::Volumes {
+        &self.inner.volumes
+    }
+
+    /// Removes the volumes and snapshots on the host that no record names: what a crash
+    /// between a disk's creation and its record (or a record's removal and its disk's) left.
+    /// Call it before serving (nothing may be created meanwhile). Returns how many went.
+    pub async fn sweep_volumes(&self) -> Result<usize, ControlError> {
+        self.inner.volumes.sweep().await
+    }
+
+    /// The volume whose content-API token is `token` (`id` is the path's volume id).
+    /// Wrong tokens and unknown ids look the same.
+    pub async fn volume_by_token(
+        &self,
+        id: &str,
+        token: &str,
+    ) -> Result<crate::volumes::Volume, ControlError> {
+        self.inner.volumes.by_token(id, token).await
+    }
+
+    /// Deletes volume `r` and its files, unless a live sandbox mounts it.
+    pub(crate) async fn delete_volume(
+        &self,
+        team: Option<&str>,
+        r: &str,
+    ) -> Result<(), ControlError> {
+        self.inner.volumes.delete(team, r, self).await
+    }
+
     /// The value of the secret `name` of the team that owns `sandbox_id`, for the egress
     /// proxy brokering one of that sandbox's requests (`None`: no such sandbox or secret).
     pub async fn brokered_secret(&self, sandbox_id: &str, name: &str) -> Option<String> {
@@ -606,5 +640,20 @@ impl Control {
             }
         };
         self.inner.secrets.brokered(sandbox_id, &team, name).await
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::volumes::MountedBy for Control {
+    async fn mounted_by(&self, id: &str) -> Vec<String> {
+        let live: Vec<Entry> = lock(&self.inner.live).values().cloned().collect();
+        let mut out = Vec::new();
+        for e in live {
+            let sb = e.lock().await;
+            if !sb.state.is_gone() && sb.volume_mounts.iter().any(|m| m.volume_id == id) {
+                out.push(sb.id.clone());
+            }
+        }
+        out
     }
 }

@@ -90,6 +90,8 @@ impl Control {
         joins.extend(crate::networks::joins_from_metadata(&req.metadata)?);
         self.check_joins(&team_of(&req.team), &joins)?;
         let mounts = self
+            .inner
+            .volumes
             .resolve_mounts(&team_of(&req.team), &req.volume_mounts)
             .await?;
         let cfg = &self.inner.config;
@@ -170,7 +172,11 @@ impl Control {
     pub(crate) async fn create_planned(&self, plan: Plan) -> Result<Sandbox, ControlError> {
         let cfg = &self.inner.config;
         let timeout = plan.timeout;
-        let volumes = self.mount_sources(&plan.volume_mounts).await?;
+        let volumes = self
+            .inner
+            .volumes
+            .mount_sources(&plan.volume_mounts)
+            .await?;
         // A sandbox the runtime started ahead, where it has one: the create only claims it.
         let prepared = if plan.from_snapshot.is_none() && volumes.is_empty() {
             self.inner.runtime.prepared_id(&plan.template).await
@@ -265,7 +271,9 @@ impl Control {
                 }
                 tracing::info!(sandbox_id = %sb.id, template = %sb.template, "sandbox running");
                 let out = sb.clone();
-                self.inner.events.record(&out, crate::events::EventKind::Created, None)
+                self.inner
+                    .events
+                    .record(&out, crate::events::EventKind::Created, None)
                     .await;
                 self.register(&out, Some(entry.clone()));
                 Ok(out)

@@ -27,8 +27,9 @@ mod model;
 mod network;
 mod networks;
 mod pause;
-mod recover;
 mod random;
+mod recover;
+mod secrets;
 mod snapshots;
 pub mod store;
 mod telemetry;
@@ -37,7 +38,6 @@ mod template_tags;
 mod templates;
 mod tenant;
 mod usage;
-mod secrets;
 mod volumes;
 mod webhooks;
 
@@ -68,6 +68,7 @@ pub use networks::{
     joins_from_metadata, Join, Member, NetworkView, PrivateNetwork, MAX_NETWORKS_PER_SANDBOX,
     METADATA_KEY,
 };
+pub use secrets::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::{
     AuditStore, EventStore, KeyStore, NetworkStore, SandboxStore, SecretStore, SnapshotStore,
@@ -82,7 +83,6 @@ pub use templates::{
 };
 pub use tenant::{AliasTarget, Tenant};
 pub use usage::{GuestMetrics, GuestView, MetricPoint, RETAINED as METRICS_RETAINED, SAMPLE_EVERY};
-pub use secrets::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
 pub use volumes::{
     DiskError, MountRequest, QuotaRequest, Volume, VolumeDisks, VolumeMountRecord, VolumeQuota,
     VolumeSnapshot, VolumeUsage, MAX_VOLUME_MOUNTS,

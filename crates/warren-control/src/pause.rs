@@ -172,12 +172,14 @@ impl Control {
         **sb = next;
         self.inner.store.update_sandbox(sb).await?;
         let memory = mode == PauseMode::Memory;
-        self.inner.events.record(
-            sb,
-            EventKind::Paused,
-            Some(serde_json::json!({"memory": memory})),
-        )
-        .await;
+        self.inner
+            .events
+            .record(
+                sb,
+                EventKind::Paused,
+                Some(serde_json::json!({"memory": memory})),
+            )
+            .await;
         tracing::info!(sandbox_id = %id, mode = ?mode, "sandbox paused");
         Ok(())
     }
@@ -192,7 +194,7 @@ impl Control {
         let id = sb.id.clone();
         let mut spec = spec_of(sb)?;
         // The volumes again (after a host restart they are mounted on the host first).
-        spec.volumes = self.mount_sources(&sb.volume_mounts).await?;
+        spec.volumes = self.inner.volumes.mount_sources(&sb.volume_mounts).await?;
         let resumed = self
             .inner
             .runtime
@@ -246,12 +248,14 @@ impl Control {
             tracing::warn!(sandbox_id = %id, "memory of the paused sandbox was lost; resumed from its files");
         }
         let from_memory = kind != ResumeKind::Filesystem;
-        self.inner.events.record(
-            sb,
-            EventKind::Resumed,
-            Some(serde_json::json!({"memory": from_memory})),
-        )
-        .await;
+        self.inner
+            .events
+            .record(
+                sb,
+                EventKind::Resumed,
+                Some(serde_json::json!({"memory": from_memory})),
+            )
+            .await;
         tracing::info!(sandbox_id = %id, kind = ?kind, "sandbox resumed");
         Ok(())
     }

@@ -104,12 +104,14 @@ impl Control {
                     self.register(&sb, None);
                     if sb.state == SandboxState::Paused && finished.is_some() {
                         let memory = finished == Some(warren_runtime::PauseMode::Memory);
-                        self.inner.events.record(
-                            &sb,
-                            crate::events::EventKind::Paused,
-                            Some(serde_json::json!({"memory": memory})),
-                        )
-                        .await;
+                        self.inner
+                            .events
+                            .record(
+                                &sb,
+                                crate::events::EventKind::Paused,
+                                Some(serde_json::json!({"memory": memory})),
+                            )
+                            .await;
                     }
                     reattached += 1;
                 }

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::error::ControlError;
-use crate::store::SecretStore;
 use crate::random::random_id;
+use crate::store::SecretStore;
 
 /// Longest name, value and metadata a secret may have.
 pub const MAX_NAME_LEN: usize = 128;
@@ -136,12 +136,7 @@ impl Secrets {
         check_value(&value)?;
         check_metadata(&metadata)?;
         let _g = self.lock.lock().await;
-        if self
-            .store
-            .secret_by_name(team, &name)
-            .await?
-            .is_some()
-        {
+        if self.store.secret_by_name(team, &name).await?.is_some() {
             return Err(ControlError::FailedPrecondition(format!(
                 "secret {name} already exists"
             )));
@@ -209,7 +204,12 @@ impl Secrets {
     /// The value of `team`'s secret `name`, for the egress proxy brokering a request of one
     /// of the team's sandboxes (`None`: no such secret). Read from the store each time, so an
     /// update applies to the next request.
-    pub(crate) async fn brokered(&self, sandbox_id: &str, team: &str, name: &str) -> Option<String> {
+    pub(crate) async fn brokered(
+        &self,
+        sandbox_id: &str,
+        team: &str,
+        name: &str,
+    ) -> Option<String> {
         let name = canonical_name(name).ok()?;
         match self.store.secret_by_name(team, &name).await {
             Ok(found) => {
@@ -258,11 +258,7 @@ impl Secrets {
         Ok(s.info)
     }
 
-    pub(crate) async fn delete(
-        &self,
-        team: Option<&str>,
-        r: &str,
-    ) -> Result<(), ControlError> {
+    pub(crate) async fn delete(&self, team: Option<&str>, r: &str) -> Result<(), ControlError> {
         let s = self.get(team, r).await?;
         self.store.delete_secret(&s.id).await?;
         tracing::info!(secret_id = %s.id, "secret deleted");

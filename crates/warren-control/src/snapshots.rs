@@ -182,7 +182,9 @@ impl Control {
             self.forget_runtime_snapshot(&old.key).await;
         }
         let data = serde_json::json!({"snapshot_id": snap.id, "memory": snap.memory});
-        self.inner.events.record(&owner, crate::events::EventKind::Checkpointed, Some(data))
+        self.inner
+            .events
+            .record(&owner, crate::events::EventKind::Checkpointed, Some(data))
             .await;
         tracing::info!(snapshot_id = %snap.id, sandbox_id = %sandbox_id, memory = snap.memory, bytes = snap.bytes, "snapshot created");
         Ok(snap)

@@ -235,7 +235,10 @@ pub trait SecretStore: Send + Sync + 'static {
     /// Records a secret with its value (sealed by the store), replacing the one with its id.
     async fn put_secret(&self, secret: &crate::secrets::SealedSecret) -> Result<(), StoreError>;
 
-    async fn get_secret(&self, id: &str) -> Result<Option<crate::secrets::SealedSecret>, StoreError>;
+    async fn get_secret(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::secrets::SealedSecret>, StoreError>;
 
     async fn secret_by_name(
         &self,

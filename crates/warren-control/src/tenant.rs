@@ -147,14 +147,22 @@ impl Tenant {
         self.control.webhooks().create(&self.team, c).await
     }
     pub async fn webhook(&self, id: &str) -> Result<crate::Webhook, ControlError> {
-        Ok(self.control.webhooks().get(self.team_filter(), id).await?.hook)
+        Ok(self
+            .control
+            .webhooks()
+            .get(self.team_filter(), id)
+            .await?
+            .hook)
     }
     pub async fn update_webhook(
         &self,
         id: &str,
         c: crate::WebhookChange,
     ) -> Result<crate::Webhook, ControlError> {
-        self.control.webhooks().update(self.team_filter(), id, c).await
+        self.control
+            .webhooks()
+            .update(self.team_filter(), id, c)
+            .await
     }
     pub async fn delete_webhook(&self, id: &str) -> Result<(), ControlError> {
         self.control.webhooks().delete(self.team_filter(), id).await

@@ -9,15 +9,18 @@
 //! a sandbox still mounts.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use warren_runtime::VolumeMount;
+use tokio::sync::Mutex;
+use warren_runtime::{SandboxRuntime, VolumeMount};
 
-use crate::control::{lock, Control};
+use crate::config::Config;
 use crate::error::ControlError;
 use crate::random::{random_id, random_secret};
+use crate::store::VolumeStore;
 
 /// Volumes one sandbox may mount.
 pub const MAX_VOLUME_MOUNTS: usize = 16;
@@ -190,16 +193,75 @@ fn volume_not_found(r: &str) -> ControlError {
     ControlError::NotFound(format!("volume {r} not found"))
 }
 
-impl Control {
+/// Who mounts a volume: the sandboxes' side, which volumes do not depend on.
+#[async_trait]
+pub(crate) trait MountedBy: Send + Sync {
+    /// Live sandboxes (not killed or failed) that mount volume `id`.
+    async fn mounted_by(&self, id: &str) -> Vec<String>;
+}
+
+/// Sizes and counts volumes keep to, from the server's configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VolumeLimits {
+    /// A new volume's bytes and inodes when it asks for none.
+    pub bytes: u64,
+    pub inodes: u64,
+    pub max_bytes: u64,
+    pub max_volumes: usize,
+    pub max_snapshots: usize,
+}
+
+impl VolumeLimits {
+    pub(crate) fn of(config: &Config) -> Self {
+        Self {
+            bytes: config.volume_bytes,
+            inodes: config.volume_inodes,
+            max_bytes: config.max_volume_bytes,
+            max_volumes: config.max_volumes,
+            max_snapshots: config.max_volume_snapshots,
+        }
+    }
+}
+
+/// Volumes and their snapshots: records, the host's disks, and the mounts a create asks
+/// for. Depends on no other service; whether a sandbox still mounts a volume is the caller's
+/// to say ([`Volumes::delete`]).
+pub(crate) struct Volumes {
+    store: Arc<dyn VolumeStore>,
+    /// The host's volume storage (`None`: volumes are off).
+    disks: Option<Arc<dyn VolumeDisks>>,
+    /// Whether the runtime mounts volumes, and its name for the refusal.
+    runtime: Arc<dyn SandboxRuntime>,
+    limits: VolumeLimits,
+    /// Serialises creation and deletion of volumes and their snapshots: name, count and
+    /// in-use checks.
+    lock: Mutex<()>,
+}
+
+impl Volumes {
+    pub(crate) fn new(
+        store: Arc<dyn VolumeStore>,
+        disks: Option<Arc<dyn VolumeDisks>>,
+        runtime: Arc<dyn SandboxRuntime>,
+        limits: VolumeLimits,
+    ) -> Self {
+        Self {
+            store,
+            disks,
+            runtime,
+            limits,
+            lock: Mutex::new(()),
+        }
+    }
+
     /// Removes the volumes and snapshots on the host that no record names: what a crash
     /// between a disk's creation and its record (or a record's removal and its disk's) left.
     /// Call it before serving (nothing may be created meanwhile). Returns how many went.
-    pub async fn sweep_volumes(&self) -> Result<usize, ControlError> {
+    pub(crate) async fn sweep(&self) -> Result<usize, ControlError> {
         let disks = self.disks()?;
-        let _g = self.inner.resource_lock.lock().await;
+        let _g = self.lock.lock().await;
         let (volumes, snapshots) = disks.inventory().await.map_err(disk_error)?;
         let known: std::collections::HashSet<String> = self
-            .inner
             .store
             .volumes(None)
             .await?
@@ -207,7 +269,6 @@ impl Control {
             .map(|v| v.id)
             .collect();
         let known_snaps: std::collections::HashSet<String> = self
-            .inner
             .store
             .volume_snapshots(None)
             .await?
@@ -229,24 +290,14 @@ impl Control {
     }
 
     fn disks(&self) -> Result<&dyn VolumeDisks, ControlError> {
-        self.inner.volume_disks.as_deref().ok_or_else(|| {
+        self.disks.as_deref().ok_or_else(|| {
             ControlError::Unavailable("volumes are not enabled on this server".into())
         })
     }
 
-    /// Makes a volume for `team`.
-    pub async fn create_volume(
-        &self,
-        team: &str,
-        name: &str,
-        quota: QuotaRequest,
-    ) -> Result<Volume, ControlError> {
-        self.create_volume_from(team, name, quota, None).await
-    }
-
     /// Makes a volume for `team`, empty or with the content of snapshot `from` (one of
     /// `team`'s; the volume gets the snapshot's quota).
-    pub(crate) async fn create_volume_from(
+    pub(crate) async fn create(
         &self,
         team: &str,
         name: &str,
@@ -259,9 +310,9 @@ impl Control {
                  and '-'"
             )));
         }
-        let cfg = &self.inner.config;
+        let cfg = &self.limits;
         let source = match from {
-            Some(s) => Some(self.volume_snapshot(Some(team), s).await?),
+            Some(s) => Some(self.get_snapshot(Some(team), s).await?),
             None => None,
         };
         let quota = match &source {
@@ -272,30 +323,30 @@ impl Control {
                 ))
             }
             None => {
-                let bytes = quota.bytes.unwrap_or(cfg.volume_bytes);
+                let bytes = quota.bytes.unwrap_or(cfg.bytes);
                 // Without an inode count, the default, or one per 4 KiB for a small volume
                 // (whose inode tables must fit in it).
                 let inodes = quota
                     .inodes
-                    .unwrap_or_else(|| cfg.volume_inodes.min(bytes / 4096).max(64));
+                    .unwrap_or_else(|| cfg.inodes.min(bytes / 4096).max(64));
                 VolumeQuota { bytes, inodes }
             }
         };
-        if quota.bytes > cfg.max_volume_bytes {
+        if quota.bytes > cfg.max_bytes {
             return Err(ControlError::InvalidArgument(format!(
                 "a volume may hold at most {} bytes",
-                cfg.max_volume_bytes
+                cfg.max_bytes
             )));
         }
         let disks = self.disks()?;
         // One create per name at a time: the check and the record must not interleave.
-        let _g = self.inner.resource_lock.lock().await;
-        if self.inner.store.volume_by_name(team, name).await?.is_some() {
+        let _g = self.lock.lock().await;
+        if self.store.volume_by_name(team, name).await?.is_some() {
             return Err(ControlError::InvalidArgument(format!(
                 "volume {name} already exists"
             )));
         }
-        if self.inner.store.volumes(None).await?.len() >= cfg.max_volumes {
+        if self.store.volumes(None).await?.len() >= cfg.max_volumes {
             return Err(ControlError::QuotaExceeded(format!(
                 "this server keeps at most {} volumes; delete one first",
                 cfg.max_volumes
@@ -314,7 +365,7 @@ impl Control {
             None => disks.create(&volume.id, quota).await,
         }
         .map_err(disk_error)?;
-        if let Err(e) = self.inner.store.put_volume(&volume).await {
+        if let Err(e) = self.store.put_volume(&volume).await {
             // Not acknowledged: no disk without a record.
             if let Err(d) = disks.delete(&volume.id).await {
                 tracing::warn!(volume_id = %volume.id, error = %d, "removing an unrecorded volume");
@@ -326,16 +377,15 @@ impl Control {
     }
 
     /// The volume `r` (an id, or a name in `team`) if `team` may see it (`None`: any team).
-    pub(crate) async fn volume(&self, team: Option<&str>, r: &str) -> Result<Volume, ControlError> {
-        let by_id = self.inner.store.get_volume(r).await?;
+    pub(crate) async fn get(&self, team: Option<&str>, r: &str) -> Result<Volume, ControlError> {
+        let by_id = self.store.get_volume(r).await?;
         let found = match (by_id, team) {
             (Some(v), None) => Some(v),
             (Some(v), Some(t)) if v.team == t => Some(v),
-            (_, Some(t)) => self.inner.store.volume_by_name(t, r).await?,
+            (_, Some(t)) => self.store.volume_by_name(t, r).await?,
             // An admin names a volume of any team: only a name no other team uses will do.
             (None, None) => {
                 let mut named: Vec<Volume> = self
-                    .inner
                     .store
                     .volumes(None)
                     .await?
@@ -354,21 +404,21 @@ impl Control {
     }
 
     /// Every volume `team` may see (`None`: all), oldest first.
-    pub(crate) async fn volumes(&self, team: Option<&str>) -> Result<Vec<Volume>, ControlError> {
-        let mut all = self.inner.store.volumes(team).await?;
+    pub(crate) async fn list(&self, team: Option<&str>) -> Result<Vec<Volume>, ControlError> {
+        let mut all = self.store.volumes(team).await?;
         all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(all)
     }
 
-    pub(crate) async fn volume_usage(&self, volume: &Volume) -> Result<VolumeUsage, ControlError> {
+    pub(crate) async fn usage(&self, volume: &Volume) -> Result<VolumeUsage, ControlError> {
         self.disks()?.usage(&volume.id).await.map_err(disk_error)
     }
 
     /// The volume whose content-API token is `token` (`id` is the path's volume id).
     /// Wrong tokens and unknown ids look the same.
-    pub async fn volume_by_token(&self, id: &str, token: &str) -> Result<Volume, ControlError> {
+    pub(crate) async fn by_token(&self, id: &str, token: &str) -> Result<Volume, ControlError> {
         let denied = || ControlError::PermissionDenied("invalid or missing volume token".into());
-        let v = self.inner.store.get_volume(id).await?.ok_or_else(denied)?;
+        let v = self.store.get_volume(id).await?.ok_or_else(denied)?;
         let ok: bool = subtle::ConstantTimeEq::ct_eq(v.token.as_bytes(), token.as_bytes()).into();
         if ok && !token.is_empty() {
             Ok(v)
@@ -377,15 +427,17 @@ impl Control {
         }
     }
 
-    /// Deletes volume `r` and its files, unless a sandbox (running or paused) mounts it.
-    pub(crate) async fn delete_volume(
+    /// Deletes volume `r` and its files, unless a sandbox (running or paused) mounts it:
+    /// `users` says which do, asked while no other volume change can interleave.
+    pub(crate) async fn delete(
         &self,
         team: Option<&str>,
         r: &str,
+        users: &dyn MountedBy,
     ) -> Result<(), ControlError> {
-        let v = self.volume(team, r).await?;
-        let _g = self.inner.resource_lock.lock().await;
-        let users = self.volume_users(&v.id).await;
+        let v = self.get(team, r).await?;
+        let _g = self.lock.lock().await;
+        let users = users.mounted_by(&v.id).await;
         if !users.is_empty() {
             return Err(ControlError::FailedPrecondition(format!(
                 "volume {} is mounted by sandbox {}; kill it first",
@@ -393,7 +445,7 @@ impl Control {
                 users.join(", ")
             )));
         }
-        self.inner.store.delete_volume(&v.id).await?;
+        self.store.delete_volume(&v.id).await?;
         self.disks()?.delete(&v.id).await.map_err(disk_error)?;
         tracing::info!(volume_id = %v.id, name = %v.name, "volume deleted");
         Ok(())
@@ -402,14 +454,14 @@ impl Control {
     /// Grows volume `r` to `bytes` (more than it has, at most the server's maximum). Where the
     /// host can resize a mounted filesystem its sandboxes keep running and see the new size;
     /// else only a volume no sandbox mounts can grow (409 otherwise).
-    pub(crate) async fn grow_volume(
+    pub(crate) async fn grow(
         &self,
         team: Option<&str>,
         r: &str,
         bytes: u64,
     ) -> Result<Volume, ControlError> {
-        let max = self.inner.config.max_volume_bytes;
-        let mut v = self.volume(team, r).await?;
+        let max = self.limits.max_bytes;
+        let mut v = self.get(team, r).await?;
         if bytes <= v.quota.bytes {
             return Err(ControlError::InvalidArgument(format!(
                 "volume {} holds {} bytes; a new size must be larger (volumes do not shrink)",
@@ -422,7 +474,7 @@ impl Control {
             )));
         }
         let disks = self.disks()?;
-        let _g = self.inner.resource_lock.lock().await;
+        let _g = self.lock.lock().await;
         disks.grow(&v.id, bytes).await.map_err(disk_error)?;
         // ext4 adds inodes with the space: record what the volume has now.
         let inodes = match disks.usage(&v.id).await {
@@ -430,22 +482,22 @@ impl Control {
             Err(_) => v.quota.inodes,
         };
         v.quota = VolumeQuota { bytes, inodes };
-        self.inner.store.put_volume(&v).await?;
+        self.store.put_volume(&v).await?;
         tracing::info!(volume_id = %v.id, name = %v.name, bytes, "volume grown");
         Ok(v)
     }
 
     /// Takes a snapshot of volume `r` (writers in its sandboxes wait while it is copied).
-    pub(crate) async fn snapshot_volume(
+    pub(crate) async fn snapshot(
         &self,
         team: Option<&str>,
         r: &str,
     ) -> Result<VolumeSnapshot, ControlError> {
-        let v = self.volume(team, r).await?;
+        let v = self.get(team, r).await?;
         let disks = self.disks()?;
-        let _g = self.inner.resource_lock.lock().await;
-        let max = self.inner.config.max_volume_snapshots;
-        if self.inner.store.volume_snapshots(None).await?.len() >= max {
+        let _g = self.lock.lock().await;
+        let max = self.limits.max_snapshots;
+        if self.store.volume_snapshots(None).await?.len() >= max {
             return Err(ControlError::QuotaExceeded(format!(
                 "this server keeps at most {max} volume snapshots; delete one first"
             )));
@@ -461,7 +513,7 @@ impl Control {
             bytes,
             created_at: Utc::now(),
         };
-        if let Err(e) = self.inner.store.put_volume_snapshot(&snap).await {
+        if let Err(e) = self.store.put_volume_snapshot(&snap).await {
             let _ = disks.delete_snapshot(&snap.id).await;
             return Err(e.into());
         }
@@ -470,13 +522,12 @@ impl Control {
 
     /// Snapshots `team` may see (`None`: all), of volume `volume_id` only when given, oldest
     /// first.
-    pub(crate) async fn volume_snapshots(
+    pub(crate) async fn snapshots(
         &self,
         team: Option<&str>,
         volume_id: Option<&str>,
     ) -> Result<Vec<VolumeSnapshot>, ControlError> {
         let mut all: Vec<VolumeSnapshot> = self
-            .inner
             .store
             .volume_snapshots(team)
             .await?
@@ -487,12 +538,12 @@ impl Control {
         Ok(all)
     }
 
-    pub async fn volume_snapshot(
+    pub(crate) async fn get_snapshot(
         &self,
         team: Option<&str>,
         id: &str,
     ) -> Result<VolumeSnapshot, ControlError> {
-        match self.inner.store.get_volume_snapshot(id).await? {
+        match self.store.get_volume_snapshot(id).await? {
             Some(s) if team.is_none_or(|t| s.team == t) => Ok(s),
             _ => Err(ControlError::NotFound(format!(
                 "volume snapshot {id} not found"
@@ -500,30 +551,17 @@ impl Control {
         }
     }
 
-    pub(crate) async fn delete_volume_snapshot(
+    pub(crate) async fn delete_snapshot(
         &self,
         team: Option<&str>,
         id: &str,
     ) -> Result<(), ControlError> {
-        let s = self.volume_snapshot(team, id).await?;
-        self.inner.store.delete_volume_snapshot(&s.id).await?;
+        let s = self.get_snapshot(team, id).await?;
+        self.store.delete_volume_snapshot(&s.id).await?;
         self.disks()?
             .delete_snapshot(&s.id)
             .await
             .map_err(disk_error)
-    }
-
-    /// Live sandboxes (not killed or failed) that mount volume `id`.
-    async fn volume_users(&self, id: &str) -> Vec<String> {
-        let live: Vec<crate::control::Entry> = lock(&self.inner.live).values().cloned().collect();
-        let mut out = Vec::new();
-        for e in live {
-            let sb = e.lock().await;
-            if !sb.state.is_gone() && sb.volume_mounts.iter().any(|m| m.volume_id == id) {
-                out.push(sb.id.clone());
-            }
-        }
-        out
     }
 
     /// Checks a create's `volumeMounts` for `team` and resolves them to volumes (errors as
@@ -536,10 +574,10 @@ impl Control {
         if mounts.is_empty() {
             return Ok(Vec::new());
         }
-        if !self.inner.runtime.capabilities().volumes {
+        if !self.runtime.capabilities().volumes {
             return Err(ControlError::InvalidArgument(format!(
                 "the {} runtime does not mount volumes yet",
-                self.inner.runtime.name()
+                self.runtime.name()
             )));
         }
         self.disks()?;
@@ -562,7 +600,7 @@ impl Control {
             } else if m.subpath.as_deref().is_some_and(|s| !clean_relative(s)) {
                 Some("subpath must be relative and clean".to_string())
             } else {
-                match self.volume(Some(team), &m.name).await {
+                match self.get(Some(team), &m.name).await {
                     Ok(v) => {
                         out.push(VolumeMountRecord {
                             volume_id: v.id,

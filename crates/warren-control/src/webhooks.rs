@@ -139,7 +139,10 @@ pub(crate) struct Webhooks {
 }
 
 impl Webhooks {
-    pub(crate) fn new(store: Arc<dyn WebhookStore>, sender: Option<Arc<dyn WebhookSender>>) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn WebhookStore>,
+        sender: Option<Arc<dyn WebhookSender>>,
+    ) -> Self {
         Self {
             store,
             sender,
@@ -357,21 +360,14 @@ impl Webhooks {
         Ok(h.hook)
     }
 
-    pub(crate) async fn delete(
-        &self,
-        team: Option<&str>,
-        id: &str,
-    ) -> Result<(), ControlError> {
+    pub(crate) async fn delete(&self, team: Option<&str>, id: &str) -> Result<(), ControlError> {
         let _one = self.lock.lock().await;
         self.get(team, id).await?;
         self.store.delete_webhook(id).await?;
         Ok(())
     }
 
-    pub(crate) async fn list(
-        &self,
-        team: Option<&str>,
-    ) -> Result<Vec<Webhook>, ControlError> {
+    pub(crate) async fn list(&self, team: Option<&str>) -> Result<Vec<Webhook>, ControlError> {
         let mut all = self.store.webhooks(team).await?;
         all.sort_by(|a, b| {
             a.created_at

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use super::Tenant;
 use crate::builds::{BuildPage, BuildRequest, Registered, UploadLink};
 use crate::error::ControlError;
+use crate::secrets::{SecretInfo, SecretPage};
 use crate::template_disk::DiskUse;
 use crate::template_tags::{Assigned, TagInfo};
 use crate::templates::{Build, Template, TemplateName, DEFAULT_TAG};
-use crate::secrets::{SecretInfo, SecretPage};
 use crate::volumes::{QuotaRequest, Volume, VolumeSnapshot, VolumeUsage};
 use warren_buildspec::BuildSpec;
 
@@ -187,19 +187,20 @@ impl Tenant {
         from_snapshot: Option<&str>,
     ) -> Result<Volume, ControlError> {
         self.control
-            .create_volume_from(&self.team, name, quota, from_snapshot)
+            .volumes()
+            .create(&self.team, name, quota, from_snapshot)
             .await
     }
 
     /// The volumes this key sees.
     pub async fn volumes(&self) -> Result<Vec<Volume>, ControlError> {
-        self.control.volumes(self.team_filter()).await
+        self.control.volumes().list(self.team_filter()).await
     }
 
     /// A volume by id or name, with what it uses (`None` when the host cannot say).
     pub async fn volume(&self, r: &str) -> Result<(Volume, Option<VolumeUsage>), ControlError> {
-        let v = self.control.volume(self.team_filter(), r).await?;
-        let usage = self.control.volume_usage(&v).await.ok();
+        let v = self.control.volumes().get(self.team_filter(), r).await?;
+        let usage = self.control.volumes().usage(&v).await.ok();
         Ok((v, usage))
     }
 
@@ -211,9 +212,10 @@ impl Tenant {
     ) -> Result<(Volume, Option<VolumeUsage>), ControlError> {
         let v = self
             .control
-            .grow_volume(self.team_filter(), r, bytes)
+            .volumes()
+            .grow(self.team_filter(), r, bytes)
             .await?;
-        let usage = self.control.volume_usage(&v).await.ok();
+        let usage = self.control.volumes().usage(&v).await.ok();
         Ok((v, usage))
     }
 
@@ -224,21 +226,23 @@ impl Tenant {
 
     /// Takes a snapshot of a volume.
     pub async fn snapshot_volume(&self, r: &str) -> Result<VolumeSnapshot, ControlError> {
-        self.control.snapshot_volume(self.team_filter(), r).await
+        self.control.volumes().snapshot(self.team_filter(), r).await
     }
 
     /// The snapshots of volume `r`, oldest first.
     pub async fn volume_snapshots(&self, r: &str) -> Result<Vec<VolumeSnapshot>, ControlError> {
-        let v = self.control.volume(self.team_filter(), r).await?;
+        let v = self.control.volumes().get(self.team_filter(), r).await?;
         self.control
-            .volume_snapshots(self.team_filter(), Some(&v.id))
+            .volumes()
+            .snapshots(self.team_filter(), Some(&v.id))
             .await
     }
 
     /// Deletes a volume snapshot.
     pub async fn delete_volume_snapshot(&self, id: &str) -> Result<(), ControlError> {
         self.control
-            .delete_volume_snapshot(self.team_filter(), id)
+            .volumes()
+            .delete_snapshot(self.team_filter(), id)
             .await
     }
 
