@@ -78,10 +78,6 @@ pub(crate) struct Inner {
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
     pub(crate) builds: crate::builds::BuildState,
-    /// Private networks and their members, as recorded.
-    pub(crate) networks: StdMutex<crate::networks::NetworkState>,
-    /// Serialises changes of networks and the application of peers to runtimes.
-    pub(crate) peering: Mutex<()>,
     /// Reads the agents' own view of their sandboxes' resources.
     pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
@@ -96,6 +92,7 @@ pub(crate) struct Inner {
     pub(crate) webhooks: Arc<crate::webhooks::Webhooks>,
     pub(crate) events: crate::events::Events,
     pub(crate) volumes: crate::volumes::Volumes,
+    pub(crate) networks: Arc<crate::networks::Networks>,
 }
 
 /// The control plane. Cheap to clone.
@@ -166,6 +163,11 @@ impl Control {
             runtime.clone(),
             crate::volumes::VolumeLimits::of(&config),
         );
+        let networks = Arc::new(crate::networks::Networks::new(
+            store.clone(),
+            runtime.clone(),
+            config.network_range,
+        ));
         let control = Control {
             inner: Arc::new(Inner {
                 store,
@@ -179,8 +181,6 @@ impl Control {
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
                 builds: crate::builds::BuildState::new(templates)?,
-                networks: StdMutex::default(),
-                peering: Mutex::new(()),
                 guest_metrics,
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
@@ -190,11 +190,12 @@ impl Control {
                 webhooks,
                 events,
                 volumes,
+                networks,
             }),
         };
-        control.load_networks().await?;
+        control.inner.networks.load().await?;
         control.recover().await?;
-        control.restore_networks().await;
+        control.inner.networks.restore(&control).await;
         control.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         control.start_sampling();
@@ -422,7 +423,7 @@ impl Control {
             SandboxState::Paused => {
                 self.resume_locked(&mut sb, timeout).await?;
                 // Its networks know its new place before the caller uses it.
-                self.refresh_peers_of(id).await;
+                self.inner.networks.refresh_peers_of(self, id).await;
                 return Ok((sb.clone(), true));
             }
             other => {
@@ -540,7 +541,7 @@ impl Control {
         };
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
-        self.leave_all_networks(id).await;
+        self.inner.networks.leave_all(self, id).await;
         let ran = Utc::now()
             .signed_duration_since(sb.started_at)
             .num_milliseconds();
@@ -565,7 +566,7 @@ impl Control {
         sb.fail(format!("sandbox exited: {reason}"));
         self.inner.store.update_sandbox(sb).await?;
         self.unregister(id);
-        self.leave_all_networks(id).await;
+        self.inner.networks.leave_all(self, id).await;
         self.inner
             .events
             .record(
@@ -600,6 +601,16 @@ impl Control {
 
     pub(crate) fn volumes(&self) -> &crate::volumes::Volumes {
         &self.inner.volumes
+    }
+
+    pub(crate) fn networks(&self) -> &crate::networks::Networks {
+        &self.inner.networks
+    }
+
+    /// A sandbox started running somewhere or stopped: its networks' members learn it, in
+    /// the background.
+    pub(crate) fn peers_moved(&self, id: &str) {
+        self.inner.networks.peers_moved(Arc::new(self.clone()), id);
     }
 
     /// Removes the volumes and snapshots on the host that no record names: what a crash
@@ -655,5 +666,20 @@ impl crate::volumes::MountedBy for Control {
             }
         }
         out
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::networks::SandboxLookup for Control {
+    fn address(&self, id: &str) -> Option<std::net::Ipv4Addr> {
+        match self.route(id)?.agent.ip() {
+            std::net::IpAddr::V4(ip) => Some(ip),
+            std::net::IpAddr::V6(_) => None,
+        }
+    }
+
+    async fn team_and_state(&self, id: &str) -> Result<(String, SandboxState), ControlError> {
+        let sb = self.get(id).await?;
+        Ok((sb.team, sb.state))
     }
 }

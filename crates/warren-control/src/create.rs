@@ -88,7 +88,9 @@ impl Control {
         self.check_headroom()?;
         let mut joins = req.networks.clone();
         joins.extend(crate::networks::joins_from_metadata(&req.metadata)?);
-        self.check_joins(&team_of(&req.team), &joins)?;
+        self.inner
+            .networks
+            .check_joins(&team_of(&req.team), &joins)?;
         let mounts = self
             .inner
             .volumes
@@ -157,7 +159,12 @@ impl Control {
         if let Some(id) = spawned_from {
             self.count_spawn(&id).await;
         }
-        if let Err(e) = self.join_all(&sandbox.team, &sandbox.id, &joins).await {
+        if let Err(e) = self
+            .inner
+            .networks
+            .join_all(self, &sandbox.team, &sandbox.id, &joins)
+            .await
+        {
             // Not acknowledged: a sandbox outside the networks it asked for is not what the
             // caller wanted.
             if let Err(k) = self.kill_now(&sandbox.id).await {

@@ -138,10 +138,15 @@ impl Control {
         }
         self.forget_runtime_snapshot(&key).await;
         // Children are in their parent's networks, at addresses of their own.
-        let joins = self.joins_of(id);
+        let joins = self.inner.networks.joins_of(id);
         for child in out.iter_mut() {
             let Ok(sb) = child else { continue };
-            if let Err(e) = self.join_all(&sb.team, &sb.id, &joins).await {
+            if let Err(e) = self
+                .inner
+                .networks
+                .join_all(self, &sb.team, &sb.id, &joins)
+                .await
+            {
                 let child_id = sb.id.clone();
                 if let Err(k) = self.kill_now(&child_id).await {
                     tracing::warn!(sandbox_id = %child_id, error = %k, "killing a fork child whose networks failed");

@@ -10,23 +10,27 @@
 //! the unmodified E2B SDKs), later through the API, and a fork joins its parent's networks
 //! with new addresses. Memberships are in the store and in memory; the runtime gets each
 //! member's [`Peering`] whenever a member starts running somewhere or stops
-//! ([`Control::refresh_peers`]), and again after a server restart.
+//! ([`Networks::refresh_peers`]), and again after a server restart.
 //!
 //! [`Config::network_range`]: crate::Config
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex as StdMutex};
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
 use warren_runtime::peers::{Peer, Peering};
-use warren_runtime::RuntimeError;
+use warren_runtime::{RuntimeError, SandboxRuntime};
 
-use crate::control::{lock, Control};
+use crate::control::lock;
 use crate::error::ControlError;
 use crate::model::SandboxState;
 use crate::random::random_id;
+use crate::store::NetworkStore;
 use crate::tenant::Tenant;
 
 /// The metadata key through which an unmodified E2B SDK asks for networks at create:
@@ -221,13 +225,51 @@ fn network_not_found(r: &str) -> ControlError {
     ControlError::NotFound(format!("network {r} not found"))
 }
 
-impl Control {
+/// What networks need to know of sandboxes: the sandboxes' side, which networks do not
+/// depend on.
+#[async_trait]
+pub(crate) trait SandboxLookup: Send + Sync {
+    /// Where running sandbox `id` is reached (`None`: it is not running).
+    fn address(&self, id: &str) -> Option<Ipv4Addr>;
+    /// Sandbox `id`'s team and state (not found: an error).
+    async fn team_and_state(&self, id: &str) -> Result<(String, SandboxState), ControlError>;
+}
+
+/// Private networks and their members: records, the state in memory, and the peers every
+/// running member's slot is given. Depends on no other service; sandboxes are looked up
+/// through [`SandboxLookup`].
+pub(crate) struct Networks {
+    store: Arc<dyn NetworkStore>,
+    runtime: Arc<dyn SandboxRuntime>,
+    /// Where networks' /24s come from.
+    range: Ipv4Net,
+    /// Networks and their members, as recorded.
+    state: StdMutex<NetworkState>,
+    /// Serialises changes of networks and the application of peers to runtimes.
+    peering: Mutex<()>,
+}
+
+impl Networks {
+    pub(crate) fn new(
+        store: Arc<dyn NetworkStore>,
+        runtime: Arc<dyn SandboxRuntime>,
+        range: Ipv4Net,
+    ) -> Self {
+        Self {
+            store,
+            runtime,
+            range,
+            state: StdMutex::default(),
+            peering: Mutex::new(()),
+        }
+    }
+
     /// Loads the recorded networks and memberships (at start, before recovery routes the
     /// sandboxes that are still running).
-    pub(crate) async fn load_networks(&self) -> Result<(), ControlError> {
-        let networks = self.inner.store.networks().await?;
-        let members = self.inner.store.members().await?;
-        let mut st = lock(&self.inner.networks);
+    pub(crate) async fn load(&self) -> Result<(), ControlError> {
+        let networks = self.store.networks().await?;
+        let members = self.store.members().await?;
+        let mut st = lock(&self.state);
         for n in networks {
             st.networks.insert(n.id.clone(), n);
         }
@@ -243,14 +285,24 @@ impl Control {
     /// Puts the current peers on every running member of `networks` and of `also` (whose
     /// memberships just changed): one at a time, under the peering lock, each computed from
     /// the state at that moment, so the last one applied is always the latest.
-    pub(crate) async fn refresh_peers(&self, networks: BTreeSet<String>, also: Vec<String>) {
-        let _g = self.inner.peering.lock().await;
-        self.refresh_peers_locked(networks, also).await;
+    pub(crate) async fn refresh_peers(
+        &self,
+        sandboxes: &dyn SandboxLookup,
+        networks: BTreeSet<String>,
+        also: Vec<String>,
+    ) {
+        let _g = self.peering.lock().await;
+        self.refresh_peers_locked(sandboxes, networks, also).await;
     }
 
-    async fn refresh_peers_locked(&self, networks: BTreeSet<String>, also: Vec<String>) {
+    async fn refresh_peers_locked(
+        &self,
+        sandboxes: &dyn SandboxLookup,
+        networks: BTreeSet<String>,
+        also: Vec<String>,
+    ) {
         let affected: BTreeSet<String> = {
-            let st = lock(&self.inner.networks);
+            let st = lock(&self.state);
             networks
                 .iter()
                 .filter_map(|n| st.members.get(n))
@@ -259,17 +311,14 @@ impl Control {
                 .collect()
         };
         for id in affected {
-            if self.route(&id).is_none() {
+            if sandboxes.address(&id).is_none() {
                 continue;
             }
             let peering = {
-                let st = lock(&self.inner.networks);
-                st.peering(&id, &|m| match self.route(m)?.agent.ip() {
-                    std::net::IpAddr::V4(ip) => Some(ip),
-                    std::net::IpAddr::V6(_) => None,
-                })
+                let st = lock(&self.state);
+                st.peering(&id, &|m| sandboxes.address(m))
             };
-            match self.inner.runtime.set_peers(&id, &peering).await {
+            match self.runtime.set_peers(&id, &peering).await {
                 Ok(()) => {}
                 // Stopped or paused meanwhile: its next start applies the peers again.
                 Err(RuntimeError::NotFound(_) | RuntimeError::Conflict(_)) => {}
@@ -280,48 +329,52 @@ impl Control {
     }
 
     /// A sandbox started running somewhere or stopped: its networks' members learn it (in
-    /// the background; callers that must see it done call [`Control::refresh_peers`]).
-    pub(crate) fn peers_moved(&self, id: &str) {
-        let networks = lock(&self.inner.networks).of_sandbox(id);
+    /// the background; callers that must see it done call [`Networks::refresh_peers`]).
+    pub(crate) fn peers_moved(self: &Arc<Self>, sandboxes: Arc<dyn SandboxLookup>, id: &str) {
+        let networks = lock(&self.state).of_sandbox(id);
         if networks.is_empty() {
             return;
         }
-        let c = self.clone();
+        let me = self.clone();
         let id = id.to_string();
-        tokio::spawn(async move { c.refresh_peers(networks, vec![id]).await });
+        tokio::spawn(async move {
+            me.refresh_peers(sandboxes.as_ref(), networks, vec![id])
+                .await
+        });
     }
 
     /// After a restart: memberships of sandboxes that did not come back are forgotten, and
     /// every running member gets its peers (slots come back without them).
-    pub(crate) async fn restore_networks(&self) {
-        let members: BTreeSet<String> = lock(&self.inner.networks)
+    pub(crate) async fn restore(&self, sandboxes: &dyn SandboxLookup) {
+        let members: BTreeSet<String> = lock(&self.state)
             .members
             .values()
             .flat_map(|m| m.keys().cloned())
             .collect();
         for id in members {
             let live = matches!(
-                self.get(&id).await.map(|sb| sb.state),
-                Ok(SandboxState::Running | SandboxState::Paused)
+                sandboxes.team_and_state(&id).await,
+                Ok((_, SandboxState::Running | SandboxState::Paused))
             );
             if !live {
-                self.leave_all_networks(&id).await;
+                self.leave_all(sandboxes, &id).await;
             }
         }
-        let all = lock(&self.inner.networks).members.keys().cloned().collect();
-        self.refresh_peers(all, Vec::new()).await;
+        let all = lock(&self.state).members.keys().cloned().collect();
+        self.refresh_peers(sandboxes, all, Vec::new()).await;
     }
 
     /// Waits until sandbox `id`'s networks know where it runs now (after a resume).
-    pub(crate) async fn refresh_peers_of(&self, id: &str) {
-        let networks = lock(&self.inner.networks).of_sandbox(id);
+    pub(crate) async fn refresh_peers_of(&self, sandboxes: &dyn SandboxLookup, id: &str) {
+        let networks = lock(&self.state).of_sandbox(id);
         if !networks.is_empty() {
-            self.refresh_peers(networks, vec![id.to_string()]).await;
+            self.refresh_peers(sandboxes, networks, vec![id.to_string()])
+                .await;
         }
     }
 
     /// Creates a network for `team`.
-    pub(crate) async fn create_network(
+    pub(crate) async fn create(
         &self,
         team: &str,
         name: &str,
@@ -342,15 +395,15 @@ impl Control {
                 "ports must be 1 to 65535, at most {MAX_PORTS} of them"
             )));
         }
-        if !self.inner.runtime.capabilities().private_networks {
+        if !self.runtime.capabilities().private_networks {
             return Err(ControlError::InvalidArgument(format!(
                 "the {} runtime has no private networks",
-                self.inner.runtime.name()
+                self.runtime.name()
             )));
         }
-        let _g = self.inner.peering.lock().await;
+        let _g = self.peering.lock().await;
         let network = {
-            let st = lock(&self.inner.networks);
+            let st = lock(&self.state);
             if st
                 .networks
                 .values()
@@ -360,14 +413,12 @@ impl Control {
                     "network {name} already exists"
                 )));
             }
-            let cidr = st
-                .free_cidr(self.inner.config.network_range)
-                .ok_or_else(|| {
-                    ControlError::FailedPrecondition(format!(
-                        "every /24 of {} holds a network: delete one first",
-                        self.inner.config.network_range
-                    ))
-                })?;
+            let cidr = st.free_cidr(self.range).ok_or_else(|| {
+                ControlError::FailedPrecondition(format!(
+                    "every /24 of {} holds a network: delete one first",
+                    self.range
+                ))
+            })?;
             PrivateNetwork {
                 id: random_id("net_", 16)?,
                 name,
@@ -377,8 +428,8 @@ impl Control {
                 created_at: Utc::now(),
             }
         };
-        self.inner.store.put_network(&network).await?;
-        lock(&self.inner.networks)
+        self.store.put_network(&network).await?;
+        lock(&self.state)
             .networks
             .insert(network.id.clone(), network.clone());
         tracing::info!(network = %network.name, id = %network.id, cidr = %network.cidr, "network created");
@@ -386,8 +437,8 @@ impl Control {
     }
 
     /// The networks `team_filter` sees (all for `None`), by name.
-    pub(crate) fn networks(&self, team_filter: Option<&str>) -> Vec<NetworkView> {
-        let st = lock(&self.inner.networks);
+    pub(crate) fn list(&self, team_filter: Option<&str>) -> Vec<NetworkView> {
+        let st = lock(&self.state);
         let mut out: Vec<NetworkView> = st
             .networks
             .values()
@@ -399,12 +450,12 @@ impl Control {
     }
 
     /// One network, by id or name.
-    pub(crate) fn network(
+    pub(crate) fn get(
         &self,
         team_filter: Option<&str>,
         r: &str,
     ) -> Result<NetworkView, ControlError> {
-        let st = lock(&self.inner.networks);
+        let st = lock(&self.state);
         let n = st
             .find(team_filter, r)
             .ok_or_else(|| network_not_found(r))?;
@@ -412,14 +463,14 @@ impl Control {
     }
 
     /// Deletes a network that has no members (409 otherwise: they leave first).
-    pub(crate) async fn delete_network(
+    pub(crate) async fn delete(
         &self,
         team_filter: Option<&str>,
         r: &str,
     ) -> Result<(), ControlError> {
-        let _g = self.inner.peering.lock().await;
+        let _g = self.peering.lock().await;
         let id = {
-            let st = lock(&self.inner.networks);
+            let st = lock(&self.state);
             let n = st
                 .find(team_filter, r)
                 .ok_or_else(|| network_not_found(r))?;
@@ -432,8 +483,8 @@ impl Control {
             }
             n.id.clone()
         };
-        self.inner.store.delete_network(&id).await?;
-        let mut st = lock(&self.inner.networks);
+        self.store.delete_network(&id).await?;
+        let mut st = lock(&self.state);
         st.networks.remove(&id);
         st.members.remove(&id);
         Ok(())
@@ -441,30 +492,31 @@ impl Control {
 
     /// Puts sandbox `sandbox_id` (of `team`) into network `r` and waits until every running
     /// member's slot knows it.
-    pub(crate) async fn join_network(
+    pub(crate) async fn join(
         &self,
+        sandboxes: &dyn SandboxLookup,
         team_filter: Option<&str>,
         r: &str,
         sandbox_id: &str,
         alias: Option<String>,
     ) -> Result<Member, ControlError> {
-        let sb = self.get(sandbox_id).await?;
-        if team_filter.is_some_and(|t| sb.team != t) {
+        let (team, state) = sandboxes.team_and_state(sandbox_id).await?;
+        if team_filter.is_some_and(|t| team != t) {
             return Err(crate::control::not_found(sandbox_id));
         }
-        if !matches!(sb.state, SandboxState::Running | SandboxState::Paused) {
+        if !matches!(state, SandboxState::Running | SandboxState::Paused) {
             return Err(ControlError::FailedPrecondition(format!(
                 "sandbox {sandbox_id} is {}",
-                sb.state.as_str()
+                state.as_str()
             )));
         }
-        let _g = self.inner.peering.lock().await;
+        let _g = self.peering.lock().await;
         let member = {
-            let st = lock(&self.inner.networks);
+            let st = lock(&self.state);
             let n = st
                 .find(team_filter, r)
                 .ok_or_else(|| network_not_found(r))?;
-            if n.team != sb.team {
+            if n.team != team {
                 return Err(ControlError::InvalidArgument(format!(
                     "network {} belongs to another team than sandbox {sandbox_id}",
                     n.name
@@ -513,28 +565,33 @@ impl Control {
                 joined_at: Utc::now(),
             }
         };
-        self.inner.store.put_member(&member).await?;
-        lock(&self.inner.networks)
+        self.store.put_member(&member).await?;
+        lock(&self.state)
             .members
             .entry(member.network_id.clone())
             .or_default()
             .insert(sandbox_id.to_string(), member.clone());
-        self.refresh_peers_locked(BTreeSet::from([member.network_id.clone()]), Vec::new())
-            .await;
+        self.refresh_peers_locked(
+            sandboxes,
+            BTreeSet::from([member.network_id.clone()]),
+            Vec::new(),
+        )
+        .await;
         tracing::info!(sandbox_id, network = %member.network_id, address = %member.address, "joined a network");
         Ok(member)
     }
 
     /// Takes sandbox `sandbox_id` out of network `r`; its open connections to members end.
-    pub(crate) async fn leave_network(
+    pub(crate) async fn leave(
         &self,
+        sandboxes: &dyn SandboxLookup,
         team_filter: Option<&str>,
         r: &str,
         sandbox_id: &str,
     ) -> Result<(), ControlError> {
-        let _g = self.inner.peering.lock().await;
+        let _g = self.peering.lock().await;
         let id = {
-            let st = lock(&self.inner.networks);
+            let st = lock(&self.state);
             let n = st
                 .find(team_filter, r)
                 .ok_or_else(|| network_not_found(r))?;
@@ -550,12 +607,16 @@ impl Control {
             }
             n.id.clone()
         };
-        self.inner.store.delete_member(&id, sandbox_id).await?;
-        if let Some(m) = lock(&self.inner.networks).members.get_mut(&id) {
+        self.store.delete_member(&id, sandbox_id).await?;
+        if let Some(m) = lock(&self.state).members.get_mut(&id) {
             m.remove(sandbox_id);
         }
-        self.refresh_peers_locked(BTreeSet::from([id]), vec![sandbox_id.to_string()])
-            .await;
+        self.refresh_peers_locked(
+            sandboxes,
+            BTreeSet::from([id]),
+            vec![sandbox_id.to_string()],
+        )
+        .await;
         Ok(())
     }
 
@@ -567,7 +628,7 @@ impl Control {
                 "a sandbox may be in at most {MAX_NETWORKS_PER_SANDBOX} networks"
             )));
         }
-        let st = lock(&self.inner.networks);
+        let st = lock(&self.state);
         for j in joins {
             if st.find(Some(team), &j.network).is_none() {
                 return Err(network_not_found(&j.network));
@@ -584,27 +645,28 @@ impl Control {
     }
 
     /// Forgets every membership of a sandbox that is gone (killed, failed).
-    pub(crate) async fn leave_all_networks(&self, sandbox_id: &str) {
-        let _g = self.inner.peering.lock().await;
-        let networks = lock(&self.inner.networks).of_sandbox(sandbox_id);
+    pub(crate) async fn leave_all(&self, sandboxes: &dyn SandboxLookup, sandbox_id: &str) {
+        let _g = self.peering.lock().await;
+        let networks = lock(&self.state).of_sandbox(sandbox_id);
         for n in &networks {
-            if let Err(e) = self.inner.store.delete_member(n, sandbox_id).await {
+            if let Err(e) = self.store.delete_member(n, sandbox_id).await {
                 tracing::warn!(sandbox_id, network = %n, error = %warren_runtime::chain(&e), "could not forget a membership");
                 continue;
             }
-            if let Some(m) = lock(&self.inner.networks).members.get_mut(n) {
+            if let Some(m) = lock(&self.state).members.get_mut(n) {
                 m.remove(sandbox_id);
             }
         }
         if !networks.is_empty() {
-            self.refresh_peers_locked(networks, Vec::new()).await;
+            self.refresh_peers_locked(sandboxes, networks, Vec::new())
+                .await;
         }
     }
 
     /// The networks (and aliases) of `parent`, for a fork's child: same networks, new
     /// addresses, no alias (an alias names one sandbox).
     pub(crate) fn joins_of(&self, parent: &str) -> Vec<Join> {
-        let st = lock(&self.inner.networks);
+        let st = lock(&self.state);
         st.of_sandbox(parent)
             .into_iter()
             .map(|n| Join {
@@ -617,13 +679,20 @@ impl Control {
     /// Joins a sandbox just created (team `team`) to `joins`.
     pub(crate) async fn join_all(
         &self,
+        sandboxes: &dyn SandboxLookup,
         team: &str,
         sandbox_id: &str,
         joins: &[Join],
     ) -> Result<(), ControlError> {
         for j in joins {
-            self.join_network(Some(team), &j.network, sandbox_id, j.alias.clone())
-                .await?;
+            self.join(
+                sandboxes,
+                Some(team),
+                &j.network,
+                sandbox_id,
+                j.alias.clone(),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -636,20 +705,24 @@ impl Tenant {
         ports: Vec<u16>,
     ) -> Result<PrivateNetwork, ControlError> {
         self.control()
-            .create_network(self.team(), name, ports)
+            .networks()
+            .create(self.team(), name, ports)
             .await
     }
 
     pub fn networks(&self) -> Vec<NetworkView> {
-        self.control().networks(self.team_filter())
+        self.control().networks().list(self.team_filter())
     }
 
     pub fn network(&self, r: &str) -> Result<NetworkView, ControlError> {
-        self.control().network(self.team_filter(), r)
+        self.control().networks().get(self.team_filter(), r)
     }
 
     pub async fn delete_network(&self, r: &str) -> Result<(), ControlError> {
-        self.control().delete_network(self.team_filter(), r).await
+        self.control()
+            .networks()
+            .delete(self.team_filter(), r)
+            .await
     }
 
     pub async fn join_network(
@@ -658,14 +731,18 @@ impl Tenant {
         sandbox_id: &str,
         alias: Option<String>,
     ) -> Result<Member, ControlError> {
-        self.control()
-            .join_network(self.team_filter(), r, sandbox_id, alias)
+        let control = self.control();
+        control
+            .networks()
+            .join(control, self.team_filter(), r, sandbox_id, alias)
             .await
     }
 
     pub async fn leave_network(&self, r: &str, sandbox_id: &str) -> Result<(), ControlError> {
-        self.control()
-            .leave_network(self.team_filter(), r, sandbox_id)
+        let control = self.control();
+        control
+            .networks()
+            .leave(control, self.team_filter(), r, sandbox_id)
             .await
     }
 }
