@@ -10,10 +10,10 @@ use std::sync::Arc;
 use warren_runtime::SandboxRuntime;
 
 use crate::audit::AuditObserver;
-use crate::build_port::TemplateBuilder;
 use crate::control::{Config, Control};
 use crate::error::ControlError;
 use crate::store::Store;
+use crate::templates::port::TemplateBuilder;
 use crate::usage::GuestMetrics;
 use crate::volumes::VolumeDisks;
 use crate::webhooks::WebhookSender;

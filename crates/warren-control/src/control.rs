@@ -77,7 +77,7 @@ pub(crate) struct Inner {
     eol_failures: StdMutex<HashMap<String, u32>>,
     pub(crate) wake_reaper: Notify,
     pub(crate) shutdown: CancellationToken,
-    pub(crate) builds: crate::builds::BuildState,
+    pub(crate) templates: Arc<crate::templates::Templates>,
     /// Reads the agents' own view of their sandboxes' resources.
     pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
@@ -163,6 +163,12 @@ impl Control {
             runtime.clone(),
             crate::volumes::VolumeLimits::of(&config),
         );
+        let templates = Arc::new(crate::templates::Templates::new(
+            store.clone(),
+            runtime.clone(),
+            templates,
+            &config,
+        )?);
         let networks = Arc::new(crate::networks::Networks::new(
             store.clone(),
             runtime.clone(),
@@ -180,7 +186,7 @@ impl Control {
                 eol_failures: StdMutex::new(HashMap::new()),
                 wake_reaper: Notify::new(),
                 shutdown: CancellationToken::new(),
-                builds: crate::builds::BuildState::new(templates)?,
+                templates,
                 guest_metrics,
                 series: StdMutex::default(),
                 audit_cursors: StdMutex::default(),
@@ -196,7 +202,7 @@ impl Control {
         control.inner.networks.load().await?;
         control.recover().await?;
         control.inner.networks.restore(&control).await;
-        control.fail_interrupted_builds().await?;
+        control.inner.templates.fail_interrupted_builds().await?;
         crate::expiry::spawn(control.clone());
         control.start_sampling();
         control.inner.webhooks.start(control.inner.shutdown.clone());
@@ -205,19 +211,6 @@ impl Control {
 
     pub fn config(&self) -> &Config {
         &self.inner.config
-    }
-
-    /// Ids of live sandboxes running on one of `images` (runtime template keys).
-    pub(crate) async fn sandboxes_on(&self, images: &[String]) -> Vec<String> {
-        let live: Vec<Entry> = lock(&self.inner.live).values().cloned().collect();
-        let mut out = Vec::new();
-        for e in live {
-            let sb = e.lock().await;
-            if !sb.state.is_gone() && images.contains(&sb.template) {
-                out.push(sb.id.clone());
-            }
-        }
-        out
     }
 
     /// Stops the background tasks (sandboxes keep running; a restart reattaches them).
@@ -607,6 +600,27 @@ impl Control {
         &self.inner.networks
     }
 
+    pub(crate) fn templates(&self) -> &Arc<crate::templates::Templates> {
+        &self.inner.templates
+    }
+
+    /// Accepts an upload made to a URL the templates service signed (no API key: the URL is
+    /// the credential).
+    pub async fn accept_upload(
+        &self,
+        template_id: &str,
+        hash: &str,
+        team: &str,
+        expires: i64,
+        token: &str,
+        body: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    ) -> Result<(), ControlError> {
+        self.inner
+            .templates
+            .accept_upload(template_id, hash, team, expires, token, body)
+            .await
+    }
+
     /// A sandbox started running somewhere or stopped: its networks' members learn it, in
     /// the background.
     pub(crate) fn peers_moved(&self, id: &str) {
@@ -681,5 +695,46 @@ impl crate::networks::SandboxLookup for Control {
     async fn team_and_state(&self, id: &str) -> Result<(String, SandboxState), ControlError> {
         let sb = self.get(id).await?;
         Ok((sb.team, sb.state))
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::templates::ImageUsers for Control {
+    async fn sandboxes_on(&self, images: &[String]) -> Vec<String> {
+        let live: Vec<Entry> = lock(&self.inner.live).values().cloned().collect();
+        let mut out = Vec::new();
+        for e in live {
+            let sb = e.lock().await;
+            if !sb.state.is_gone() && images.contains(&sb.template) {
+                out.push(sb.id.clone());
+            }
+        }
+        out
+    }
+
+    async fn snapshot_on(&self, images: &[String]) -> Result<Option<String>, ControlError> {
+        let snapshots = self.inner.store.snapshots().await?;
+        Ok(snapshots
+            .into_iter()
+            .find(|s| images.contains(&s.template))
+            .map(|s| s.id))
+    }
+
+    async fn images_used(&self) -> Result<Vec<String>, ControlError> {
+        let states = [
+            SandboxState::Pending,
+            SandboxState::Running,
+            SandboxState::Paused,
+            SandboxState::Stopping,
+        ];
+        let store = &self.inner.store;
+        let mut used: Vec<String> = store
+            .sandboxes_in(&states)
+            .await?
+            .into_iter()
+            .map(|sb| sb.template)
+            .collect();
+        used.extend(store.snapshots().await?.into_iter().map(|s| s.template));
+        Ok(used)
     }
 }

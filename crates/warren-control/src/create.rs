@@ -131,6 +131,8 @@ impl Control {
                 // A template built here runs on the image of the build its tag names; its
                 // resources are the template's.
                 let (image, built) = self
+                    .inner
+                    .templates
                     .resolve_template(&template, Some(&team_of(&req.team)))
                     .await?;
                 let (cpu_count, memory_mb, disk_mb) = match &built {
@@ -157,7 +159,7 @@ impl Control {
         };
         let sandbox = self.create_planned(plan).await?;
         if let Some(id) = spawned_from {
-            self.count_spawn(&id).await;
+            self.inner.templates.count_spawn(&id).await;
         }
         if let Err(e) = self
             .inner

@@ -11,9 +11,7 @@
 
 mod audit;
 mod audit_budget;
-mod build_port;
 mod builder;
-mod builds;
 mod config;
 mod control;
 mod create;
@@ -33,8 +31,6 @@ mod secrets;
 mod snapshots;
 pub mod store;
 mod telemetry;
-mod template_disk;
-mod template_tags;
 mod templates;
 mod tenant;
 mod usage;
@@ -46,11 +42,7 @@ pub use audit::{
     MAX_AUDIT_PAGE, SOURCE_AGENT, SOURCE_BUDGET, SOURCE_HOST, SOURCE_LIFECYCLE, SOURCE_NETWORK,
 };
 pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
-pub use build_port::{
-    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, TemplateBuilder, BUILD_LAYER_PREFIX,
-};
 pub use builder::ControlBuilder;
-pub use builds::{BuildPage, BuildRequest, Registered, UploadLink, MAX_LOG_PAGE};
 pub use config::AuditBudget;
 pub use control::{Access, Config, Control, Route, SERVICE_PORT};
 pub use create::CreateRequest;
@@ -75,8 +67,12 @@ pub use store::{
     Store, TemplateStore, VolumeStore, WebhookStore,
 };
 pub use telemetry::{OperationObserver, SandboxCount, SandboxCounts};
-pub use template_disk::{DiskPart, DiskUse};
-pub use template_tags::{Assigned, TagInfo};
+pub use templates::builds::{BuildPage, BuildRequest, Registered, UploadLink, MAX_LOG_PAGE};
+pub use templates::disk::{DiskPart, DiskUse};
+pub use templates::port::{
+    BuildFailure, BuildJob, BuildLog, BuilderError, BuiltImage, TemplateBuilder, BUILD_LAYER_PREFIX,
+};
+pub use templates::tags::{Assigned, TagInfo};
 pub use templates::{
     Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef, Template, TemplateName,
     DEFAULT_TAG,

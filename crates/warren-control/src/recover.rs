@@ -138,7 +138,9 @@ impl Control {
             .map(|s| s.key)
             .collect();
         for key in self.inner.runtime.snapshot_keys().await {
-            if !recorded.contains(&key) && !key.starts_with(crate::build_port::BUILD_LAYER_PREFIX) {
+            if !recorded.contains(&key)
+                && !key.starts_with(crate::templates::port::BUILD_LAYER_PREFIX)
+            {
                 tracing::info!(snapshot_key = %key, "removing a snapshot nothing records");
                 self.forget_runtime_snapshot(&key).await;
             }

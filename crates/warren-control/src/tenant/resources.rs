@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use super::Tenant;
-use crate::builds::{BuildPage, BuildRequest, Registered, UploadLink};
 use crate::error::ControlError;
 use crate::secrets::{SecretInfo, SecretPage};
-use crate::template_disk::DiskUse;
-use crate::template_tags::{Assigned, TagInfo};
+use crate::templates::builds::{BuildPage, BuildRequest, Registered, UploadLink};
+use crate::templates::disk::DiskUse;
+use crate::templates::tags::{Assigned, TagInfo};
 use crate::templates::{Build, Template, TemplateName, DEFAULT_TAG};
 use crate::volumes::{QuotaRequest, Volume, VolumeSnapshot, VolumeUsage};
 use warren_buildspec::BuildSpec;
@@ -25,7 +25,10 @@ impl Tenant {
 
     /// Registers a build of template `req.name` for this key's team.
     pub async fn register_build(&self, req: BuildRequest) -> Result<Registered, ControlError> {
-        self.control.register_build(&self.team, req).await
+        self.control
+            .templates()
+            .register_build(&self.team, req)
+            .await
     }
 
     /// Whether a COPY's files are already here, and if not where to upload them.
@@ -35,6 +38,7 @@ impl Tenant {
         hash: &str,
     ) -> Result<UploadLink, ControlError> {
         self.control
+            .templates()
             .upload_link(self.team_filter(), template_id, hash)
             .await
     }
@@ -47,6 +51,7 @@ impl Tenant {
         spec: BuildSpec,
     ) -> Result<(), ControlError> {
         self.control
+            .templates()
             .start_build(self.team_filter(), template_id, build_id, spec)
             .await
     }
@@ -60,6 +65,7 @@ impl Tenant {
         limit: Option<usize>,
     ) -> Result<BuildPage, ControlError> {
         self.control
+            .templates()
             .build_status(self.team_filter(), template_id, build_id, offset, limit)
             .await
     }
@@ -67,8 +73,13 @@ impl Tenant {
     /// The templates this key sees, each with its latest build.
     pub async fn templates(&self) -> Result<Vec<(Template, Option<Build>)>, ControlError> {
         let mut out = Vec::new();
-        for t in self.control.list_templates(self.team_filter()).await? {
-            let latest = self.control.latest_build(&t).await?;
+        for t in self
+            .control
+            .templates()
+            .list_templates(self.team_filter())
+            .await?
+        {
+            let latest = self.control.templates().latest_build(&t).await?;
             out.push((t, latest));
         }
         Ok(out)
@@ -91,7 +102,7 @@ impl Tenant {
                 public: true,
             });
         }
-        match self.control.find_template(name, None).await? {
+        match self.control.templates().find_template(name, None).await? {
             Some(t) if self.team_filter().is_none_or(|team| team == t.team) || t.public => {
                 let tag = TemplateName::parse(name)
                     .ok()
@@ -123,6 +134,7 @@ impl Tenant {
         public: bool,
     ) -> Result<Template, ControlError> {
         self.control
+            .templates()
             .set_template_public(self.team_filter(), id_or_name, public)
             .await
     }
@@ -135,7 +147,12 @@ impl Tenant {
             Err(ControlError::NotFound(_)) => {}
             done => return done,
         }
-        if self.control.delete_template(self.team_filter(), id).await? {
+        if self
+            .control
+            .templates()
+            .delete_template(self.team_filter(), id, &self.control)
+            .await?
+        {
             Ok(())
         } else {
             Err(ControlError::NotFound(format!("template '{id}' not found")))
@@ -149,6 +166,7 @@ impl Tenant {
         tags: &[String],
     ) -> Result<Assigned, ControlError> {
         self.control
+            .templates()
             .assign_tags(self.team_filter(), target, tags)
             .await
     }
@@ -156,6 +174,7 @@ impl Tenant {
     /// Removes `tags` from the template `name`.
     pub async fn remove_tags(&self, name: &str, tags: &[String]) -> Result<(), ControlError> {
         self.control
+            .templates()
             .remove_tags(self.team_filter(), name, tags)
             .await
     }
@@ -163,18 +182,25 @@ impl Tenant {
     /// The tags of a template, oldest first.
     pub async fn template_tags(&self, id_or_name: &str) -> Result<Vec<TagInfo>, ControlError> {
         self.control
+            .templates()
             .template_tags(self.team_filter(), id_or_name)
             .await
     }
 
     /// The data disk's use by this key's templates.
     pub async fn template_disk_use(&self) -> Result<DiskUse, ControlError> {
-        self.control.template_disk_use(self.team_filter()).await
+        self.control
+            .templates()
+            .template_disk_use(self.team_filter(), &self.control)
+            .await
     }
 
     /// Removes what no template of this key's needs any more; the disk's use after.
     pub async fn prune_templates(&self) -> Result<DiskUse, ControlError> {
-        self.control.prune_templates(self.team_filter()).await
+        self.control
+            .templates()
+            .prune_templates(self.team_filter(), &self.control)
+            .await
     }
 
     // Volumes.

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::model::SandboxState;
-use crate::{Control, ControlError};
+use super::{ImageUsers, Templates};
+use crate::ControlError;
 
 /// One kind of build data on disk.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub struct DiskUse {
     pub blobs: DiskPart,
 }
 
-impl Control {
+impl Templates {
     fn require_admin(team: Option<&str>) -> Result<(), ControlError> {
         match team {
             None => Ok(()),
@@ -38,8 +38,8 @@ impl Control {
 
     /// The images something still uses: every tag's build, every sandbox not gone, every
     /// snapshot.
-    async fn images_in_use(&self) -> Result<Vec<String>, ControlError> {
-        let store = &self.inner.store;
+    async fn images_in_use(&self, users: &dyn ImageUsers) -> Result<Vec<String>, ControlError> {
+        let store = &self.store;
         let mut keep = BTreeSet::new();
         for t in store.templates().await? {
             for tag in t.tags.values() {
@@ -48,18 +48,7 @@ impl Control {
                 }
             }
         }
-        let states = [
-            SandboxState::Pending,
-            SandboxState::Running,
-            SandboxState::Paused,
-            SandboxState::Stopping,
-        ];
-        for sb in store.sandboxes_in(&states).await? {
-            keep.insert(sb.template);
-        }
-        for s in store.snapshots().await? {
-            keep.insert(s.template);
-        }
+        keep.extend(users.images_used().await?);
         Ok(keep.into_iter().collect())
     }
 
@@ -67,13 +56,14 @@ impl Control {
     pub(crate) async fn template_disk_use(
         &self,
         team: Option<&str>,
+        users: &dyn ImageUsers,
     ) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
-        let keep = self.images_in_use().await?;
+        let keep = self.images_in_use(users).await?;
         self.template_builder()?
             .disk_use(&keep)
             .await
-            .map_err(crate::builds::builder_error)
+            .map_err(super::builds::builder_error)
     }
 
     /// Deletes what nothing uses; waits for a running build to end first (so no build loses
@@ -81,20 +71,20 @@ impl Control {
     pub(crate) async fn prune_templates(
         &self,
         team: Option<&str>,
+        users: &dyn ImageUsers,
     ) -> Result<DiskUse, ControlError> {
         Self::require_admin(team)?;
         let builder = self.template_builder()?;
         let _turn = self
-            .inner
             .builds
             .gate
             .acquire()
             .await
             .map_err(|_| ControlError::Unavailable("the server is stopping".into()))?;
-        let keep = self.images_in_use().await?;
+        let keep = self.images_in_use(users).await?;
         builder
             .prune(&keep)
             .await
-            .map_err(crate::builds::builder_error)
+            .map_err(super::builds::builder_error)
     }
 }

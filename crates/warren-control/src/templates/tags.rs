@@ -3,8 +3,9 @@
 
 use chrono::Utc;
 
+use super::Templates;
 use crate::templates::{tag_ok, TagRef, Template, TemplateName, DEFAULT_TAG};
-use crate::{Control, ControlError};
+use crate::ControlError;
 
 /// One tag of a template, as `GET /templates/{id}/tags` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +43,7 @@ fn clean_tags(tags: &[String]) -> Result<Vec<String>, ControlError> {
     Ok(out)
 }
 
-impl Control {
+impl Templates {
     /// The template `name` (no tag) names for `team`, which must own it: another team's is
     /// PermissionDenied, as upstream answers 403.
     async fn owned_template(
@@ -59,7 +60,6 @@ impl Control {
             }
         }
         let t = self
-            .inner
             .store
             .template_by_alias(&name.alias)
             .await?
@@ -81,7 +81,7 @@ impl Control {
     ) -> Result<Assigned, ControlError> {
         let name = TemplateName::parse(target)?;
         let tags = clean_tags(tags)?;
-        let _guard = self.inner.builds.template_docs.lock().await;
+        let _guard = self.docs.lock().await;
         let mut t = self.owned_template(team, &name, target).await?;
         let from = name.tag.as_deref().unwrap_or(DEFAULT_TAG);
         let build_id = t
@@ -102,7 +102,7 @@ impl Control {
             );
         }
         t.updated_at = now;
-        self.inner.store.put_template(&t).await?;
+        self.store.put_template(&t).await?;
         Ok(Assigned { tags, build_id })
     }
 
@@ -126,7 +126,7 @@ impl Control {
                 "the 'default' tag cannot be removed".into(),
             ));
         }
-        let _guard = self.inner.builds.template_docs.lock().await;
+        let _guard = self.docs.lock().await;
         let mut t = self.owned_template(team, &parsed, name).await?;
         if let Some(missing) = tags.iter().find(|tag| !t.tags.contains_key(*tag)) {
             return Err(ControlError::NotFound(format!(
@@ -137,7 +137,7 @@ impl Control {
             t.tags.remove(tag);
         }
         t.updated_at = Utc::now();
-        self.inner.store.put_template(&t).await?;
+        self.store.put_template(&t).await?;
         Ok(())
     }
 
@@ -165,16 +165,16 @@ impl Control {
     }
 }
 
-impl Control {
+impl Templates {
     /// Counts a sandbox created from template `id` (`spawnCount`, `lastSpawnedAt`). A failure
     /// to record it is logged, never the create's failure.
     pub(crate) async fn count_spawn(&self, id: &str) {
-        let _guard = self.inner.builds.template_docs.lock().await;
+        let _guard = self.docs.lock().await;
         let result = async {
-            if let Some(mut t) = self.inner.store.get_template(id).await? {
+            if let Some(mut t) = self.store.get_template(id).await? {
                 t.spawn_count += 1;
                 t.last_spawned_at = Some(Utc::now());
-                self.inner.store.put_template(&t).await?;
+                self.store.put_template(&t).await?;
             }
             Ok::<_, ControlError>(())
         }

@@ -16,8 +16,8 @@ use chrono::Utc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::build_port::{BuildFailure, BuildJob, BuildLog, BuilderError, TemplateBuilder};
-use crate::control::Control;
+use super::port::{BuildFailure, BuildJob, BuildLog, BuilderError, TemplateBuilder};
+use super::{ImageUsers, Templates};
 use crate::error::ControlError;
 use crate::random::random_id;
 use crate::templates::{
@@ -32,7 +32,7 @@ pub const MAX_LOG_PAGE: usize = 100;
 /// How long an upload URL stays valid.
 const UPLOAD_URL_TTL: Duration = Duration::from_secs(30 * 60);
 
-/// The build side of the control plane's state.
+/// The build side of the templates service's state.
 pub(crate) struct BuildState {
     pub(crate) builder: Option<Arc<dyn TemplateBuilder>>,
     /// Logs of builds that are running now.
@@ -41,9 +41,6 @@ pub(crate) struct BuildState {
     pub(crate) gate: tokio::sync::Semaphore,
     /// Signs upload URLs; new at each start (an URL is good for one build's uploads).
     upload_key: [u8; 32],
-    /// Held while a template's record is read, changed and written back (tags, counters), so
-    /// two such updates never lose one another's change.
-    pub(crate) template_docs: tokio::sync::Mutex<()>,
 }
 
 impl BuildState {
@@ -53,7 +50,6 @@ impl BuildState {
             active: StdMutex::new(HashMap::new()),
             gate: tokio::sync::Semaphore::new(1),
             upload_key: crate::random::random_bytes::<32>()?,
-            template_docs: tokio::sync::Mutex::new(()),
         })
     }
 }
@@ -126,10 +122,9 @@ fn sign(key: &[u8; 32], team: &str, template: &str, hash: &str, expires: i64) ->
         .collect()
 }
 
-impl Control {
+impl Templates {
     pub(crate) fn template_builder(&self) -> Result<&Arc<dyn TemplateBuilder>, ControlError> {
-        self.inner
-            .builds
+        self.builds
             .builder
             .as_ref()
             .ok_or_else(|| ControlError::Unavailable("this server does not build templates".into()))
@@ -141,7 +136,7 @@ impl Control {
         id_or_name: &str,
         team: Option<&str>,
     ) -> Result<Option<Template>, ControlError> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let raw = id_or_name.trim();
         let found = match store.get_template(raw).await? {
             Some(t) => Some(t),
@@ -161,7 +156,7 @@ impl Control {
         team: Option<&str>,
     ) -> Result<(String, Option<Template>), ControlError> {
         let raw = requested.trim();
-        if self.inner.config.template_names.iter().any(|n| n == raw) {
+        if self.catalog.iter().any(|n| n == raw) {
             return Ok((raw.to_string(), None));
         }
         let Some(t) = self.find_template(raw, team).await? else {
@@ -183,7 +178,6 @@ impl Control {
             )));
         };
         let build = self
-            .inner
             .store
             .get_build(&tag_ref.build_id)
             .await?
@@ -210,14 +204,14 @@ impl Control {
                 )));
             }
         }
-        if self.inner.config.template_names.contains(&name.alias) {
+        if self.catalog.contains(&name.alias) {
             return Err(ControlError::InvalidArgument(format!(
                 "'{}' is a built-in template's name",
                 name.alias
             )));
         }
         let tags = build_tags(&name, &req.tags)?;
-        let cfg = &self.inner.config;
+        let cfg = &self.limits;
         let cpu = req.cpu_count.unwrap_or(2);
         let memory = req.memory_mb.unwrap_or(1024);
         check_resources(
@@ -232,7 +226,7 @@ impl Control {
                 .saturating_add(cfg.disk_mb),
         );
         let now = Utc::now();
-        let mut template = match self.inner.store.template_by_alias(&name.alias).await? {
+        let mut template = match self.store.template_by_alias(&name.alias).await? {
             Some(t) if t.team == team => t,
             Some(_) => {
                 return Err(ControlError::FailedPrecondition(format!(
@@ -273,8 +267,8 @@ impl Control {
             created_at: now,
             updated_at: now,
         };
-        self.inner.store.put_template(&template).await?;
-        self.inner.store.put_build(&build).await?;
+        self.store.put_template(&template).await?;
+        self.store.put_build(&build).await?;
         Ok(Registered {
             template,
             build_id: build.id,
@@ -303,7 +297,7 @@ impl Control {
             .await
             .map_err(builder_error)?;
         let expires = (Utc::now() + UPLOAD_URL_TTL).timestamp();
-        let token = sign(&self.inner.builds.upload_key, &t.team, &t.id, hash, expires);
+        let token = sign(&self.builds.upload_key, &t.team, &t.id, hash, expires);
         Ok(UploadLink {
             present,
             path_and_query: Some(format!(
@@ -314,8 +308,8 @@ impl Control {
         })
     }
 
-    /// Accepts an upload made to a URL from [`Control::upload_link`].
-    pub async fn accept_upload(
+    /// Accepts an upload made to a URL from [`Templates::upload_link`].
+    pub(crate) async fn accept_upload(
         &self,
         template_id: &str,
         hash: &str,
@@ -324,13 +318,7 @@ impl Control {
         token: &str,
         body: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
     ) -> Result<(), ControlError> {
-        let want = sign(
-            &self.inner.builds.upload_key,
-            team,
-            template_id,
-            hash,
-            expires,
-        );
+        let want = sign(&self.builds.upload_key, team, template_id, hash, expires);
         let valid: bool = subtle::ConstantTimeEq::ct_eq(want.as_bytes(), token.as_bytes()).into();
         if !valid || expires < Utc::now().timestamp() {
             return Err(ControlError::PermissionDenied(
@@ -348,7 +336,7 @@ impl Control {
 
     /// Triggers a registered build; it runs in the background.
     pub(crate) async fn start_build(
-        &self,
+        self: &Arc<Self>,
         team: Option<&str>,
         template_id: &str,
         build_id: &str,
@@ -361,7 +349,6 @@ impl Control {
             .filter(|t| team.is_none_or(|team| t.team == team))
             .ok_or_else(|| template_not_found(template_id))?;
         let mut build = self
-            .inner
             .store
             .get_build(build_id)
             .await?
@@ -395,15 +382,15 @@ impl Control {
         }
         build.status = BuildStatus::Building;
         build.updated_at = Utc::now();
-        self.inner.store.put_build(&build).await?;
+        self.store.put_build(&build).await?;
         let log = BuildLog::default();
         for note in &spec.notes {
             log.info(None, note.clone());
         }
-        lock(&self.inner.builds.active).insert(build.id.clone(), log.clone());
-        let control = self.clone();
+        lock(&self.builds.active).insert(build.id.clone(), log.clone());
+        let me = self.clone();
         tokio::spawn(async move {
-            control.run_build(builder, t, build, spec, log).await;
+            me.run_build(builder, t, build, spec, log).await;
         });
         Ok(())
     }
@@ -416,11 +403,11 @@ impl Control {
         spec: BuildSpec,
         log: BuildLog,
     ) {
-        let _turn = match self.inner.builds.gate.try_acquire() {
+        let _turn = match self.builds.gate.try_acquire() {
             Ok(p) => p,
             Err(_) => {
                 log.info(None, "Waiting for the builder (another build is running)");
-                match self.inner.builds.gate.acquire().await {
+                match self.builds.gate.acquire().await {
                     Ok(p) => p,
                     Err(_) => return,
                 }
@@ -476,7 +463,7 @@ impl Control {
         if let Err(e) = self.finish_build(&template.id, &build, log.all()).await {
             tracing::error!(build_id = %build.id, error = %warren_runtime::chain(&e), "recording a finished build");
         }
-        lock(&self.inner.builds.active).remove(&build.id);
+        lock(&self.builds.active).remove(&build.id);
     }
 
     /// The runtime key a build (or a stage of one) starts from, when it is one this host has.
@@ -503,12 +490,12 @@ impl Control {
         build: &Build,
         entries: Vec<LogEntry>,
     ) -> Result<(), ControlError> {
-        let store = &self.inner.store;
+        let store = &self.store;
         store.append_build_logs(&build.id, 0, &entries).await?;
         store.put_build(build).await?;
         if build.status == BuildStatus::Ready {
             // Re-read: tags may have moved while the build ran.
-            let _guard = self.inner.builds.template_docs.lock().await;
+            let _guard = self.docs.lock().await;
             if let Some(mut t) = store.get_template(template_id).await? {
                 for tag in &build.tags {
                     t.tags.insert(
@@ -541,21 +528,19 @@ impl Control {
             .await?
             .ok_or_else(|| template_not_found(template_id))?;
         let build = self
-            .inner
             .store
             .get_build(build_id)
             .await?
             .filter(|b| b.template_id == t.id)
             .ok_or_else(|| ControlError::NotFound(format!("Build '{build_id}' not found")))?;
         let limit = limit.unwrap_or(MAX_LOG_PAGE).clamp(1, MAX_LOG_PAGE);
-        let active = lock(&self.inner.builds.active).get(build_id).cloned();
+        let active = lock(&self.builds.active).get(build_id).cloned();
         let entries = match active {
             Some(log) => log.page(offset, limit),
-            None => self.inner.store.build_logs(build_id, offset, limit).await?,
+            None => self.store.build_logs(build_id, offset, limit).await?,
         };
         let reason_entries = match &build.reason {
             Some(r) => self
-                .inner
                 .store
                 .build_logs(build_id, 0, usize::MAX)
                 .await?
@@ -573,14 +558,14 @@ impl Control {
 
     /// Marks builds a previous run left unfinished as failed.
     pub(crate) async fn fail_interrupted_builds(&self) -> Result<(), ControlError> {
-        for mut b in self.inner.store.builds_in(BuildStatus::Building).await? {
+        for mut b in self.store.builds_in(BuildStatus::Building).await? {
             b.status = BuildStatus::Error;
             b.reason = Some(BuildReason {
                 message: "the server stopped during the build; build again".into(),
                 step: None,
             });
             b.updated_at = Utc::now();
-            self.inner.store.put_build(&b).await?;
+            self.store.put_build(&b).await?;
         }
         Ok(())
     }
@@ -590,7 +575,7 @@ impl Control {
         &self,
         team: Option<&str>,
     ) -> Result<Vec<Template>, ControlError> {
-        let all = self.inner.store.templates().await?;
+        let all = self.store.templates().await?;
         Ok(all
             .into_iter()
             .filter(|t| team.is_none_or(|team| t.team == team || t.public))
@@ -602,7 +587,7 @@ impl Control {
         let Some(tag) = t.tags.get(crate::templates::DEFAULT_TAG) else {
             return Ok(None);
         };
-        Ok(self.inner.store.get_build(&tag.build_id).await?)
+        Ok(self.store.get_build(&tag.build_id).await?)
     }
 
     /// Deletes a template of `team` and its images; refused while sandboxes use one of them.
@@ -611,6 +596,7 @@ impl Control {
         &self,
         team: Option<&str>,
         id_or_name: &str,
+        users: &dyn ImageUsers,
     ) -> Result<bool, ControlError> {
         let Some(t) = self
             .find_template(id_or_name, team)
@@ -619,20 +605,18 @@ impl Control {
         else {
             return Ok(false);
         };
-        let builds = self.inner.store.builds_of(&t.id).await?;
+        let builds = self.store.builds_of(&t.id).await?;
         let images: Vec<String> = builds.iter().filter_map(|b| b.image.clone()).collect();
-        let users = self.sandboxes_on(&images).await;
-        if let Some(id) = users.first() {
+        let running = users.sandboxes_on(&images).await;
+        if let Some(id) = running.first() {
             return Err(ControlError::FailedPrecondition(format!(
                 "template '{id_or_name}' is used by {} sandbox(es) (e.g. {id}); kill them first",
-                users.len()
+                running.len()
             )));
         }
-        let snapshots = self.inner.store.snapshots().await?;
-        if let Some(s) = snapshots.iter().find(|s| images.contains(&s.template)) {
+        if let Some(s) = users.snapshot_on(&images).await? {
             return Err(ControlError::FailedPrecondition(format!(
-                "template '{id_or_name}' is the base of snapshot {}; delete it first",
-                s.id
+                "template '{id_or_name}' is the base of snapshot {s}; delete it first"
             )));
         }
         if builds.iter().any(|b| b.status == BuildStatus::Building) {
@@ -640,11 +624,11 @@ impl Control {
                 "template '{id_or_name}' is being built"
             )));
         }
-        self.inner.store.delete_template(&t.id).await?;
+        self.store.delete_template(&t.id).await?;
         for key in &images {
-            self.inner.runtime.forget_template(key).await;
+            self.runtime.forget_template(key).await;
         }
-        if let Some(builder) = &self.inner.builds.builder {
+        if let Some(builder) = &self.builds.builder {
             for key in images {
                 if let Err(e) = builder.remove_image(&key).await {
                     tracing::warn!(image = %key, error = %warren_runtime::chain(&e), "removing a deleted template's image");
@@ -661,7 +645,7 @@ impl Control {
         id_or_name: &str,
         public: bool,
     ) -> Result<Template, ControlError> {
-        let _guard = self.inner.builds.template_docs.lock().await;
+        let _guard = self.docs.lock().await;
         let mut t = self
             .find_template(id_or_name, team)
             .await?
@@ -669,7 +653,7 @@ impl Control {
             .ok_or_else(|| template_not_found(id_or_name))?;
         t.public = public;
         t.updated_at = Utc::now();
-        self.inner.store.put_template(&t).await?;
+        self.store.put_template(&t).await?;
         Ok(t)
     }
 }
