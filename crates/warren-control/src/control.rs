@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -101,11 +101,7 @@ pub struct Control {
     pub(crate) inner: Arc<Inner>,
 }
 
-pub(crate) fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these short critical sections leaves plain maps behind,
-    // which are still consistent; keep serving rather than cascading the panic.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::locks::lock;
 
 pub(crate) fn team_of(team: &str) -> String {
     if team.is_empty() {
@@ -115,9 +111,7 @@ pub(crate) fn team_of(team: &str) -> String {
     }
 }
 
-pub(crate) fn not_found(id: &str) -> ControlError {
-    ControlError::NotFound(format!("sandbox {id} not found"))
-}
+pub(crate) use crate::error::sandbox_not_found as not_found;
 
 impl Control {
     /// A control plane over `store` and `runtime`, to be given its other ports before it
@@ -156,7 +150,7 @@ impl Control {
         let config_per_sandbox = config.per_sandbox_metrics;
         let secrets = crate::secrets::Secrets::new(store.clone(), config.max_secrets);
         let webhooks = Arc::new(crate::webhooks::Webhooks::new(store.clone(), webhooks));
-        let events = crate::events::Events::new(store.clone(), webhooks.clone());
+        let events = crate::events::Events::new(store.clone(), vec![webhooks.clone()]);
         let volumes = crate::volumes::Volumes::new(
             store.clone(),
             volumes,

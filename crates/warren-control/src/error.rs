@@ -124,6 +124,11 @@ pub fn dockerfile_build(
     )?)
 }
 
+/// A sandbox that does not exist, or that the caller may not see (the same answer).
+pub(crate) fn sandbox_not_found(id: &str) -> ControlError {
+    ControlError::NotFound(format!("sandbox {id} not found"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,12 +8,13 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::store::EventStore;
-use crate::webhooks::Webhooks;
 use crate::{ControlError, Sandbox};
 
 /// How long events are kept (E2B keeps seven days).
@@ -109,21 +110,28 @@ impl Default for EventQuery {
     }
 }
 
-/// Lifecycle events: recorded, fed to streams and handed to webhooks. Depends only on
-/// [`Webhooks`].
+/// Is handed every event as it is recorded (webhooks queue their deliveries this way), after
+/// the store has it.
+#[async_trait]
+pub(crate) trait EventSink: Send + Sync {
+    async fn recorded(&self, event: &SandboxEvent);
+}
+
+/// Lifecycle events: recorded, fed to streams and handed to the sinks (webhooks). Depends on
+/// no other service.
 pub(crate) struct Events {
     store: Arc<dyn EventStore>,
     /// Events as they are recorded, for streams.
     feed: broadcast::Sender<SandboxEvent>,
-    webhooks: Arc<Webhooks>,
+    sinks: Vec<Arc<dyn EventSink>>,
 }
 
 impl Events {
-    pub(crate) fn new(store: Arc<dyn EventStore>, webhooks: Arc<Webhooks>) -> Self {
+    pub(crate) fn new(store: Arc<dyn EventStore>, sinks: Vec<Arc<dyn EventSink>>) -> Self {
         Self {
             store,
             feed: broadcast::channel(EVENT_FEED).0,
-            webhooks,
+            sinks,
         }
     }
 
@@ -147,7 +155,9 @@ impl Events {
             tracing::warn!(sandbox_id = %sandbox.id, kind = event.kind.type_name(), error = %warren_runtime::chain(&e),
                 "recording a lifecycle event");
         }
-        self.webhooks.queue(&event).await;
+        for sink in &self.sinks {
+            sink.recorded(&event).await;
+        }
         // Nobody listening is not an error.
         let _ = self.feed.send(event);
     }

@@ -21,6 +21,7 @@ mod expiry;
 mod fork;
 mod keys;
 mod list;
+mod locks;
 mod model;
 mod network;
 mod networks;

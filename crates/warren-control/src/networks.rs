@@ -26,12 +26,11 @@ use tokio::sync::Mutex;
 use warren_runtime::peers::{Peer, Peering};
 use warren_runtime::{RuntimeError, SandboxRuntime};
 
-use crate::control::lock;
-use crate::error::ControlError;
+use crate::error::{sandbox_not_found, ControlError};
+use crate::locks::lock;
 use crate::model::SandboxState;
 use crate::random::random_id;
 use crate::store::NetworkStore;
-use crate::tenant::Tenant;
 
 /// The metadata key through which an unmodified E2B SDK asks for networks at create:
 /// `"backend"`, `"backend:db,frontend"` (network, optionally `:alias`, comma-separated).
@@ -502,7 +501,7 @@ impl Networks {
     ) -> Result<Member, ControlError> {
         let (team, state) = sandboxes.team_and_state(sandbox_id).await?;
         if team_filter.is_some_and(|t| team != t) {
-            return Err(crate::control::not_found(sandbox_id));
+            return Err(sandbox_not_found(sandbox_id));
         }
         if !matches!(state, SandboxState::Running | SandboxState::Paused) {
             return Err(ControlError::FailedPrecondition(format!(
@@ -695,55 +694,6 @@ impl Networks {
             .await?;
         }
         Ok(())
-    }
-}
-
-impl Tenant {
-    pub async fn create_network(
-        &self,
-        name: &str,
-        ports: Vec<u16>,
-    ) -> Result<PrivateNetwork, ControlError> {
-        self.control()
-            .networks()
-            .create(self.team(), name, ports)
-            .await
-    }
-
-    pub fn networks(&self) -> Vec<NetworkView> {
-        self.control().networks().list(self.team_filter())
-    }
-
-    pub fn network(&self, r: &str) -> Result<NetworkView, ControlError> {
-        self.control().networks().get(self.team_filter(), r)
-    }
-
-    pub async fn delete_network(&self, r: &str) -> Result<(), ControlError> {
-        self.control()
-            .networks()
-            .delete(self.team_filter(), r)
-            .await
-    }
-
-    pub async fn join_network(
-        &self,
-        r: &str,
-        sandbox_id: &str,
-        alias: Option<String>,
-    ) -> Result<Member, ControlError> {
-        let control = self.control();
-        control
-            .networks()
-            .join(control, self.team_filter(), r, sandbox_id, alias)
-            .await
-    }
-
-    pub async fn leave_network(&self, r: &str, sandbox_id: &str) -> Result<(), ControlError> {
-        let control = self.control();
-        control
-            .networks()
-            .leave(control, self.team_filter(), r, sandbox_id)
-            .await
     }
 }
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{EventKind, SandboxEvent};
+use crate::events::{EventKind, EventSink, SandboxEvent};
 use crate::store::WebhookStore;
 use crate::ControlError;
 
@@ -127,7 +127,8 @@ fn check_secret(secret: &str) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Webhooks and their deliveries. Depends on no other service; events queue deliveries here.
+/// Webhooks and their deliveries. Depends on events' types only: it is one of their
+/// [`EventSink`]s.
 pub(crate) struct Webhooks {
     store: Arc<dyn WebhookStore>,
     /// Posts deliveries (`None`: none are queued).
@@ -375,6 +376,13 @@ impl Webhooks {
                 .then_with(|| a.id.cmp(&b.id))
         });
         Ok(all)
+    }
+}
+
+#[async_trait]
+impl EventSink for Webhooks {
+    async fn recorded(&self, event: &SandboxEvent) {
+        self.queue(event).await;
     }
 }
 

@@ -36,3 +36,94 @@ fn no_http_or_sql_in_the_domain() {
         }
     }
 }
+
+/// The services of the domain (docs/control-plane.md, "Services") and the files each is made
+/// of. A service may use the crate's vocabulary and the services below it; never `Control`,
+/// `Tenant` or the sandbox operations, which are built on top of them.
+const SERVICES: &[(&str, &[&str])] = &[
+    ("secrets", &["secrets.rs"]),
+    ("events", &["events.rs"]),
+    ("webhooks", &["webhooks.rs"]),
+    ("volumes", &["volumes.rs"]),
+    ("networks", &["networks.rs"]),
+    (
+        "templates",
+        &[
+            "templates/mod.rs",
+            "templates/builds.rs",
+            "templates/disk.rs",
+            "templates/port.rs",
+            "templates/records.rs",
+            "templates/tags.rs",
+        ],
+    ),
+];
+
+/// Modules no service may reach: the sandboxes' side and the scoped entry point.
+const ABOVE_SERVICES: &[&str] = &[
+    "control",
+    "tenant",
+    "create",
+    "pause",
+    "fork",
+    "snapshots",
+    "list",
+    "recover",
+    "expiry",
+    "usage",
+    "audit",
+    "telemetry",
+    "builder",
+    "network",
+];
+
+/// `crate::<module>` paths a source file names.
+fn crate_modules(source: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut rest = source;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+#[test]
+fn services_form_a_dag_below_the_sandboxes() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut edges: Vec<(&str, String)> = Vec::new();
+    for (service, files) in SERVICES {
+        for file in *files {
+            let text = std::fs::read_to_string(src.join(file))
+                .unwrap_or_else(|e| panic!("reading {file}: {e}"));
+            for module in crate_modules(&text) {
+                assert!(
+                    !ABOVE_SERVICES.contains(&module.as_str()),
+                    "{file} (service {service}) uses crate::{module}: services must not reach up"
+                );
+                if module != *service && SERVICES.iter().any(|(s, _)| *s == module) {
+                    edges.push((service, module));
+                }
+            }
+        }
+    }
+    // Kahn's algorithm: every service must come off the graph, or a cycle remains.
+    let mut left: Vec<&str> = SERVICES.iter().map(|(s, _)| *s).collect();
+    while let Some(pos) = left.iter().position(|s| {
+        !edges
+            .iter()
+            .any(|(from, to)| from == s && left.contains(&to.as_str()))
+    }) {
+        left.remove(pos);
+    }
+    assert!(
+        left.is_empty(),
+        "services that depend on each other in a circle: {left:?} (edges {edges:?})"
+    );
+}

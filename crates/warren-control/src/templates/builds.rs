@@ -19,6 +19,7 @@ use sha2::Sha256;
 use super::port::{BuildFailure, BuildJob, BuildLog, BuilderError, TemplateBuilder};
 use super::{ImageUsers, Templates};
 use crate::error::ControlError;
+use crate::locks::lock;
 use crate::random::random_id;
 use crate::templates::{
     build_tags, check_resources, Build, BuildReason, BuildStatus, LogEntry, LogLevel, TagRef,
@@ -87,10 +88,6 @@ pub struct BuildRequest {
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u32>,
     pub min_free_disk_mb: Option<u32>,
-}
-
-fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub(crate) fn builder_error(e: BuilderError) -> ControlError {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::Tenant;
 use crate::error::ControlError;
+use crate::networks::{Member, NetworkView, PrivateNetwork};
 use crate::secrets::{SecretInfo, SecretPage};
 use crate::templates::builds::{BuildPage, BuildRequest, Registered, UploadLink};
 use crate::templates::disk::DiskUse;
@@ -320,5 +321,56 @@ impl Tenant {
     /// Deletes a secret.
     pub async fn delete_secret(&self, r: &str) -> Result<(), ControlError> {
         self.control.secrets().delete(self.team_filter(), r).await
+    }
+}
+
+// Private networks.
+
+impl Tenant {
+    pub async fn create_network(
+        &self,
+        name: &str,
+        ports: Vec<u16>,
+    ) -> Result<PrivateNetwork, ControlError> {
+        self.control()
+            .networks()
+            .create(self.team(), name, ports)
+            .await
+    }
+
+    pub fn networks(&self) -> Vec<NetworkView> {
+        self.control().networks().list(self.team_filter())
+    }
+
+    pub fn network(&self, r: &str) -> Result<NetworkView, ControlError> {
+        self.control().networks().get(self.team_filter(), r)
+    }
+
+    pub async fn delete_network(&self, r: &str) -> Result<(), ControlError> {
+        self.control()
+            .networks()
+            .delete(self.team_filter(), r)
+            .await
+    }
+
+    pub async fn join_network(
+        &self,
+        r: &str,
+        sandbox_id: &str,
+        alias: Option<String>,
+    ) -> Result<Member, ControlError> {
+        let control = self.control();
+        control
+            .networks()
+            .join(control, self.team_filter(), r, sandbox_id, alias)
+            .await
+    }
+
+    pub async fn leave_network(&self, r: &str, sandbox_id: &str) -> Result<(), ControlError> {
+        let control = self.control();
+        control
+            .networks()
+            .leave(control, self.team_filter(), r, sandbox_id)
+            .await
     }
 }
