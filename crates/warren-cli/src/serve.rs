@@ -538,6 +538,7 @@ async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
                 );
             }
             control
+                .keys()
                 .seed_api_key("WARREN_API_KEY", &secret)
                 .await
                 .context("seeding WARREN_API_KEY")?;
@@ -545,6 +546,7 @@ async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
         }
     }
     let active = control
+        .keys()
         .api_keys()
         .await?
         .iter()
@@ -553,7 +555,7 @@ async fn ensure_key(control: &Control, data_dir: &Path) -> anyhow::Result<()> {
     if active > 0 {
         return Ok(());
     }
-    let new = control.create_api_key("initial").await?;
+    let new = control.keys().create_api_key("initial").await?;
     let path = data_dir.join(KEY_FILE);
     crate::keys::write_key_file(&path, &new.secret)?;
     // Shown once to the person at the terminal; never written where logs go (under systemd

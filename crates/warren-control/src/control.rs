@@ -93,6 +93,7 @@ pub(crate) struct Inner {
     pub(crate) events: crate::events::Events,
     pub(crate) volumes: crate::volumes::Volumes,
     pub(crate) networks: Arc<crate::networks::Networks>,
+    pub(crate) keys: crate::keys::Keys,
 }
 
 /// The control plane. Cheap to clone.
@@ -163,6 +164,7 @@ impl Control {
             templates,
             &config,
         )?);
+        let keys = crate::keys::Keys::new(store.clone());
         let networks = Arc::new(crate::networks::Networks::new(
             store.clone(),
             runtime.clone(),
@@ -191,6 +193,7 @@ impl Control {
                 events,
                 volumes,
                 networks,
+                keys,
             }),
         };
         control.inner.networks.load().await?;
@@ -588,6 +591,11 @@ impl Control {
 
     pub(crate) fn volumes(&self) -> &crate::volumes::Volumes {
         &self.inner.volumes
+    }
+
+    /// API keys: checked on every request, made and revoked by the operator.
+    pub fn keys(&self) -> &crate::keys::Keys {
+        &self.inner.keys
     }
 
     pub(crate) fn networks(&self) -> &crate::networks::Networks {

@@ -3,11 +3,14 @@
 //! A plain SHA-256 (no salt, no slow KDF) is enough here because keys are 256-bit random
 //! values, not passwords: nothing is gained by slowing down a brute force of 2^256.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::error::ControlError;
 use crate::random::random_id;
+use crate::store::KeyStore;
 
 /// A stored API key. There is deliberately no field for the key itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,15 +133,22 @@ fn valid_team(team: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// API keys: the control plane checks, makes and revokes them.
-impl crate::Control {
+/// The keys service: checks, makes and revokes API keys. Depends on no other service.
+pub struct Keys {
+    store: Arc<dyn KeyStore>,
+}
+
+impl Keys {
+    pub(crate) fn new(store: Arc<dyn KeyStore>) -> Self {
+        Self { store }
+    }
+
     /// Checks an `X-API-KEY` value.
     pub async fn authenticate(&self, secret: &str) -> Result<ApiKey, ControlError> {
         if secret.is_empty() {
             return Err(ControlError::Unauthenticated);
         }
-        self.inner
-            .store
+        self.store
             .api_key_by_hash(&hash_api_key(secret))
             .await?
             .ok_or(ControlError::Unauthenticated)
@@ -147,7 +157,7 @@ impl crate::Control {
     /// Creates an operator (admin) key; the secret is in the result and nowhere else.
     pub async fn create_api_key(&self, name: &str) -> Result<NewApiKey, ControlError> {
         let new = generate(name, DEFAULT_TEAM, true)?;
-        self.inner.store.insert_api_key(&new.key).await?;
+        self.store.insert_api_key(&new.key).await?;
         Ok(new)
     }
 
@@ -160,7 +170,7 @@ impl crate::Control {
         admin: bool,
     ) -> Result<NewApiKey, ControlError> {
         let new = generate(name, team, admin)?;
-        self.inner.store.insert_api_key(&new.key).await?;
+        self.store.insert_api_key(&new.key).await?;
         Ok(new)
     }
 
@@ -171,27 +181,22 @@ impl crate::Control {
                 "API keys must be at least 16 characters".into(),
             ));
         }
-        if let Some(k) = self
-            .inner
-            .store
-            .api_key_by_hash(&hash_api_key(secret))
-            .await?
-        {
+        if let Some(k) = self.store.api_key_by_hash(&hash_api_key(secret)).await? {
             return Ok(k);
         }
         // The operator's own key (`WARREN_API_KEY`): it sees every team.
         let mut key = record_for(name, secret)?;
         key.admin = true;
-        self.inner.store.insert_api_key(&key).await?;
+        self.store.insert_api_key(&key).await?;
         Ok(key)
     }
 
     pub async fn api_keys(&self) -> Result<Vec<ApiKey>, ControlError> {
-        Ok(self.inner.store.api_keys().await?)
+        Ok(self.store.api_keys().await?)
     }
 
     pub async fn revoke_api_key(&self, id: &str) -> Result<(), ControlError> {
-        if self.inner.store.revoke_api_key(id).await? {
+        if self.store.revoke_api_key(id).await? {
             Ok(())
         } else {
             Err(ControlError::NotFound(format!("API key {id} not found")))

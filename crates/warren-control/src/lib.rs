@@ -52,7 +52,8 @@ pub use error::{ControlError, StoreError};
 pub use events::{EventKind, EventQuery, SandboxEvent, EVENT_RETENTION, MAX_EVENT_PAGE};
 pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{
-    generate as new_api_key, hash_api_key, sdk_accepts_key, ApiKey, NewApiKey, Scope, DEFAULT_TEAM,
+    generate as new_api_key, hash_api_key, sdk_accepts_key, ApiKey, Keys, NewApiKey, Scope,
+    DEFAULT_TEAM,
 };
 pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};

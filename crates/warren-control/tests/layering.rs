@@ -41,6 +41,7 @@ fn no_http_or_sql_in_the_domain() {
 /// of. A service may use the crate's vocabulary and the services below it; never `Control`,
 /// `Tenant` or the sandbox operations, which are built on top of them.
 const SERVICES: &[(&str, &[&str])] = &[
+    ("keys", &["keys.rs"]),
     ("secrets", &["secrets.rs"]),
     ("events", &["events.rs"]),
     ("webhooks", &["webhooks.rs"]),

@@ -150,19 +150,21 @@ async fn restart_reattaches_or_fails_with_reason() {
 async fn api_keys() {
     let (c, _, _) = start(Config::default()).await;
     assert!(matches!(
-        c.authenticate("whatever").await,
+        c.keys().authenticate("whatever").await,
         Err(ControlError::Unauthenticated)
     ));
-    let k = c.create_api_key("ci").await.unwrap();
-    assert_eq!(c.authenticate(&k.secret).await.unwrap().id, k.key.id);
-    c.seed_api_key("env", "a-known-key-for-scripts")
+    let k = c.keys().create_api_key("ci").await.unwrap();
+    assert_eq!(c.keys().authenticate(&k.secret).await.unwrap().id, k.key.id);
+    c.keys()
+        .seed_api_key("env", "a-known-key-for-scripts")
         .await
         .unwrap();
-    c.seed_api_key("env", "a-known-key-for-scripts")
+    c.keys()
+        .seed_api_key("env", "a-known-key-for-scripts")
         .await
         .unwrap();
-    assert_eq!(c.api_keys().await.unwrap().len(), 2);
-    c.revoke_api_key(&k.key.id).await.unwrap();
-    assert!(c.authenticate(&k.secret).await.is_err());
-    assert!(c.revoke_api_key(&k.key.id).await.is_err());
+    assert_eq!(c.keys().api_keys().await.unwrap().len(), 2);
+    c.keys().revoke_api_key(&k.key.id).await.unwrap();
+    assert!(c.keys().authenticate(&k.secret).await.is_err());
+    assert!(c.keys().revoke_api_key(&k.key.id).await.is_err());
 }

@@ -83,7 +83,7 @@ impl FromRequestParts<AppState> for Authed {
             .get("x-api-key")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        let key = state.control.authenticate(key).await?;
+        let key = state.control.keys().authenticate(key).await?;
         Ok(Authed(state.control.tenant(&key)))
     }
 }
@@ -116,7 +116,7 @@ pub(crate) async fn reject_oversized(
                 .get("x-api-key")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            if let Err(e) = state.control.authenticate(key).await {
+            if let Err(e) = state.control.keys().authenticate(key).await {
                 let mut resp = ApiError::from(e).into_response();
                 resp.headers_mut().insert(
                     axum::http::header::CONNECTION,

@@ -37,7 +37,7 @@ pub(crate) async fn metrics(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = st.control.authenticate(key_of(&headers)).await?;
+    let key = st.control.keys().authenticate(key_of(&headers)).await?;
     if !key.admin {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,

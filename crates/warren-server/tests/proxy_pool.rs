@@ -163,7 +163,7 @@ async fn a_sandbox_on_a_reused_address_gets_fresh_connections() {
         .start()
         .await
         .unwrap();
-    control.seed_api_key("test", API_KEY).await.unwrap();
+    control.keys().seed_api_key("test", API_KEY).await.unwrap();
     let app = warren_server::app(
         control.clone(),
         proxy,

@@ -31,12 +31,14 @@ async fn keys_see_only_their_teams_sandboxes_and_snapshots() {
     .await;
     let a = s
         .control
+        .keys()
         .create_team_key("a", "team-a", false)
         .await
         .unwrap()
         .secret;
     let b = s
         .control
+        .keys()
         .create_team_key("b", "team-b", false)
         .await
         .unwrap()
@@ -267,12 +269,14 @@ async fn an_event_stream_carries_only_the_keys_teams_events() {
     .await;
     let a = s
         .control
+        .keys()
         .create_team_key("a", "team-a", false)
         .await
         .unwrap()
         .secret;
     let b = s
         .control
+        .keys()
         .create_team_key("b", "team-b", false)
         .await
         .unwrap()

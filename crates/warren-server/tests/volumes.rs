@@ -101,6 +101,7 @@ async fn volumes_api_teams_and_mounts() {
     // Another team sees nothing of it.
     let other = s
         .control
+        .keys()
         .create_team_key("other", "team-b", false)
         .await
         .unwrap();
@@ -303,6 +304,7 @@ async fn secrets_api_never_returns_a_value() {
     assert_eq!(st, 409);
     let other = s
         .control
+        .keys()
         .create_team_key("o", "team-b", false)
         .await
         .unwrap();

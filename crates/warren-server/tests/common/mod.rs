@@ -432,7 +432,7 @@ impl TestServer {
             wiring = wiring.templates(builder);
         }
         let control = wiring.start().await.unwrap();
-        control.seed_api_key("test", API_KEY).await.unwrap();
+        control.keys().seed_api_key("test", API_KEY).await.unwrap();
         let app = warren_server::app(control.clone(), proxy, server);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
