@@ -5,17 +5,13 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::Ipv4Addr;
 
-use common::{assert_blocked, assert_connects, listen, sh};
+use common::{assert_blocked, assert_connects, listen, sa, sh};
 use warren_net::{
-    netns, NetPool, SlotPolicy, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
+    netns, SlotPolicy, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
     SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 #[test]
 fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
@@ -29,11 +25,8 @@ fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
     config.table_check_interval_ms = 0;
     let prefix = config.prefix.clone();
     let pool_cidr = config.host_cidr.to_string();
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(config);
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let name = slot.name().to_owned();
 
     // The guest: its own netns (named with the test prefix, so the guard removes it).
@@ -127,6 +120,5 @@ neigh del 169.254.0.1 dev {SANDBOX_IFACE}
 "
     );
     sh("ip", &["-n", &name, "-batch", "-"], Some(&back)).expect("ns layout");
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
