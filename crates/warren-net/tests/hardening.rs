@@ -155,21 +155,7 @@ fn isolation_survives_removal_of_the_host_table() {
 
     // Without the host table nothing masquerades: let the outside world route the pool back
     // to the host, so that whatever leaks would really get an answer.
-    let out_host_s = out_host.to_string();
-    sh(
-        "ip",
-        &[
-            "-n",
-            &out_name,
-            "route",
-            "add",
-            &pool_cidr,
-            "via",
-            &out_host_s,
-        ],
-        None,
-    )
-    .expect("route back to the pool");
+    ctx.route_pool_back(&pool_cidr);
     // A stand-in metadata service in the outside world, and a policy route to it that only
     // the pool's traffic takes; checked like every other test target.
     sh(
@@ -214,7 +200,7 @@ fn isolation_survives_removal_of_the_host_table() {
     let host_port = host_any.local_addr().expect("addr").port();
 
     // What `nft flush ruleset` does to the pool, without touching anyone else's tables.
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    common::delete_host_table(&prefix);
     assert!(!table_exists(&prefix));
 
     // The path itself still works: A gets out, unmasqueraded (the host table is gone) ...
@@ -278,7 +264,7 @@ fn the_watchdog_restores_a_removed_host_table() {
     let (rt, pool) = common::start_pool(config);
     let slot = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
 
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    common::delete_host_table(&prefix);
     wait_for(
         Duration::from_secs(20),
         "the watchdog to restore the host table",

@@ -16,7 +16,7 @@ fn no_new_slots_while_the_host_table_cannot_be_restored() {
     rt.block_on(pool.fill()).expect("fill");
     assert!(pool.is_healthy());
 
-    common::sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    common::delete_host_table(&prefix);
     // A PATH without `nft`: the check can neither list nor load the table.
     let bin = common::bin_with_only(&prefix, &["ip", "conntrack"]);
     let old_path = std::env::var_os("PATH").unwrap_or_default();

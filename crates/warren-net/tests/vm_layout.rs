@@ -19,7 +19,7 @@ fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
         return;
     };
     let outside = ctx.outside();
-    let (out_name, out_addr, out_host) = (outside.name.clone(), outside.addr, outside.host_addr);
+    let (out_addr, out_host) = (outside.addr, outside.host_addr);
     let outside_ns = ctx.outside_netns();
     let mut config = ctx.config(1);
     config.table_check_interval_ms = 0;
@@ -89,22 +89,8 @@ route add default via {SANDBOX_GATEWAY} dev {SANDBOX_IFACE}
     assert_eq!(peer.ip(), std::net::IpAddr::V4(out_host), "masqueraded");
 
     // The in-slot layer alone (forward path: tap0 -> eth0).
-    let out_host_s = out_host.to_string();
-    sh(
-        "ip",
-        &[
-            "-n",
-            &out_name,
-            "route",
-            "add",
-            &pool_cidr,
-            "via",
-            &out_host_s,
-        ],
-        None,
-    )
-    .expect("route back to the pool");
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    ctx.route_pool_back(&pool_cidr);
+    common::delete_host_table(&prefix);
     let peer = probe("in-slot layer only");
     assert_eq!(peer.ip(), std::net::IpAddr::V4(slot.host_side_addr()));
     let verdict = rt.block_on(pool.check_host_table()).expect("check");

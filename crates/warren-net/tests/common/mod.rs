@@ -393,6 +393,15 @@ impl TestCtx {
         self.outside.as_ref().expect("just set")
     }
 
+    /// Routes `pool_cidr` from the outside world back to the host: without the host table
+    /// nothing masquerades, and whatever leaks from a slot must still get an answer.
+    pub fn route_pool_back(&self, pool_cidr: &str) {
+        let o = self.outside.as_ref().expect("outside() first");
+        let via = o.host_addr.to_string();
+        let args = ["-n", &o.name, "route", "add", pool_cidr, "via", &via];
+        sh("ip", &args, None).expect("route back to the pool");
+    }
+
     pub fn outside_netns(&self) -> PathBuf {
         netns::netns_path(&self.outside.as_ref().expect("outside world").name)
     }
@@ -744,4 +753,9 @@ pub fn crash_and_adopt(
         .expect("restart the pool");
     let slot = slots.remove(0).expect("adopted");
     (pool, slot)
+}
+
+/// Removes the pool's host table, as `nft flush ruleset` would, touching no other table.
+pub fn delete_host_table(prefix: &str) {
+    sh("nft", &["delete", "table", "inet", prefix], None).expect("delete host table");
 }
