@@ -62,10 +62,11 @@ async fn access_token_and_signatures() {
     assert_error(resp, StatusCode::UNAUTHORIZED, "invalid signature").await;
     let sig = signature(&target, "read", "", None);
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target), ("signature", &sig)]))
-        .header("content-type", "application/octet-stream")
-        .body("x")
+        .upload(
+            &[("path", &target), ("signature", &sig)],
+            "application/octet-stream",
+            "x",
+        )
         .send()
         .await
         .expect("post");
@@ -74,10 +75,11 @@ async fn access_token_and_signatures() {
     // A write signature uploads.
     let sig = signature(&target, "write", "", None);
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target), ("signature", &sig)]))
-        .header("content-type", "application/octet-stream")
-        .body("via url")
+        .upload(
+            &[("path", &target), ("signature", &sig)],
+            "application/octet-stream",
+            "via url",
+        )
         .send()
         .await
         .expect("post");
@@ -149,10 +151,7 @@ async fn error_statuses() {
     assert_error(resp, StatusCode::BAD_REQUEST, "error ensuring directories").await;
 
     let resp = agent
-        .http
-        .post(agent.files(&[]))
-        .header("content-type", "application/octet-stream")
-        .body("x")
+        .upload(&[], "application/octet-stream", "x")
         .send()
         .await
         .expect("post");

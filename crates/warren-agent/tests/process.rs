@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::process::*;
-use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
+use common::{basic, parse_envelopes, Agent, EnvelopeStream};
 use serde_json::{json, Value};
 use warren_proto::client::pid as by_pid;
 use warren_proto::process::{
@@ -242,16 +242,7 @@ async fn background_process_list_connect_input_signal() {
 async fn sigkill_reaches_the_whole_process_group() {
     let agent = Agent::start();
     let msg = bash("sleep 300 & echo $!; wait");
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut s = EnvelopeStream::new(resp);
-    let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
+    let (mut s, pid) = open_stream(&agent, "Start", &msg).await;
     let (_, out) = s.next().await.unwrap();
     let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"]))
         .unwrap()
@@ -300,24 +291,10 @@ async fn sigkill_reaches_the_whole_process_group() {
 #[tokio::test]
 async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     let agent = Agent::start();
-    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
+    let mut msg = pty_shell(100, 30);
+    let config = msg.process.as_mut().unwrap();
     config.envs.insert("TERM".into(), "xterm".into());
-    config.envs.insert("PS1".into(), "$ ".into());
-    let msg = StartRequest {
-        process: Some(config),
-        pty: Some(size(100, 30)),
-        ..Default::default()
-    };
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut s = EnvelopeStream::new(resp);
-    let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
+    let (mut s, pid) = open_stream(&agent, "Start", &msg).await;
 
     async fn until(s: &mut EnvelopeStream, needle: &str) -> String {
         let mut seen = String::new();
