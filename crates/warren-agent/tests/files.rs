@@ -181,12 +181,8 @@ async fn gzip_both_ways_and_ranges() {
 
     // The SDKs' default Accept-Encoding gets gzip.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("accept-encoding", "gzip, deflate")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("accept-encoding", "gzip, deflate")])
+        .await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["content-encoding"], "gzip");
     assert_eq!(resp.headers()["vary"], "Accept-Encoding");
@@ -195,23 +191,17 @@ async fn gzip_both_ways_and_ranges() {
 
     // Identity refused and nothing else acceptable.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("accept-encoding", "identity;q=0")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("accept-encoding", "identity;q=0")])
+        .await;
     assert_error(resp, StatusCode::NOT_ACCEPTABLE, "encoding").await;
 
     // Ranges are served in identity even when gzip is acceptable.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", "bytes=1000-1999")
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .expect("download");
+        .download(
+            &target,
+            &[("range", "bytes=1000-1999"), ("accept-encoding", "gzip")],
+        )
+        .await;
     assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
     assert!(resp.headers().get("content-encoding").is_none());
     assert_eq!(
@@ -223,13 +213,7 @@ async fn gzip_both_ways_and_ranges() {
         &data[1000..2000]
     );
 
-    let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", "bytes=-10")
-        .send()
-        .await
-        .expect("download");
+    let resp = agent.download(&target, &[("range", "bytes=-10")]).await;
     assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
     assert_eq!(
         resp.bytes().await.expect("body").as_ref(),
@@ -237,12 +221,8 @@ async fn gzip_both_ways_and_ranges() {
     );
 
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", format!("bytes={}-", data.len()))
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("range", &format!("bytes={}-", data.len()))])
+        .await;
     assert_eq!(
         resp.headers()["content-range"],
         format!("bytes */{}", data.len()).as_str()

@@ -23,12 +23,8 @@ async fn access_token_and_signatures() {
     );
     assert_eq!(agent.get(&target).await.status(), StatusCode::OK);
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("x-access-token", "wrong")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("x-access-token", "wrong")])
+        .await;
     assert_error(resp, StatusCode::UNAUTHORIZED, "does not match").await;
 
     // Neither header nor signature.

@@ -48,10 +48,9 @@ async fn init_sets_env_vars_default_user_and_token() {
     assert_eq!(resp.status(), 204);
     assert_eq!(resp.headers()["x-envd-version"], "0.6.13");
     let run = collect(
-        stream_call(
+        start_bash(
             &agent,
-            "Start",
-            bash("echo $SANDBOX_WIDE; id -un"),
+            "echo $SANDBOX_WIDE; id -un",
             &[("x-access-token", "tok")],
         )
         .await,

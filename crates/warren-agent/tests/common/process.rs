@@ -55,6 +55,11 @@ pub async fn stream_call(
     parse_envelopes(&resp.bytes().await.unwrap())
 }
 
+/// Runs `cmd` under bash through `Start` until the stream ends: its envelopes.
+pub async fn start_bash(agent: &Agent, cmd: &str, headers: &[(&str, &str)]) -> Vec<(u8, Value)> {
+    stream_call(agent, "Start", bash(cmd), headers).await
+}
+
 pub async fn unary(agent: &Agent, method: &str, msg: impl Serialize) -> (u16, Value) {
     let resp = client()
         .post(agent.url(&format!("/process.Process/{method}")))

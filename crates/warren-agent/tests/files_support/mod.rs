@@ -83,6 +83,15 @@ impl Agent {
             .body(body)
     }
 
+    /// A GET of `/files?path=<path>` with `headers` besides (no access token).
+    pub async fn download(&self, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut req = self.http.get(self.files(&[("path", path)]));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.expect("download")
+    }
+
     pub async fn put(&self, path: &str, data: Vec<u8>) -> reqwest::Response {
         self.http
             .post(self.files(&[("path", path)]))
