@@ -67,10 +67,7 @@ async fn relative_paths_land_in_the_users_home() {
         let mut q = vec![("path", rel.as_str())];
         q.extend(query.iter().copied());
         let resp = agent
-            .http
-            .post(agent.files(&q))
-            .header("content-type", "application/octet-stream")
-            .body("hello")
+            .upload(&q, "application/octet-stream", "hello")
             .send()
             .await
             .expect("upload");
@@ -100,10 +97,7 @@ async fn multipart_uploads() {
         ("file", Some("/ignored/name.txt"), b"one"),
     ]);
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &single)]))
-        .header("content-type", ct)
-        .body(body)
+        .upload(&[("path", &single)], ct, body)
         .send()
         .await
         .expect("upload");
@@ -118,14 +112,7 @@ async fn multipart_uploads() {
     let (a, b) = (dir.path("m/a.txt"), dir.path("m/n/b.bin"));
     let blob = binary_sample(70_000);
     let (ct, body) = multipart(&[("file", Some(&a), b"alpha"), ("file", Some(&b), &blob)]);
-    let resp = agent
-        .http
-        .post(agent.files(&[]))
-        .header("content-type", ct)
-        .body(body)
-        .send()
-        .await
-        .expect("upload");
+    let resp = agent.upload(&[], ct, body).send().await.expect("upload");
     assert_eq!(resp.status(), StatusCode::OK);
     let body = json_of(resp).await;
     assert_eq!(
@@ -141,25 +128,15 @@ async fn multipart_uploads() {
     // Two parts resolving to one path.
     let dup = dir.path("dup.txt");
     let (ct, body) = multipart(&[("file", Some(&dup), b"1"), ("file", Some(&dup), b"2")]);
-    let resp = agent
-        .http
-        .post(agent.files(&[]))
-        .header("content-type", ct)
-        .body(body)
-        .send()
-        .await
-        .expect("upload");
+    let resp = agent.upload(&[], ct, body).send().await.expect("upload");
     assert_error(resp, StatusCode::BAD_REQUEST, "same path").await;
 
     // A gzip-encoded multipart body.
     let gz = dir.path("gz-multi.txt");
     let (ct, body) = multipart(&[("file", Some(&gz), b"zipped form")]);
     let resp = agent
-        .http
-        .post(agent.files(&[]))
-        .header("content-type", ct)
+        .upload(&[], ct, gzip(&body).await)
         .header("content-encoding", "gzip")
-        .body(gzip(&body).await)
         .send()
         .await
         .expect("upload");
@@ -175,11 +152,12 @@ async fn gzip_both_ways_and_ranges() {
     let data = binary_sample(200_000);
 
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target)]))
-        .header("content-type", "application/octet-stream")
+        .upload(
+            &[("path", &target)],
+            "application/octet-stream",
+            gzip(&data).await,
+        )
         .header("content-encoding", "gzip")
-        .body(gzip(&data).await)
         .send()
         .await
         .expect("upload");
@@ -189,11 +167,12 @@ async fn gzip_both_ways_and_ranges() {
     // Not gzip at all: 400, and nothing is created.
     let bad = dir.path("bad.bin");
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &bad)]))
-        .header("content-type", "application/octet-stream")
+        .upload(
+            &[("path", &bad)],
+            "application/octet-stream",
+            "definitely not gzip",
+        )
         .header("content-encoding", "gzip")
-        .body("definitely not gzip")
         .send()
         .await
         .expect("upload");
@@ -202,12 +181,8 @@ async fn gzip_both_ways_and_ranges() {
 
     // The SDKs' default Accept-Encoding gets gzip.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("accept-encoding", "gzip, deflate")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("accept-encoding", "gzip, deflate")])
+        .await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["content-encoding"], "gzip");
     assert_eq!(resp.headers()["vary"], "Accept-Encoding");
@@ -216,23 +191,17 @@ async fn gzip_both_ways_and_ranges() {
 
     // Identity refused and nothing else acceptable.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("accept-encoding", "identity;q=0")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("accept-encoding", "identity;q=0")])
+        .await;
     assert_error(resp, StatusCode::NOT_ACCEPTABLE, "encoding").await;
 
     // Ranges are served in identity even when gzip is acceptable.
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", "bytes=1000-1999")
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .expect("download");
+        .download(
+            &target,
+            &[("range", "bytes=1000-1999"), ("accept-encoding", "gzip")],
+        )
+        .await;
     assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
     assert!(resp.headers().get("content-encoding").is_none());
     assert_eq!(
@@ -244,13 +213,7 @@ async fn gzip_both_ways_and_ranges() {
         &data[1000..2000]
     );
 
-    let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", "bytes=-10")
-        .send()
-        .await
-        .expect("download");
+    let resp = agent.download(&target, &[("range", "bytes=-10")]).await;
     assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
     assert_eq!(
         resp.bytes().await.expect("body").as_ref(),
@@ -258,12 +221,8 @@ async fn gzip_both_ways_and_ranges() {
     );
 
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("range", format!("bytes={}-", data.len()))
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("range", &format!("bytes={}-", data.len()))])
+        .await;
     assert_eq!(
         resp.headers()["content-range"],
         format!("bytes */{}", data.len()).as_str()
@@ -377,10 +336,11 @@ async fn one_gib_each_way_in_bounded_memory() {
         Ok::<_, std::io::Error>(bytes::Bytes::from(block))
     });
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target)]))
-        .header("content-type", "application/octet-stream")
-        .body(reqwest::Body::wrap_stream(body))
+        .upload(
+            &[("path", &target)],
+            "application/octet-stream",
+            reqwest::Body::wrap_stream(body),
+        )
         .send()
         .await
         .expect("upload");

@@ -23,12 +23,8 @@ async fn access_token_and_signatures() {
     );
     assert_eq!(agent.get(&target).await.status(), StatusCode::OK);
     let resp = agent
-        .http
-        .get(agent.files(&[("path", &target)]))
-        .header("x-access-token", "wrong")
-        .send()
-        .await
-        .expect("download");
+        .download(&target, &[("x-access-token", "wrong")])
+        .await;
     assert_error(resp, StatusCode::UNAUTHORIZED, "does not match").await;
 
     // Neither header nor signature.
@@ -62,10 +58,11 @@ async fn access_token_and_signatures() {
     assert_error(resp, StatusCode::UNAUTHORIZED, "invalid signature").await;
     let sig = signature(&target, "read", "", None);
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target), ("signature", &sig)]))
-        .header("content-type", "application/octet-stream")
-        .body("x")
+        .upload(
+            &[("path", &target), ("signature", &sig)],
+            "application/octet-stream",
+            "x",
+        )
         .send()
         .await
         .expect("post");
@@ -74,10 +71,11 @@ async fn access_token_and_signatures() {
     // A write signature uploads.
     let sig = signature(&target, "write", "", None);
     let resp = agent
-        .http
-        .post(agent.files(&[("path", &target), ("signature", &sig)]))
-        .header("content-type", "application/octet-stream")
-        .body("via url")
+        .upload(
+            &[("path", &target), ("signature", &sig)],
+            "application/octet-stream",
+            "via url",
+        )
         .send()
         .await
         .expect("post");
@@ -149,10 +147,7 @@ async fn error_statuses() {
     assert_error(resp, StatusCode::BAD_REQUEST, "error ensuring directories").await;
 
     let resp = agent
-        .http
-        .post(agent.files(&[]))
-        .header("content-type", "application/octet-stream")
-        .body("x")
+        .upload(&[], "application/octet-stream", "x")
         .send()
         .await
         .expect("post");

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::process::*;
-use common::{basic, envelope, parse_envelopes, Agent, EnvelopeStream};
+use common::{basic, parse_envelopes, Agent, EnvelopeStream};
 use serde_json::{json, Value};
 use warren_proto::client::pid as by_pid;
 use warren_proto::process::{
@@ -18,8 +18,7 @@ use warren_proto::process::{
 #[tokio::test]
 async fn start_streams_start_output_and_one_end() {
     let agent = Agent::start();
-    let run =
-        collect(stream_call(&agent, "Start", bash("echo hi; echo oops >&2; exit 3"), &[]).await);
+    let run = collect(start_bash(&agent, "echo hi; echo oops >&2; exit 3", &[]).await);
     assert_eq!(run.stdout, b"hi\n");
     assert_eq!(run.stderr, b"oops\n");
     assert_eq!(run.end["exitCode"], 3);
@@ -28,7 +27,7 @@ async fn start_streams_start_output_and_one_end() {
     assert_eq!(run.end["error"], "exit status 3");
     assert_eq!(run.trailer, json!({}));
 
-    let ok = collect(stream_call(&agent, "Start", bash("true"), &[]).await);
+    let ok = collect(start_bash(&agent, "true", &[]).await);
     assert!(
         ok.end.get("exitCode").is_none(),
         "zero exit code is omitted: {}",
@@ -80,7 +79,7 @@ async fn cwd_is_honoured_and_a_missing_cwd_is_invalid_argument() {
 async fn unknown_user_and_bad_command_fail_in_the_trailer() {
     let agent = Agent::start();
     let nobody = basic("no-such-user");
-    let envs = stream_call(&agent, "Start", bash("true"), &[("authorization", &nobody)]).await;
+    let envs = start_bash(&agent, "true", &[("authorization", &nobody)]).await;
     assert_eq!(envs[0].1["error"]["code"], "unauthenticated");
     assert_eq!(
         envs[0].1["error"]["message"],
@@ -103,20 +102,14 @@ async fn unknown_user_and_bad_command_fail_in_the_trailer() {
 #[tokio::test]
 async fn stdin_false_reads_eof() {
     let agent = Agent::start();
-    let run = collect(stream_call(&agent, "Start", bash("cat; echo done"), &[]).await);
+    let run = collect(start_bash(&agent, "cat; echo done", &[]).await);
     assert_eq!(run.stdout, b"done\n");
 }
 
 #[tokio::test]
 async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
     let agent = Agent::start();
-    let envs = stream_call(
-        &agent,
-        "Start",
-        bash("sleep 30"),
-        &[("connect-timeout-ms", "500")],
-    )
-    .await;
+    let envs = start_bash(&agent, "sleep 30", &[("connect-timeout-ms", "500")]).await;
     let (flags, trailer) = envs.last().unwrap();
     assert_eq!(*flags, 2);
     assert_eq!(trailer["error"]["code"], "deadline_exceeded");
@@ -129,10 +122,9 @@ async fn deadline_kills_the_process_and_ends_with_deadline_exceeded() {
 #[tokio::test]
 async fn keepalives_are_sent_when_idle() {
     let agent = Agent::start();
-    let envs = stream_call(
+    let envs = start_bash(
         &agent,
-        "Start",
-        bash("sleep 2.5; echo x"),
+        "sleep 2.5; echo x",
         &[("keepalive-ping-interval", "1")],
     )
     .await;
@@ -242,16 +234,7 @@ async fn background_process_list_connect_input_signal() {
 async fn sigkill_reaches_the_whole_process_group() {
     let agent = Agent::start();
     let msg = bash("sleep 300 & echo $!; wait");
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut s = EnvelopeStream::new(resp);
-    let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
+    let (mut s, pid) = open_stream(&agent, "Start", &msg).await;
     let (_, out) = s.next().await.unwrap();
     let child: u32 = String::from_utf8(b64(&out["event"]["data"]["stdout"]))
         .unwrap()
@@ -300,24 +283,10 @@ async fn sigkill_reaches_the_whole_process_group() {
 #[tokio::test]
 async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
     let agent = Agent::start();
-    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
+    let mut msg = pty_shell(100, 30);
+    let config = msg.process.as_mut().unwrap();
     config.envs.insert("TERM".into(), "xterm".into());
-    config.envs.insert("PS1".into(), "$ ".into());
-    let msg = StartRequest {
-        process: Some(config),
-        pty: Some(size(100, 30)),
-        ..Default::default()
-    };
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut s = EnvelopeStream::new(resp);
-    let (_, first) = s.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap() as u32;
+    let (mut s, pid) = open_stream(&agent, "Start", &msg).await;
 
     async fn until(s: &mut EnvelopeStream, needle: &str) -> String {
         let mut seen = String::new();
@@ -396,28 +365,22 @@ async fn pty_is_a_real_terminal_with_resize_and_raw_input() {
 async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
     let agent = Agent::start();
     let c = client();
-    // Malformed JSON on a unary call.
-    let resp = c
-        .post(agent.url("/process.Process/List"))
-        .header("content-type", "application/json")
-        .body("{nope")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let v: Value = resp.json().await.unwrap();
-    assert_eq!(v["code"], "invalid_argument");
-    // Unknown method.
-    let resp = c
-        .post(agent.url("/process.Process/Nope"))
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-    let v: Value = resp.json().await.unwrap();
-    assert_eq!(v["code"], "unimplemented");
+    // Malformed JSON on a unary call; an unknown method.
+    for (method, body, status, code) in [
+        ("List", "{nope", 400, "invalid_argument"),
+        ("Nope", "{}", 404, "unimplemented"),
+    ] {
+        let resp = c
+            .post(agent.url(&format!("/process.Process/{method}")))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{method}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["code"], code, "{method}");
+    }
     // Unknown pid / tag / missing selector.
     let (s, v) = unary(
         &agent,
@@ -465,6 +428,6 @@ async fn bad_input_gets_connect_errors_and_the_agent_keeps_serving() {
     let envs = stream_call(&agent, "Start", json!({"process": {"cmd": 5}}), &[]).await;
     assert_eq!(envs[0].1["error"]["code"], "invalid_argument");
     // Still healthy and serving.
-    let run = collect(stream_call(&agent, "Start", bash("echo alive"), &[]).await);
+    let run = collect(start_bash(&agent, "echo alive", &[]).await);
     assert_eq!(run.stdout, b"alive\n");
 }

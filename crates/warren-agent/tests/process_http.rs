@@ -7,38 +7,27 @@ use common::process::*;
 use common::{envelope, parse_envelopes, Agent, EnvelopeStream};
 use serde_json::{json, Value};
 
+/// A `List` call on `c`, with `token` as the access token where there is one.
+async fn list(agent: &Agent, c: &reqwest::Client, token: Option<&str>) -> reqwest::Response {
+    let mut req = c
+        .post(agent.url("/process.Process/List"))
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        req = req.header("x-access-token", token);
+    }
+    req.body("{}").send().await.unwrap()
+}
+
 #[tokio::test]
 async fn access_token_is_enforced_once_set() {
     let agent = Agent::start_with(&["--access-token", "s3cret"]);
     let c = client();
-    let resp = c
-        .post(agent.url("/process.Process/List"))
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let resp = list(&agent, &c, None).await;
     assert_eq!(resp.status(), 401);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["code"], 401);
-    let resp = c
-        .post(agent.url("/process.Process/List"))
-        .header("content-type", "application/json")
-        .header("x-access-token", "wrong")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
-    let resp = c
-        .post(agent.url("/process.Process/List"))
-        .header("content-type", "application/json")
-        .header("x-access-token", "s3cret")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(list(&agent, &c, Some("wrong")).await.status(), 401);
+    assert_eq!(list(&agent, &c, Some("s3cret")).await.status(), 200);
     // Health stays open.
     assert_eq!(
         c.get(agent.url("/health")).send().await.unwrap().status(),
@@ -59,10 +48,9 @@ async fn init_sets_env_vars_default_user_and_token() {
     assert_eq!(resp.status(), 204);
     assert_eq!(resp.headers()["x-envd-version"], "0.6.13");
     let run = collect(
-        stream_call(
+        start_bash(
             &agent,
-            "Start",
-            bash("echo $SANDBOX_WIDE; id -un"),
+            "echo $SANDBOX_WIDE; id -un",
             &[("x-access-token", "tok")],
         )
         .await,
@@ -118,13 +106,8 @@ async fn h2c_prior_knowledge_works() {
 #[tokio::test]
 async fn large_output_streams_in_bounded_memory() {
     let agent = Agent::start();
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &bash("head -c 200000000 /dev/zero")))
-        .send()
-        .await
-        .unwrap();
+    let body = envelope(0, &bash("head -c 200000000 /dev/zero"));
+    let resp = stream_request(&agent, "Start", body).send().await.unwrap();
     let mut s = EnvelopeStream::new(resp);
     let mut total = 0usize;
     let mut ended = false;

@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::process::{b64, client, collect, command, input, size, stream_call, unary, STREAM};
-use common::{envelope, Agent, EnvelopeStream};
+use common::process::{b64, collect, command, input, open_stream, pty_shell, stream_call, unary};
+use common::Agent;
 use serde_json::Value;
 use warren_proto::process::{process_input, StartRequest};
 
@@ -137,23 +137,8 @@ async fn what_is_typed_in_a_terminal_is_journaled_too() {
     }
     let agent = Agent::start_with(&["--sync-clock"]);
     until_watching(&agent).await;
-    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
-    config.envs.insert("PS1".into(), "$ ".into());
-    let msg = StartRequest {
-        process: Some(config),
-        pty: Some(size(80, 24)),
-        ..Default::default()
-    };
-    let resp = client()
-        .post(agent.url("/process.Process/Start"))
-        .header("content-type", STREAM)
-        .body(envelope(0, &msg))
-        .send()
-        .await
-        .unwrap();
-    let mut stream = EnvelopeStream::new(resp);
-    let (_, first) = stream.next().await.unwrap();
-    let pid = first["event"]["start"]["pid"].as_u64().unwrap().to_string();
+    let (mut stream, pid) = open_stream(&agent, "Start", &pty_shell(80, 24)).await;
+    let pid = pid.to_string();
     let marker = format!("typed-{}", std::process::id());
     let line = format!("/bin/sh -c 'sleep 0.2; : {marker}'; exit 7\n");
     let (status, _) = unary(

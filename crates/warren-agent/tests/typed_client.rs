@@ -7,13 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::Agent;
-use warren_proto::client::{self, AgentClient, CallOptions, Error, EventStream};
+use warren_proto::client::{self, AgentClient, CallOptions, Error, EventStream, ProcessClient};
 use warren_proto::connect::Code;
 use warren_proto::process::process_event::data_event::Output;
 use warren_proto::process::process_event::{DataEvent, EndEvent, Event, StartEvent};
 use warren_proto::process::{
-    process_input, pty, ConnectRequest, ProcessConfig, ProcessEvent, ProcessInput, Pty,
-    SendInputRequest, SendSignalRequest, Signal, StartRequest, StartResponse, UpdateRequest,
+    process_input, pty, ConnectRequest, ConnectResponse, ProcessConfig, ProcessEvent, ProcessInput,
+    Pty, SendInputRequest, SendSignalRequest, SendSignalResponse, Signal, StartRequest,
+    StartResponse, UpdateRequest,
 };
 
 fn agent_client(agent: &Agent) -> AgentClient {
@@ -34,6 +35,46 @@ fn bash(cmd: &str) -> StartRequest {
 
 fn event(msg: StartResponse) -> Option<Event> {
     msg.event.and_then(|ProcessEvent { event }| event)
+}
+
+/// Starts `req` and reads the first event, its start: the stream and the pid.
+async fn start(
+    process: &ProcessClient<'_>,
+    req: &StartRequest,
+    opts: &CallOptions,
+) -> (EventStream<StartResponse>, u32) {
+    let mut stream = process.start(req, opts).await.unwrap();
+    let pid = match event(stream.next().await.unwrap().unwrap()) {
+        Some(Event::Start(StartEvent { pid })) => pid,
+        other => panic!("first event: {other:?}"),
+    };
+    (stream, pid)
+}
+
+/// Attaches to the events of the running process `pid`.
+async fn attach(
+    process: &ProcessClient<'_>,
+    pid: u32,
+    opts: &CallOptions,
+) -> EventStream<ConnectResponse> {
+    let request = ConnectRequest {
+        process: client::pid(pid),
+    };
+    process.connect(&request, opts).await.unwrap()
+}
+
+/// Sends `signal` to the process `pid`.
+async fn signal(
+    process: &ProcessClient<'_>,
+    pid: u32,
+    signal: Signal,
+    opts: &CallOptions,
+) -> Result<SendSignalResponse, Error> {
+    let request = SendSignalRequest {
+        process: client::pid(pid),
+        signal: signal as i32,
+    };
+    process.send_signal(&request, opts).await
 }
 
 /// Reads a stream to its clean end: (pid, stdout, stderr, pty output, end event).
@@ -128,11 +169,7 @@ async fn pty_input_resize_and_connect() {
         pty: size(80, 24),
         ..Default::default()
     };
-    let mut stream = process.start(&req, &opts).await.unwrap();
-    let pid = match event(stream.next().await.unwrap().unwrap()) {
-        Some(Event::Start(StartEvent { pid })) => pid,
-        other => panic!("first event: {other:?}"),
-    };
+    let (mut stream, pid) = start(&process, &req, &opts).await;
 
     process
         .update(
@@ -145,15 +182,7 @@ async fn pty_input_resize_and_connect() {
         .await
         .unwrap();
     // A second subscriber sees the same process's output.
-    let mut attached = process
-        .connect(
-            &ConnectRequest {
-                process: client::pid(pid),
-            },
-            &opts,
-        )
-        .await
-        .unwrap();
+    let mut attached = attach(&process, pid, &opts).await;
     process
         .send_input(
             &SendInputRequest {
@@ -200,35 +229,15 @@ async fn signal_by_pid_then_a_typed_not_found() {
     let process = client.process();
     let opts = CallOptions::new().user("root");
     // SIGKILL by pid ends a long command; the listing no longer has it afterwards.
-    let mut stream = process.start(&bash("sleep 60"), &opts).await.unwrap();
-    let pid = match event(stream.next().await.unwrap().unwrap()) {
-        Some(Event::Start(StartEvent { pid })) => pid,
-        other => panic!("first event: {other:?}"),
-    };
+    let (stream, pid) = start(&process, &bash("sleep 60"), &opts).await;
     let listed = process.list(&opts).await.unwrap();
     assert!(listed.processes.iter().any(|p| p.pid == pid), "{listed:?}");
-    process
-        .send_signal(
-            &SendSignalRequest {
-                process: client::pid(pid),
-                signal: Signal::Sigkill as i32,
-            },
-            &opts,
-        )
-        .await
-        .unwrap();
+    signal(&process, pid, Signal::Sigkill, &opts).await.unwrap();
     let (_, _, _, _, end) = finish(stream).await;
     assert!(end.status.contains("killed"), "{end:?}");
 
     // A pid the agent does not know is its typed not_found.
-    let err = process
-        .send_signal(
-            &SendSignalRequest {
-                process: client::pid(pid),
-                signal: Signal::Sigterm as i32,
-            },
-            &opts,
-        )
+    let err = signal(&process, pid, Signal::Sigterm, &opts)
         .await
         .unwrap_err();
     assert_eq!(err.rpc().map(|e| e.code), Some(Code::NotFound), "{err:?}");
@@ -242,22 +251,10 @@ async fn a_dropped_start_stream_leaves_the_process_running() {
     let client = agent_client(&agent);
     let process = client.process();
     let opts = CallOptions::new().user("root");
-    let mut stream = process.start(&bash("sleep 60"), &opts).await.unwrap();
-    let pid = match event(stream.next().await.unwrap().unwrap()) {
-        Some(Event::Start(StartEvent { pid })) => pid,
-        other => panic!("first event: {other:?}"),
-    };
+    let (stream, pid) = start(&process, &bash("sleep 60"), &opts).await;
     drop(stream);
     // It can still be attached to, and the agent still lists it.
-    let mut attached = process
-        .connect(
-            &ConnectRequest {
-                process: client::pid(pid),
-            },
-            &opts,
-        )
-        .await
-        .unwrap();
+    let mut attached = attach(&process, pid, &opts).await;
     let first = attached.next().await.unwrap().unwrap();
     match first.event.and_then(|e| e.event) {
         Some(Event::Start(StartEvent { pid: p })) => assert_eq!(p, pid),
@@ -266,14 +263,5 @@ async fn a_dropped_start_stream_leaves_the_process_running() {
     drop(attached);
     let listed = process.list(&opts).await.unwrap();
     assert!(listed.processes.iter().any(|p| p.pid == pid), "{listed:?}");
-    process
-        .send_signal(
-            &SendSignalRequest {
-                process: client::pid(pid),
-                signal: Signal::Sigkill as i32,
-            },
-            &opts,
-        )
-        .await
-        .unwrap();
+    signal(&process, pid, Signal::Sigkill, &opts).await.unwrap();
 }

@@ -15,6 +15,14 @@ fn lists(allow: &[&str], deny: &[&str]) -> EgressPolicy {
     EgressPolicy::from_lists(&own(allow), &own(deny), None).unwrap()
 }
 
+/// A live update to `egress`, and to internet access where `allow_internet_access` says.
+fn update(egress: EgressPolicy, allow_internet_access: Option<bool>) -> NetworkUpdate {
+    NetworkUpdate {
+        egress,
+        allow_internet_access,
+    }
+}
+
 fn applied(rt: &FakeRuntime, id: &str) -> Vec<EgressPolicy> {
     rt.egress
         .lock()
@@ -64,13 +72,7 @@ async fn an_update_is_stored_then_applied_and_replaces_everything() {
         .await
         .unwrap();
     admin(&c)
-        .update_network(
-            &sb.id,
-            NetworkUpdate {
-                egress: lists(&["203.0.113.1"], &[]),
-                allow_internet_access: Some(false),
-            },
-        )
+        .update_network(&sb.id, update(lists(&["203.0.113.1"], &[]), Some(false)))
         .await
         .unwrap();
     assert_eq!(
@@ -85,13 +87,7 @@ async fn an_update_is_stored_then_applied_and_replaces_everything() {
     // start of the server puts it on the sandbox.
     *rt.fail_egress.lock().unwrap() = true;
     match admin(&c)
-        .update_network(
-            &sb.id,
-            NetworkUpdate {
-                egress: lists(&[], &["192.0.2.0/24"]),
-                allow_internet_access: None,
-            },
-        )
+        .update_network(&sb.id, update(lists(&[], &["192.0.2.0/24"]), None))
         .await
     {
         Err(ControlError::Unavailable(m)) => assert!(m.contains("nft failed"), "{m}"),
@@ -117,13 +113,7 @@ async fn paused_sandboxes_get_the_policy_on_resume() {
     let sb = admin(&c).create(base()).await.unwrap();
     admin(&c).pause(&sb.id, None).await.unwrap();
     admin(&c)
-        .update_network(
-            &sb.id,
-            NetworkUpdate {
-                egress: lists(&[], &["192.0.2.0/24"]),
-                allow_internet_access: None,
-            },
-        )
+        .update_network(&sb.id, update(lists(&[], &["192.0.2.0/24"]), None))
         .await
         .unwrap();
     assert!(

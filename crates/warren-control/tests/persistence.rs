@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use warren_control::store::*;
 
-use common::{admin, base, full_caps, ns_caps, start_with};
+use common::{admin, base, full_caps, ns_caps, start_with, state};
 use warren_control::{
     Capabilities, Config, Control, ControlError, CreateRequest, Lifecycle, OnTimeout, PauseMode,
     SandboxState, SnapshotQuery,
@@ -19,6 +19,15 @@ fn with_env() -> CreateRequest {
         metadata: BTreeMap::from([("team".to_string(), "a".to_string())]),
         allow_internet_access: Some(false),
         ..base()
+    }
+}
+
+/// Pause on timeout, with the memory choice and auto-resume given.
+fn pausing(pause_memory: Option<bool>, auto_resume: bool) -> Lifecycle {
+    Lifecycle {
+        on_timeout: OnTimeout::Pause,
+        pause_memory,
+        auto_resume,
     }
 }
 
@@ -141,11 +150,7 @@ async fn unsupported_modes_are_clear_400s() {
     assert!(c.route(&sb.id).is_some());
     let r = admin(&c)
         .create(CreateRequest {
-            lifecycle: Lifecycle {
-                on_timeout: OnTimeout::Pause,
-                pause_memory: Some(true),
-                auto_resume: false,
-            },
+            lifecycle: pausing(Some(true), false),
             ..base()
         })
         .await;
@@ -224,11 +229,7 @@ async fn on_timeout_pause_then_traffic_resumes() {
     let sb = admin(&c)
         .create(CreateRequest {
             timeout: Some(1),
-            lifecycle: Lifecycle {
-                on_timeout: OnTimeout::Pause,
-                pause_memory: None,
-                auto_resume: true,
-            },
+            lifecycle: pausing(None, true),
             ..base()
         })
         .await
@@ -240,10 +241,7 @@ async fn on_timeout_pause_then_traffic_resumes() {
     // A request the sandbox would refuse does not wake it.
     let refused = c.route_or_resume(&sb.id, |_| false).await;
     assert!(matches!(refused, Err(ControlError::PermissionDenied(_))));
-    assert_eq!(
-        admin(&c).get(&sb.id).await.unwrap().state,
-        SandboxState::Paused
-    );
+    assert_eq!(state(&c, &sb.id).await, SandboxState::Paused);
     let route = c
         .route_or_resume(&sb.id, |a| a.envd_access_token == sb.envd_access_token)
         .await
@@ -261,10 +259,7 @@ async fn on_timeout_pause_then_traffic_resumes() {
         .await
         .unwrap()
         .is_none());
-    assert_eq!(
-        admin(&c).get(&plain.id).await.unwrap().state,
-        SandboxState::Paused
-    );
+    assert_eq!(state(&c, &plain.id).await, SandboxState::Paused);
 }
 
 #[tokio::test]
@@ -276,10 +271,7 @@ async fn snapshots_create_from_list_replace_delete() {
         .await
         .unwrap();
     assert!(!s1.memory, "the runtime's snapshots carry files only");
-    assert_eq!(
-        admin(&c).get(&sb.id).await.unwrap().state,
-        SandboxState::Running
-    );
+    assert_eq!(state(&c, &sb.id).await, SandboxState::Running);
 
     // The id, with or without a tag, and the name are templates.
     for template in [
@@ -383,11 +375,7 @@ async fn fork_children_inherit_and_fail_alone() {
     let (c, _, rt) = start_with(ns_caps(), Config::default()).await;
     let parent = admin(&c)
         .create(CreateRequest {
-            lifecycle: Lifecycle {
-                on_timeout: OnTimeout::Pause,
-                pause_memory: Some(false),
-                auto_resume: false,
-            },
+            lifecycle: pausing(Some(false), false),
             ..with_env()
         })
         .await
@@ -426,10 +414,7 @@ async fn fork_children_inherit_and_fail_alone() {
     }
     // The checkpoint is gone once the children started; the parent still runs.
     assert!(rt.snapshots.lock().unwrap().is_empty());
-    assert_eq!(
-        admin(&c).get(&parent.id).await.unwrap().state,
-        SandboxState::Running
-    );
+    assert_eq!(state(&c, &parent.id).await, SandboxState::Running);
 
     admin(&c).pause(&parent.id, None).await.unwrap();
     assert!(matches!(
@@ -443,11 +428,7 @@ async fn auto_resume_survives_restart() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
     let sb = admin(&c)
         .create(CreateRequest {
-            lifecycle: Lifecycle {
-                on_timeout: OnTimeout::Pause,
-                pause_memory: Some(false),
-                auto_resume: true,
-            },
+            lifecycle: pausing(Some(false), true),
             ..base()
         })
         .await
@@ -534,11 +515,7 @@ async fn an_end_of_life_pause_that_keeps_failing_ends_the_sandbox() {
     let sb = admin(&c)
         .create(CreateRequest {
             timeout: Some(1),
-            lifecycle: Lifecycle {
-                on_timeout: OnTimeout::Pause,
-                pause_memory: None,
-                auto_resume: false,
-            },
+            lifecycle: pausing(None, false),
             ..base()
         })
         .await
@@ -598,10 +575,7 @@ async fn snapshots_and_pauses_have_quotas() {
         matches!(paused, Err(ControlError::QuotaExceeded(_))),
         "{paused:?}"
     );
-    assert_eq!(
-        admin(&c).get(&b.id).await.unwrap().state,
-        SandboxState::Running
-    );
+    assert_eq!(state(&c, &b.id).await, SandboxState::Running);
 }
 
 /// Threat model M5: a nearly full disk (bytes or inodes) refuses new saved state with 507,
@@ -638,10 +612,7 @@ async fn a_nearly_full_disk_refuses_creates_pauses_snapshots_and_forks() {
             matches!(&create, Err(ControlError::QuotaExceeded(m)) if m.contains("stay free")),
             "{create:?}"
         );
-        assert_eq!(
-            admin(&c).get(&sb.id).await.unwrap().state,
-            SandboxState::Running
-        );
+        assert_eq!(state(&c, &sb.id).await, SandboxState::Running);
     }
     *rt.headroom.lock().unwrap() = Some(warren_runtime::Headroom {
         free_bytes: 100 * 1024 * 1024 * 1024,

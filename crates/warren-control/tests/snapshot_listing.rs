@@ -7,7 +7,7 @@ mod common;
 use chrono::Utc;
 use common::{admin, base, full_caps, start_with};
 use warren_control::store::*;
-use warren_control::{ApiKey, Config, ControlError, Snapshot, SnapshotQuery, Tenant};
+use warren_control::{ApiKey, Config, Control, ControlError, Snapshot, SnapshotQuery, Tenant};
 
 fn key(team: &str, admin: bool) -> ApiKey {
     ApiKey {
@@ -20,6 +20,12 @@ fn key(team: &str, admin: bool) -> ApiKey {
         team: team.into(),
         admin,
     }
+}
+
+/// The first page of `q` for a key of `team` without admin rights.
+async fn listed(c: &Control, team: &str, q: SnapshotQuery) -> Vec<Snapshot> {
+    let page = c.tenant(&key(team, false)).list_snapshots(&q).await;
+    page.unwrap().items
 }
 
 /// Every page of a listing, following `nextToken` until it is absent.
@@ -76,33 +82,17 @@ async fn listings_page_newest_first_within_the_callers_team() {
     assert_eq!(admin.concat(), newest_first(all.clone()));
 
     // Another team's sandbox or snapshot is not there for this key.
-    let other = c
-        .tenant(&key("team-a", false))
-        .list_snapshots(&SnapshotQuery {
-            sandbox_id: Some(b.id.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert!(other.items.is_empty());
-    let by_id = c
-        .tenant(&key("team-a", false))
-        .list_snapshots(&SnapshotQuery {
-            name: Some(format!("{}:default", of("team-b")[0])),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert!(by_id.items.is_empty());
-    let own = c
-        .tenant(&key("team-b", false))
-        .list_snapshots(&SnapshotQuery {
-            name: Some(format!("{}:default", of("team-b")[0])),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(own.items.len(), 1);
+    let b_sandbox = SnapshotQuery {
+        sandbox_id: Some(b.id.clone()),
+        ..Default::default()
+    };
+    assert!(listed(&c, "team-a", b_sandbox).await.is_empty());
+    let b_snapshot = SnapshotQuery {
+        name: Some(format!("{}:default", of("team-b")[0])),
+        ..Default::default()
+    };
+    assert!(listed(&c, "team-a", b_snapshot.clone()).await.is_empty());
+    assert_eq!(listed(&c, "team-b", b_snapshot).await.len(), 1);
 }
 
 #[tokio::test]

@@ -5,52 +5,13 @@ mod common;
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::time::{Duration, Instant};
+use std::net::Ipv4Addr;
 
-use common::{accept, assert_blocked, assert_connects, connect, listen, read_some, OPEN};
+use common::{
+    accept, assert_blocked, assert_connects, connect, egress_blocked, listen, read_some, sa,
+    slot_links, slot_netns, wait_for, OPEN, SETTLE,
+};
 use warren_net::{AdoptSlot, Error, NetConfig, NetPool, Slot, SlotPolicy, AGENT_PORT};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
-
-/// Slot names (`<prefix>-<n>`) present as network namespaces.
-fn slot_netns(prefix: &str) -> HashSet<String> {
-    let dash = format!("{prefix}-");
-    common::netns_names()
-        .into_iter()
-        .filter(|n| n.starts_with(&dash))
-        .collect()
-}
-
-/// Slot names present as host links.
-fn slot_links(prefix: &str) -> HashSet<String> {
-    let dash = format!("{prefix}-");
-    common::link_names()
-        .into_iter()
-        .filter(|n| n.starts_with(&dash))
-        .collect()
-}
-
-/// Whether slot `name` is in the pool's no-egress set.
-fn egress_blocked(prefix: &str, name: &str) -> bool {
-    common::sh("nft", &["list", "set", "inet", prefix, "no_egress"], None)
-        .expect("list set")
-        .contains(&format!("\"{name}\""))
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Writes `data` on `from` and checks that `to` receives it.
 fn assert_flows(from: &mut std::net::TcpStream, to: &mut std::net::TcpStream, data: &[u8]) {
@@ -72,21 +33,14 @@ fn a_restarted_pool_adopts_running_slots() {
     let outside_ns = ctx.outside_netns();
     let server = listen(Some(&outside_ns), sa(Ipv4Addr::UNSPECIFIED, 8080));
     let target = sa(server_ip, 8080);
-    let rt = rt();
     let config = ctx.config(2);
 
     // The first server: two sandboxes, one without internet access, each with an agent.
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
+    let (rt, pool) = common::start_pool(config.clone());
     rt.block_on(pool.fill()).expect("fill");
-    let a = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire a");
-    let b = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire b");
-    wait_for("refill", || pool.stats().ready == 2);
+    let a = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let b = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
+    wait_for(SETTLE, "refill", || pool.stats().ready == 2);
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
     let agent_a = listen(Some(&a_ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
     let agent_b = listen(Some(&b_ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
@@ -169,10 +123,7 @@ fn a_restarted_pool_adopts_running_slots() {
     rt.block_on(pool.fill()).expect("fill");
     let adopted_indices = [a.index(), b.index()];
     let fresh: Vec<Slot> = (0..3)
-        .map(|_| {
-            rt.block_on(pool.acquire(&SlotPolicy::open()))
-                .expect("acquire")
-        })
+        .map(|_| common::acquire(&rt, &pool, &SlotPolicy::open()))
         .collect();
     for s in &fresh {
         assert!(!adopted_indices.contains(&s.index()), "{} reused", s.name());
@@ -194,7 +145,9 @@ fn a_restarted_pool_adopts_running_slots() {
     assert!(!egress_blocked(&p, &b_name));
     // ... or dropped, which hands them to the background task.
     drop(a);
-    wait_for("dropped adopted slot recycled", || pool.stats().in_use == 0);
+    wait_for(SETTLE, "dropped adopted slot recycled", || {
+        pool.stats().in_use == 0
+    });
     assert_eq!(pool.stats().broken, 0);
     let s = rt
         .block_on(pool.acquire(&SlotPolicy::open()))
@@ -215,18 +168,12 @@ fn a_restarted_pool_adopts_running_slots() {
 fn missing_or_broken_slots_are_not_adopted_and_removed() {
     let Some(ctx) = common::setup() else { return };
     let p = ctx.prefix.clone();
-    let rt = rt();
     let config = ctx.config(0);
 
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
+    let (rt, pool) = common::start_pool(config.clone());
     let mut slots = Vec::new();
     for _ in 0..4 {
-        slots.push(
-            rt.block_on(pool.acquire(&SlotPolicy::deny_all()))
-                .expect("acquire"),
-        );
+        slots.push(common::acquire(&rt, &pool, &SlotPolicy::deny_all()));
     }
     let names: Vec<String> = slots.iter().map(|s| s.name().to_owned()).collect();
     let indices: Vec<u32> = slots.iter().map(Slot::index).collect();
@@ -299,7 +246,7 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
     // egress off.
     let only_good: HashSet<String> = [names[0].clone()].into();
     assert_eq!(slot_netns(&p), only_good);
-    wait_for("links of broken slots removed", || {
+    wait_for(SETTLE, "links of broken slots removed", || {
         slot_links(&p) == only_good
     });
     for name in &names[1..] {
@@ -309,9 +256,7 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
     assert_eq!(pool.stats().in_use, 1);
 
     // Its index is not handed out again, the freed ones are.
-    let next = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let next = common::acquire(&rt, &pool, &SlotPolicy::open());
     assert_ne!(next.index(), good.index());
     rt.block_on(pool.release(next)).expect("release");
     rt.block_on(pool.release(good)).expect("release adopted");
@@ -325,14 +270,9 @@ fn missing_or_broken_slots_are_not_adopted_and_removed() {
 fn adopting_nothing_is_a_plain_start() {
     let Some(ctx) = common::setup() else { return };
     let p = ctx.prefix.clone();
-    let rt = rt();
     let config = ctx.config(1);
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(config.clone());
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
     std::mem::forget(slot);
     rt.block_on(pool.fill()).expect("fill");
     drop(pool);

@@ -10,19 +10,16 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect, listen, OPEN};
-use warren_net::{Broker, DnsSource, NetPool, SecretFuture, SecretSource, SlotPolicy};
+use common::{connect, listen, sa, OPEN};
+use rustls::pki_types::CertificateDer;
+use warren_net::{Broker, NetConfig, NetPool, SecretFuture, SecretSource, SlotPolicy};
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::transforms::{HeaderRules, HostRule};
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 /// Secrets by (sandbox, name), changeable while the test runs.
 #[derive(Default)]
@@ -184,6 +181,13 @@ fn send<S: Read + Write>(stream: S, heads: Vec<String>, between: impl Fn(usize))
     out
 }
 
+/// A connection from the slot to `to` whose reads give up after [`OPEN`].
+fn dial(ns: &std::path::Path, to: SocketAddr) -> TcpStream {
+    let tcp = connect(Some(ns), to, OPEN).expect("connects");
+    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    tcp
+}
+
 fn tls_client(
     ca_pem: &str,
     name: &str,
@@ -229,15 +233,66 @@ fn auth_of(head: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix("Authorization: ").map(str::to_owned))
 }
 
+/// A CA created in `dir` (its root, which the proxy may be told to trust) and a server
+/// configuration with a leaf of it for `names`: the certificates of hosts in the fake internet.
+fn host_tls(
+    dir: &std::path::Path,
+    names: &[&str],
+) -> (CertificateDer<'static>, Arc<rustls::ServerConfig>) {
+    let (ca, _) = warren_tls::LocalCa::load_or_create(dir, "test").unwrap();
+    let root = ca.cert_der().clone();
+    let names = names.iter().map(|n| n.to_string()).collect();
+    let certs = warren_tls::ServerCerts::issued(ca, names).unwrap();
+    (root, warren_tls::server_config(Arc::new(certs)).unwrap())
+}
+
+/// A broker with its own egress CA (under `dir`) that trusts `upstream_root` and takes secret
+/// values from `secrets`.
+fn broker(
+    dir: &std::path::Path,
+    upstream_root: CertificateDer<'static>,
+    secrets: Arc<Secrets>,
+) -> Arc<Broker> {
+    let (egress_ca, _) =
+        warren_tls::LocalCa::load_or_create_unconstrained(&dir.join("egress")).unwrap();
+    Arc::new(
+        Broker::new(
+            Arc::new(warren_tls::EgressCerts::new(egress_ca)),
+            vec![upstream_root],
+            secrets,
+        )
+        .unwrap(),
+    )
+}
+
+/// A pool that resolves through the test's DNS server and brokers through `broker`, and a slot
+/// of it owned by `owner` whose egress is open but for the header rules `rules`.
+fn brokered_slot(
+    ctx: &common::TestCtx,
+    broker: Arc<Broker>,
+    rules: &[(&str, &str, Option<&str>)],
+    owner: &str,
+) -> (tokio::runtime::Runtime, NetPool, warren_net::Slot) {
+    let config = NetConfig {
+        broker: Some(broker),
+        ..ctx.dns_config(1)
+    };
+    let (rt, pool) = common::start_pool(config);
+    let policy = SlotPolicy {
+        names: Some(EgressPolicy::default().with_rules(self::rules(rules))),
+        ..SlotPolicy::open()
+    };
+    let slot = common::acquire(&rt, &pool, &policy);
+    pool.set_owner(&slot, owner);
+    (rt, pool, slot)
+}
+
 #[test]
 fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let dns_ip = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
+    let (a, b, dns_ip, outside_ns) = ctx.internet();
     let _dns = common::dns::serve(
         &outside_ns,
         sa(dns_ip, 53),
@@ -251,19 +306,8 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
     // The hosts' own certificates: api.test from a CA the proxy is told to trust,
     // untrusted.test from one it is not.
     let dir = tempfile::tempdir().unwrap();
-    let (public_ca, _) =
-        warren_tls::LocalCa::load_or_create(&dir.path().join("public"), "test").unwrap();
-    let public_root = public_ca.cert_der().clone();
-    let api_tls = warren_tls::server_config(Arc::new(
-        warren_tls::ServerCerts::issued(public_ca, vec!["api.test".into()]).unwrap(),
-    ))
-    .unwrap();
-    let (rogue_ca, _) =
-        warren_tls::LocalCa::load_or_create(&dir.path().join("rogue"), "test").unwrap();
-    let rogue_tls = warren_tls::server_config(Arc::new(
-        warren_tls::ServerCerts::issued(rogue_ca, vec!["untrusted.test".into()]).unwrap(),
-    ))
-    .unwrap();
+    let (public_root, api_tls) = host_tls(&dir.path().join("public"), &["api.test"]);
+    let (_, rogue_tls) = host_tls(&dir.path().join("rogue"), &["untrusted.test"]);
     let api_http = web(&outside_ns, sa(b, 80), "api", None);
     let api_https = web(&outside_ns, sa(b, 443), "api-tls", Some(api_tls));
     let other_http = web(&outside_ns, sa(a, 80), "other", None);
@@ -271,39 +315,23 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
 
     let secrets = Arc::new(Secrets::default());
     secrets.set("sbx-1", "key", "s3cret-1");
-    let (egress_ca, _) =
-        warren_tls::LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
-    let broker = Arc::new(
-        Broker::new(
-            Arc::new(warren_tls::EgressCerts::new(egress_ca)),
-            vec![public_root],
-            secrets.clone(),
-        )
-        .unwrap(),
-    );
+    let broker = broker(dir.path(), public_root, secrets.clone());
     let ca_pem = broker.ca_pem().to_owned();
-    let mut config = ctx.config(1);
-    config.dns = DnsSource::Servers(vec![dns_ip]);
-    config.broker = Some(broker);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
     // Header rules only: egress stays open, the rules change requests and nothing else.
-    let egress = EgressPolicy::default().with_rules(rules(&[
-        ("api.test", "Bearer ${e2b.secrets.key}", Some("http")),
-        ("untrusted.test", "Bearer ${e2b.secrets.key}", None),
-        ("gone.test", "Bearer ${e2b.secrets.nothing}", Some("http")),
-    ]));
-    let policy = SlotPolicy {
-        names: Some(egress),
-        ..SlotPolicy::open()
-    };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
-    pool.set_owner(&slot, "sbx-1");
+    let (rt, pool, slot) = brokered_slot(
+        &ctx,
+        broker,
+        &[
+            ("api.test", "Bearer ${e2b.secrets.key}", Some("http")),
+            ("untrusted.test", "Bearer ${e2b.secrets.key}", None),
+            ("gone.test", "Bearer ${e2b.secrets.nothing}", Some("http")),
+        ],
+        "sbx-1",
+    );
     let ns = slot.netns_path();
 
     // Plain HTTP: every request on a kept-alive connection gets the value of the moment.
-    let tcp = connect(Some(&ns), sa(b, 80), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(b, 80));
     let got = ask(tcp, "api.test", 3, |i| {
         if i == 2 {
             secrets.set("sbx-1", "key", "s3cret-2");
@@ -322,14 +350,12 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
 
     // The rule's name at an address the sandbox chose: dialled by name, so only api.test's
     // own server hears it.
-    let tcp = connect(Some(&ns), sa(a, 80), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(a, 80));
     assert_eq!(ask(tcp, "api.test", 1, |_| ()), vec!["api"]);
     assert_eq!(api_http.heads().len(), 4);
 
     // Another host gets the request as the sandbox wrote it: the placeholder, no secret.
-    let tcp = connect(Some(&ns), sa(a, 80), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(a, 80));
     assert_eq!(ask(tcp, "other.test", 1, |_| ()), vec!["other"]);
     let heads = other_http.heads();
     assert_eq!(heads.len(), 1, "{heads:?}");
@@ -339,8 +365,7 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
     );
 
     // HTTPS: the sandbox sees a leaf of the egress CA for api.test; the host gets the value.
-    let tcp = connect(Some(&ns), sa(b, 443), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(b, 443));
     let got = ask(tls_client(&ca_pem, "api.test", tcp), "api.test", 2, |_| ());
     assert_eq!(got, vec!["api-tls", "api-tls"]);
     let auths: Vec<_> = api_https.heads().iter().map(|h| auth_of(h)).collect();
@@ -348,8 +373,7 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
 
     // A host whose certificate does not verify: the sandbox's handshake fails and the
     // host never gets a request.
-    let tcp = connect(Some(&ns), sa(a, 443), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(a, 443));
     let got = ask(
         tls_client(&ca_pem, "untrusted.test", tcp),
         "untrusted.test",
@@ -364,8 +388,7 @@ fn rule_hosts_get_the_secret_over_http_and_https_and_nobody_else_does() {
 
     // A secret that does not exist: 502, and nothing reaches the host.
     let before = api_http.heads().len();
-    let tcp = connect(Some(&ns), sa(b, 80), OPEN).expect("connects");
-    tcp.set_read_timeout(Some(OPEN)).unwrap();
+    let tcp = dial(&ns, sa(b, 80));
     let got = ask(tcp, "gone.test", 1, |_| ());
     assert_eq!(got, vec!["HTTP/1.1 502 Bad Gateway"]);
     assert_eq!(api_http.heads().len(), before);
@@ -410,52 +433,29 @@ const PLACEHOLDER: &str = "Bearer ${e2b.secrets.key}";
 
 fn scoped() -> Option<Scoped> {
     let mut ctx = common::setup()?;
-    let _ = ctx.outside();
-    let b = ctx.outside_second();
-    let dns_ip = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
+    let (_, b, dns_ip, outside_ns) = ctx.internet();
     let dns = common::dns::serve(
         &outside_ns,
         sa(dns_ip, 53),
         vec![("api.test", b), ("tls.test", b), ("evil.test", b)],
     );
     let dir = tempfile::tempdir().unwrap();
-    let (public_ca, _) =
-        warren_tls::LocalCa::load_or_create(&dir.path().join("public"), "test").unwrap();
-    let public_root = public_ca.cert_der().clone();
-    let names = vec!["api.test".into(), "tls.test".into()];
-    let certs = warren_tls::ServerCerts::issued(public_ca, names).unwrap();
-    let server_tls = warren_tls::server_config(Arc::new(certs)).unwrap();
+    let (public_root, server_tls) = host_tls(&dir.path().join("public"), &["api.test", "tls.test"]);
     let http = web(&outside_ns, sa(b, 80), "plain", None);
     let https = web(&outside_ns, sa(b, 443), "tls", Some(server_tls));
     let secrets = Arc::new(Secrets::default());
     secrets.set("sbx-2", "key", "s3cret");
-    let (egress_ca, _) =
-        warren_tls::LocalCa::load_or_create_unconstrained(&dir.path().join("egress")).unwrap();
-    let broker = Arc::new(
-        Broker::new(
-            Arc::new(warren_tls::EgressCerts::new(egress_ca)),
-            vec![public_root],
-            secrets,
-        )
-        .unwrap(),
-    );
+    let broker = broker(dir.path(), public_root, secrets);
     let ca_pem = broker.ca_pem().to_owned();
-    let mut config = ctx.config(1);
-    config.dns = DnsSource::Servers(vec![dns_ip]);
-    config.broker = Some(broker);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let egress = EgressPolicy::default().with_rules(rules(&[
-        ("api.test", PLACEHOLDER, Some("http")),
-        ("tls.test", PLACEHOLDER, None),
-    ]));
-    let policy = SlotPolicy {
-        names: Some(egress),
-        ..SlotPolicy::open()
-    };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
-    pool.set_owner(&slot, "sbx-2");
+    let (rt, pool, slot) = brokered_slot(
+        &ctx,
+        broker,
+        &[
+            ("api.test", PLACEHOLDER, Some("http")),
+            ("tls.test", PLACEHOLDER, None),
+        ],
+        "sbx-2",
+    );
     let ns = slot.netns_path();
     Some(Scoped {
         http,
@@ -474,15 +474,11 @@ fn scoped() -> Option<Scoped> {
 
 impl Scoped {
     fn plain(&self) -> TcpStream {
-        let tcp = connect(Some(&self.ns), sa(self.b, 80), OPEN).expect("connects");
-        tcp.set_read_timeout(Some(OPEN)).unwrap();
-        tcp
+        dial(&self.ns, sa(self.b, 80))
     }
 
     fn tls(&self, name: &str) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-        let tcp = connect(Some(&self.ns), sa(self.b, 443), OPEN).expect("connects");
-        tcp.set_read_timeout(Some(OPEN)).unwrap();
-        tls_client(&self.ca_pem, name, tcp)
+        tls_client(&self.ca_pem, name, dial(&self.ns, sa(self.b, 443)))
     }
 
     /// Every recorded head that carries the value names the rule's host in its `Host`.

@@ -7,26 +7,15 @@ use std::path::Path;
 
 use warren_net::{Error, NetPool};
 
-fn which(program: &str) -> String {
-    let out = common::sh("sh", &["-c", &format!("command -v {program}")], None)
-        .unwrap_or_else(|e| panic!("{program} not found: {e}"));
-    out.trim().to_owned()
-}
-
 #[test]
 fn a_pool_without_the_conntrack_tool_refuses_to_start() {
     let Some(ctx) = common::setup() else { return };
     // A PATH that has the required tools but not `conntrack`.
-    let bin = std::env::temp_dir().join(format!("{}-bin", ctx.prefix));
-    let _ = std::fs::remove_dir_all(&bin);
-    std::fs::create_dir_all(&bin).expect("bin dir");
-    for tool in ["ip", "nft"] {
-        std::os::unix::fs::symlink(which(tool), bin.join(tool)).expect("symlink");
-    }
+    let bin = common::bin_with_only(&ctx.prefix, &["ip", "nft"]);
     let old_path = std::env::var_os("PATH").unwrap_or_default();
     std::env::set_var("PATH", &bin);
 
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let rt = common::rt();
     let refused = rt.block_on(NetPool::start(ctx.config(0)));
     // Refused before anything was built.
     let leftovers = common::leftovers(&ctx.prefix);

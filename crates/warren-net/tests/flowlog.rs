@@ -4,16 +4,12 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{assert_connects, connect, listen, udp_echo, udp_roundtrip, OPEN};
+use common::{assert_connects, connect, listen, sa, udp_echo, udp_roundtrip, OPEN};
 use warren_net::{Ipv4Cidr, NetPool, SlotPolicy};
 use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 /// `owner`'s log once it holds an entry for which `pred` holds (or what it holds after 10 s).
 fn wait_for(pool: &NetPool, owner: &str, pred: impl Fn(&Flow) -> bool) -> Vec<Flow> {
@@ -27,26 +23,29 @@ fn wait_for(pool: &NetPool, owner: &str, pred: impl Fn(&Flow) -> bool) -> Vec<Fl
     }
 }
 
+/// The entry of the test slot's log for `destination`, once there is one; `what` names it
+/// when there is none.
+fn logged(pool: &NetPool, destination: SocketAddr, what: &str) -> Flow {
+    let to = |f: &Flow| f.destination.as_deref() == Some(&*destination.to_string());
+    let flows = wait_for(pool, "sbx-flows", to);
+    let found = flows.iter().find(|f| to(f)).cloned();
+    found.unwrap_or_else(|| panic!("{what} is logged: {flows:?}"))
+}
+
 #[test]
 fn connections_decided_by_address_are_logged() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let blocked = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(1)))
-        .expect("start pool");
+    let (a, b, blocked, outside_ns) = ctx.internet();
+    let (rt, pool) = common::start_pool(ctx.config(1));
     let server_a = listen(Some(&outside_ns), sa(a, 8080));
     let _echo = udp_echo(&outside_ns, sa(a, 5353));
     let policy = SlotPolicy {
         deny: vec![Ipv4Cidr::new(b, 32).unwrap()],
         ..SlotPolicy::default()
     };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let slot = common::acquire(&rt, &pool, &policy);
     pool.set_owner(&slot, "sbx-flows");
     let ns = slot.netns_path();
     // The reader binds in the background: wait until an allowed connection shows up.
@@ -69,13 +68,7 @@ fn connections_decided_by_address_are_logged() {
     assert_eq!(allowed.via, "address");
 
     let _ = connect(Some(&ns), sa(b, 8080), OPEN).expect_err("b is denied");
-    let flows = wait_for(&pool, "sbx-flows", |f| {
-        f.destination.as_deref() == Some(&*format!("{b}:8080"))
-    });
-    let denied = flows
-        .iter()
-        .find(|f| f.destination.as_deref() == Some(&*format!("{b}:8080")))
-        .unwrap_or_else(|| panic!("the refused connection is logged: {flows:?}"));
+    let denied = logged(&pool, sa(b, 8080), "the refused connection");
     assert_eq!(denied.verdict, FlowVerdict::Denied);
     assert!(
         denied.reason.as_deref().unwrap().contains("policy"),
@@ -83,13 +76,7 @@ fn connections_decided_by_address_are_logged() {
     );
 
     let _ = connect(Some(&ns), sa(blocked, 8080), Duration::from_millis(500));
-    let flows = wait_for(&pool, "sbx-flows", |f| {
-        f.destination.as_deref() == Some(&*format!("{blocked}:8080"))
-    });
-    let range = flows
-        .iter()
-        .find(|f| f.destination.as_deref() == Some(&*format!("{blocked}:8080")))
-        .unwrap_or_else(|| panic!("the blocked range is logged: {flows:?}"));
+    let range = logged(&pool, sa(blocked, 8080), "the blocked range");
     assert_eq!(range.verdict, FlowVerdict::Denied);
     assert!(
         range.reason.as_deref().unwrap().contains("operator"),
@@ -105,6 +92,5 @@ fn connections_decided_by_address_are_logged() {
         "{flows:?}"
     );
 
-    rt.block_on(pool.release(slot)).unwrap();
-    rt.block_on(pool.shutdown()).unwrap();
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

@@ -3,24 +3,19 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{accept, assert_blocked, assert_connects, connect, listen, sh, OPEN};
-use warren_net::{NetPool, SlotPolicy, TableCheck, AGENT_PORT};
+use common::{
+    accept, assert_blocked, assert_connects, connect, host_primary_addrs, listen, sa, sh, wait_for,
+    OPEN,
+};
+use warren_net::{SlotPolicy, TableCheck, AGENT_PORT};
 
 /// The unprivileged user of the M7 test (`nobody` on Debian).
 const NOBODY: u32 = 65534;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 /// Opens a TCP connection to `target` from a host process running as `uid` (bash's
 /// `/dev/tcp`), and reports whether it connected. The same program for every uid, so the
@@ -51,39 +46,11 @@ fn in_no_egress_set(prefix: &str, name: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Global IPv4 addresses of the host's own interfaces (not test objects).
-fn host_primary_addrs() -> Vec<Ipv4Addr> {
-    let out = sh("ip", &["-4", "-o", "addr", "show", "scope", "global"], None).unwrap_or_default();
-    out.lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            let dev = w.nth(1)?;
-            if dev.starts_with('w') {
-                return None;
-            }
-            w.nth(1)?.split('/').next()?.parse().ok()
-        })
-        .collect()
-}
-
 #[test]
 fn only_root_on_the_host_reaches_slots() {
     let Some(ctx) = common::setup() else { return };
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(1)))
-        .expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(ctx.config(1));
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let ns = slot.netns_path();
     let agent = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
     let user_port = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, 8000));
@@ -108,8 +75,7 @@ fn only_root_on_the_host_reaches_slots() {
     }
 
     drop((agent, user_port));
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
 
 /// A policy route that sends the pool's traffic to 169.254.169.254 into the test's outside
@@ -182,33 +148,14 @@ fn isolation_survives_removal_of_the_host_table() {
     config.table_check_interval_ms = 0;
     let prefix = config.prefix.clone();
     let pool_cidr = config.host_cidr.to_string();
-    let rt = rt();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let a = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire a");
-    let b = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire b");
+    let (rt, pool) = common::start_pool(config);
+    let a = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let b = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
 
     // Without the host table nothing masquerades: let the outside world route the pool back
     // to the host, so that whatever leaks would really get an answer.
-    let out_host_s = out_host.to_string();
-    sh(
-        "ip",
-        &[
-            "-n",
-            &out_name,
-            "route",
-            "add",
-            &pool_cidr,
-            "via",
-            &out_host_s,
-        ],
-        None,
-    )
-    .expect("route back to the pool");
+    ctx.route_pool_back(&pool_cidr);
     // A stand-in metadata service in the outside world, and a policy route to it that only
     // the pool's traffic takes; checked like every other test target.
     sh(
@@ -253,7 +200,7 @@ fn isolation_survives_removal_of_the_host_table() {
     let host_port = host_any.local_addr().expect("addr").port();
 
     // What `nft flush ruleset` does to the pool, without touching anyone else's tables.
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    common::delete_host_table(&prefix);
     assert!(!table_exists(&prefix));
 
     // The path itself still works: A gets out, unmasqueraded (the host table is gone) ...
@@ -305,9 +252,7 @@ fn isolation_survives_removal_of_the_host_table() {
     assert_eq!(verdict, TableCheck::Intact);
 
     drop(b_agent);
-    rt.block_on(pool.release(a)).expect("release");
-    rt.block_on(pool.release(b)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [a, b]);
 }
 
 #[test]
@@ -316,20 +261,18 @@ fn the_watchdog_restores_a_removed_host_table() {
     let mut config = ctx.config(1);
     config.table_check_interval_ms = 100;
     let prefix = config.prefix.clone();
-    let rt = rt();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(config);
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
 
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
-    wait_for("the watchdog to restore the host table", || {
-        table_exists(&prefix) && in_no_egress_set(&prefix, slot.name())
-    });
+    common::delete_host_table(&prefix);
+    wait_for(
+        Duration::from_secs(20),
+        "the watchdog to restore the host table",
+        || table_exists(&prefix) && in_no_egress_set(&prefix, slot.name()),
+    );
     assert!(pool.is_healthy());
     // Still in place after shutdown? No: the watchdog stops first.
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
     assert!(!table_exists(&prefix), "the watchdog outlived shutdown");
 }
 
@@ -337,13 +280,8 @@ fn the_watchdog_restores_a_removed_host_table() {
 fn wireserver_and_connection_limit_are_in_place() {
     let Some(ctx) = common::setup() else { return };
     let prefix = ctx.prefix.clone();
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(1)))
-        .expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(ctx.config(1));
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
 
     let host_blocked = sh(
         "nft",
@@ -376,8 +314,7 @@ fn wireserver_and_connection_limit_are_in_place() {
     assert!(in_slot.contains("\"ct count\""), "{in_slot}");
     assert!(in_slot.contains("4096"), "{in_slot}");
 
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
 
 #[test]
@@ -391,12 +328,9 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     config.max_connections_per_slot = 3;
     // One slot only, so that the second tenant gets the recycled one.
     config.max_slots = Some(1);
-    let rt = rt();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let (rt, pool) = common::start_pool(config);
     rt.block_on(pool.fill()).expect("fill");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let ns = slot.netns_path();
     let server = listen(Some(&outside_ns), sa(server_ip, 8080));
     let target = sa(server_ip, 8080);
@@ -416,9 +350,7 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     // the next tenant of the recycled slot still gets the whole limit.
     let name = slot.name().to_owned();
     rt.block_on(pool.release(slot)).expect("release");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire again");
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     assert_eq!(slot.name(), name, "the slot was recycled");
     let mut again = Vec::new();
     for _ in 0..3 {
@@ -428,6 +360,5 @@ fn a_sandbox_cannot_open_more_connections_than_its_limit() {
     }
 
     drop((open, again));
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

@@ -3,22 +3,14 @@
 mod common;
 
 use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::{
-    accept, assert_blocked, assert_connects, connect, listen, read_some, udp_echo, udp_roundtrip,
-    OPEN,
+    accept, assert_blocked, assert_connects, connect, host_primary_addrs, listen, read_some, sa,
+    udp_echo, udp_roundtrip, OPEN,
 };
-use warren_net::{DnsSource, NetPool, SlotPolicy, AGENT_PORT, SANDBOX_ADDR};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
+use warren_net::{DnsSource, SlotPolicy, AGENT_PORT, SANDBOX_ADDR};
 
 #[test]
 fn egress_follows_internet_access_and_the_agent_stays_reachable() {
@@ -28,13 +20,8 @@ fn egress_follows_internet_access_and_the_agent_stays_reachable() {
     let outside = ctx.outside();
     let (server_ip, masq_ip) = (outside.addr, outside.host_addr);
     let outside_ns = ctx.outside_netns();
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(1)))
-        .expect("start pool");
-    let mut slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(ctx.config(1));
+    let mut slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let ns = slot.netns_path();
     let server = listen(Some(&outside_ns), sa(Ipv4Addr::UNSPECIFIED, 8080));
     let agent = listen(Some(&ns), sa(Ipv4Addr::UNSPECIFIED, AGENT_PORT));
@@ -85,9 +72,7 @@ fn egress_follows_internet_access_and_the_agent_stays_reachable() {
     assert_connects(None, &other_agent, other.agent_endpoint().into());
 
     drop((agent, other_agent, open_conn, open_peer));
-    rt.block_on(pool.release(other)).expect("release");
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [other, slot]);
 }
 
 #[test]
@@ -96,16 +81,9 @@ fn slots_reach_neither_each_other_nor_the_host() {
         return;
     };
     let outside_host_addr = ctx.outside().host_addr;
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(2)))
-        .expect("start pool");
-    let a = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire a");
-    let b = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire b");
+    let (rt, pool) = common::start_pool(ctx.config(2));
+    let a = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let b = common::acquire(&rt, &pool, &SlotPolicy::open());
     let (a_ns, b_ns) = (a.netns_path(), b.netns_path());
 
     // B runs an agent; the host can reach it (so the listener is fine) ...
@@ -146,42 +124,15 @@ fn slots_reach_neither_each_other_nor_the_host() {
     assert_connects(None, &any, sa(Ipv4Addr::LOCALHOST, port));
 
     drop(b_agent);
-    rt.block_on(pool.release(a)).expect("release");
-    rt.block_on(pool.release(b)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
-}
-
-/// Global IPv4 addresses of the host's own interfaces (not ours): still local, so
-/// connecting to them never leaves the machine.
-fn host_primary_addrs() -> Vec<Ipv4Addr> {
-    let out = common::sh("ip", &["-4", "-o", "addr", "show", "scope", "global"], None)
-        .unwrap_or_default();
-    out.lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            let dev = w.nth(1)?;
-            if dev.starts_with('w') {
-                return None;
-            }
-            let cidr = w.nth(1)?;
-            cidr.split('/').next()?.parse().ok()
-        })
-        .collect()
+    common::release_and_shut_down(&rt, pool, [a, b]);
 }
 
 #[test]
 fn every_slot_looks_the_same_inside() {
     let Some(ctx) = common::setup() else { return };
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(2)))
-        .expect("start pool");
-    let a = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire a");
-    let b = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire b");
+    let (rt, pool) = common::start_pool(ctx.config(2));
+    let a = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let b = common::acquire(&rt, &pool, &SlotPolicy::open());
     assert_ne!(a.host_side_addr(), b.host_side_addr());
     assert_eq!(a.sandbox_addr(), SANDBOX_ADDR);
 
@@ -219,9 +170,7 @@ fn every_slot_looks_the_same_inside() {
         "IPv6 link-local address in the slot: {va}"
     );
 
-    rt.block_on(pool.release(a)).expect("release");
-    rt.block_on(pool.release(b)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [a, b]);
 }
 
 fn strip_ifindex(word: &str) -> String {
@@ -241,11 +190,8 @@ fn dns_servers_stay_reachable_on_port_53_only() {
     let outside_ns = ctx.outside_netns();
     let mut config = ctx.config(1);
     config.dns = DnsSource::Servers(vec![dns_ip]);
-    let rt = rt();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let mut slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(config);
+    let mut slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let ns = slot.netns_path();
 
     // The runtime writes this file; it names the configured server.
@@ -280,6 +226,5 @@ fn dns_servers_stay_reachable_on_port_53_only() {
         Duration::from_millis(800)
     ));
 
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

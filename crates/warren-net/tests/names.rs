@@ -8,21 +8,17 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::dns::{parse, query, resolve};
-use common::{assert_connects, connect, listen, udp_echo, udp_roundtrip, OPEN};
+use common::{assert_connects, connect, listen, sa, udp_echo, udp_roundtrip, OPEN};
 use hickory_proto::op::ResponseCode;
-use warren_net::{DnsSource, NetPool, SlotPolicy};
+use warren_net::SlotPolicy;
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::flows::{FlowKind, FlowVerdict};
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 /// The same over TCP.
 fn resolve_tcp(
@@ -43,15 +39,22 @@ fn resolve_tcp(
     parse(&buf)
 }
 
+/// A policy that lets out `allowed.test` (at whatever address it resolves to) and nothing else.
+fn only_allowed_test() -> SlotPolicy {
+    let names =
+        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
+    SlotPolicy {
+        names: Some(names),
+        ..SlotPolicy::deny_all()
+    }
+}
+
 #[test]
 fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let dns_ip = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
+    let (a, b, dns_ip, outside_ns) = ctx.internet();
     let dns = sa(dns_ip, 53);
     let up = common::dns::serve(
         &outside_ns,
@@ -61,18 +64,11 @@ fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
     let server_a = listen(Some(&outside_ns), sa(a, 8080));
     let server_b = listen(Some(&outside_ns), sa(b, 8080));
     let _echo_b = udp_echo(&outside_ns, sa(b, 5353));
-    let mut config = ctx.config(1);
-    config.dns = DnsSource::Servers(vec![dns_ip]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let config = ctx.dns_config(1);
+    let (rt, pool) = common::start_pool(config);
 
-    let names =
-        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
-    let policy = SlotPolicy {
-        names: Some(names),
-        ..SlotPolicy::deny_all()
-    };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let policy = only_allowed_test();
+    let slot = common::acquire(&rt, &pool, &policy);
     let ns = slot.netns_path();
     assert!(
         slot.internet_access(),
@@ -122,17 +118,14 @@ fn only_allowed_names_resolve_and_only_their_answers_are_reachable() {
 
     // Released and reused with an open policy: no pins, no redirect.
     rt.block_on(pool.release(slot)).expect("release");
-    let open = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let open = common::acquire(&rt, &pool, &SlotPolicy::open());
     let ns = open.netns_path();
     assert_eq!(
         resolve(&ns, dns, "other.test"),
         (ResponseCode::NoError, vec![a])
     );
     assert!(up.asked.lock().unwrap().contains(&"other.test".to_string()));
-    rt.block_on(pool.release(open)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [open]);
 }
 
 #[test]
@@ -140,38 +133,20 @@ fn pins_and_the_redirect_survive_a_restart_of_the_pool() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let dns_ip = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
+    let (a, b, dns_ip, outside_ns) = ctx.internet();
     let dns = sa(dns_ip, 53);
     let _up = common::dns::serve(&outside_ns, dns, vec![("allowed.test", b)]);
     let server_b = listen(Some(&outside_ns), sa(b, 8080));
-    let mut config = ctx.config(0);
-    config.dns = DnsSource::Servers(vec![dns_ip]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
-    let names =
-        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
-    let policy = SlotPolicy {
-        names: Some(names),
-        ..SlotPolicy::deny_all()
-    };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let config = ctx.dns_config(0);
+    let (rt, pool) = common::start_pool(config.clone());
+    let policy = only_allowed_test();
+    let slot = common::acquire(&rt, &pool, &policy);
     let ns = slot.netns_path();
     assert_eq!(resolve(&ns, dns, "allowed.test").1, vec![b]);
     let mut open = connect(Some(&ns), sa(b, 8080), OPEN).expect("connect to b");
     let (mut peer, _) = common::accept(&server_b, OPEN).expect("accepted");
     let record = warren_net::AdoptSlot::from(&slot);
-    std::mem::forget(slot);
-    drop(pool);
-
-    let (pool, mut slots) = rt
-        .block_on(NetPool::start_adopting(config, vec![record]))
-        .expect("restart the pool");
-    let slot = slots.remove(0).expect("adopted");
+    let (pool, slot) = common::crash_and_adopt(&rt, pool, slot, record, config);
     // The pin is still there: the open connection carries data, new ones connect.
     open.write_all(b"after").unwrap();
     assert_eq!(common::read_some(&mut peer, OPEN), b"after");
@@ -182,8 +157,7 @@ fn pins_and_the_redirect_survive_a_restart_of_the_pool() {
     let err = connect(Some(&ns), sa(a, 8080), OPEN).expect_err("a was never pinned");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
     drop((open, peer));
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
 
 /// A server in the fake internet that answers each connection with `greeting` and records
@@ -280,10 +254,7 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let dns_ip = ctx.private_addr();
-    let outside_ns = ctx.outside_netns();
+    let (a, b, dns_ip, outside_ns) = ctx.internet();
     let dns = sa(dns_ip, 53);
     // `evil.test` lives at a; `allowed.test` at b.
     let _up = common::dns::serve(
@@ -306,17 +277,10 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
     let tls_a = recorder(&outside_ns, sa(a, 443), b"tls-a", false);
     let tls_b = recorder(&outside_ns, sa(b, 443), b"tls-b", false);
     let banner_b = recorder(&outside_ns, sa(b, 2222), b"BANNER-b\r\n", true);
-    let mut config = ctx.config(1);
-    config.dns = DnsSource::Servers(vec![dns_ip]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let names =
-        EgressPolicy::from_lists(&["allowed.test".into()], &["0.0.0.0/0".into()], None).unwrap();
-    let policy = SlotPolicy {
-        names: Some(names),
-        ..SlotPolicy::deny_all()
-    };
-    let mut slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let config = ctx.dns_config(1);
+    let (rt, pool) = common::start_pool(config);
+    let policy = only_allowed_test();
+    let mut slot = common::acquire(&rt, &pool, &policy);
     pool.set_owner(&slot, "sbx-1");
     let ns = slot.netns_path();
     let get = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
@@ -433,6 +397,5 @@ fn tcp_by_name_is_decided_by_sni_and_host_and_redialled_by_name() {
     let r = open.read(&mut buf);
     assert!(matches!(&r, Ok(0) | Err(_)), "{r:?}");
 
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

@@ -8,18 +8,14 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use common::dns::resolve;
-use common::{accept, assert_blocked, assert_connects, connect, listen, read_some, sh, OPEN};
+use common::{accept, assert_blocked, assert_connects, connect, listen, read_some, sa, sh, OPEN};
 use hickory_proto::op::ResponseCode;
-use warren_net::{NetPool, Slot, SlotPolicy};
+use warren_net::{Slot, SlotPolicy};
 use warren_runtime::peers::{Peer, Peering};
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 230, 0, 2);
 const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 230, 0, 3);
@@ -55,8 +51,7 @@ fn peers_reach_each_other_at_stable_addresses_and_nobody_else_does() {
     };
     let config = ctx.config(3);
     let prefix = config.prefix.clone();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let (rt, pool) = common::start_pool(config);
     let mut a = rt.block_on(pool.acquire(&SlotPolicy::open())).expect("a");
     let mut b = rt.block_on(pool.acquire(&SlotPolicy::open())).expect("b");
     let c = rt.block_on(pool.acquire(&SlotPolicy::open())).expect("c");
@@ -162,9 +157,7 @@ fn peers_reach_each_other_at_stable_addresses_and_nobody_else_does() {
         peer_links(&prefix)
     );
 
-    rt.block_on(pool.release(b)).unwrap();
-    rt.block_on(pool.release(c)).unwrap();
-    rt.block_on(pool.shutdown()).unwrap();
+    common::release_and_shut_down(&rt, pool, [b, c]);
 }
 
 #[test]
@@ -174,8 +167,7 @@ fn the_watchdog_restores_peer_links() {
     };
     let config = ctx.config(2);
     let prefix = config.prefix.clone();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let (rt, pool) = common::start_pool(config);
     let mut a = rt.block_on(pool.acquire(&SlotPolicy::open())).expect("a");
     let mut b = rt.block_on(pool.acquire(&SlotPolicy::open())).expect("b");
     rt.block_on(pool.set_peers(&mut a, &peering(&b, B_ADDR, &[], &[])))
@@ -204,7 +196,5 @@ fn the_watchdog_restores_peer_links() {
     );
     let b_server = listen(Some(&b.netns_path()), sa(Ipv4Addr::UNSPECIFIED, 8000));
     assert_connects(Some(&a.netns_path()), &b_server, sa(B_ADDR, 8000));
-    rt.block_on(pool.release(a)).unwrap();
-    rt.block_on(pool.release(b)).unwrap();
-    rt.block_on(pool.shutdown()).unwrap();
+    common::release_and_shut_down(&rt, pool, [a, b]);
 }

@@ -6,19 +6,13 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use common::{accept, assert_connects, connect, listen, read_some, udp_echo, udp_roundtrip, OPEN};
-use warren_net::{AdoptSlot, Ipv4Cidr, NetPool, SlotPolicy, AGENT_PORT};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
+use common::{
+    accept, assert_connects, connect, listen, read_some, sa, udp_echo, udp_roundtrip, OPEN,
+};
+use warren_net::{AdoptSlot, Ipv4Cidr, SlotPolicy, AGENT_PORT};
 
 fn host(ip: Ipv4Addr) -> Ipv4Cidr {
     Ipv4Cidr::new(ip, 32).expect("a /32")
@@ -40,13 +34,8 @@ fn cidr_policy_allows_refuses_with_reset_and_cuts_open_connections() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let outside_ns = ctx.outside_netns();
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(1)))
-        .expect("start pool");
+    let (a, b, _, outside_ns) = ctx.internet();
+    let (rt, pool) = common::start_pool(ctx.config(1));
     let server_a = listen(Some(&outside_ns), sa(a, 8080));
     let server_b = listen(Some(&outside_ns), sa(b, 8080));
     let _echo_a = udp_echo(&outside_ns, sa(a, 5353));
@@ -57,7 +46,7 @@ fn cidr_policy_allows_refuses_with_reset_and_cuts_open_connections() {
         deny: vec![host(b)],
         ..SlotPolicy::default()
     };
-    let mut slot = rt.block_on(pool.acquire(&deny_b)).expect("acquire");
+    let mut slot = common::acquire(&rt, &pool, &deny_b);
     let ns = slot.netns_path();
     assert!(slot.internet_access());
     assert_connects(Some(&ns), &server_a, sa(a, 8080));
@@ -115,15 +104,12 @@ fn cidr_policy_allows_refuses_with_reset_and_cuts_open_connections() {
     // Released, the slot is open again for its next tenant.
     drop((agent, open, peer));
     rt.block_on(pool.release(slot)).expect("release");
-    let next = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire again");
+    let next = common::acquire(&rt, &pool, &SlotPolicy::open());
     assert!(next.policy().is_open());
     let next_ns = next.netns_path();
     assert_connects(Some(&next_ns), &server_a, sa(a, 8080));
     assert_connects(Some(&next_ns), &server_b, sa(b, 8080));
-    rt.block_on(pool.release(next)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [next]);
 }
 
 #[test]
@@ -131,38 +117,26 @@ fn an_adopted_slot_keeps_its_policy() {
     let Some(mut ctx) = common::setup() else {
         return;
     };
-    let a = ctx.outside().addr;
-    let b = ctx.outside_second();
-    let outside_ns = ctx.outside_netns();
-    let rt = rt();
+    let (a, b, _, outside_ns) = ctx.internet();
     let config = ctx.config(0);
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
+    let (rt, pool) = common::start_pool(config.clone());
     let only_a = SlotPolicy {
         allow: vec![host(a)],
         ..SlotPolicy::deny_all()
     };
-    let slot = rt.block_on(pool.acquire(&only_a)).expect("acquire");
+    let slot = common::acquire(&rt, &pool, &only_a);
     let record = AdoptSlot::from(&slot);
     assert_eq!(record.policy.as_ref(), Some(&only_a));
     // Persisted as JSON by the server, read back after its restart.
     let record: AdoptSlot = serde_json::from_str(&serde_json::to_string(&record).unwrap()).unwrap();
-    std::mem::forget(slot);
-    drop(pool);
-
-    let (pool, mut slots) = rt
-        .block_on(NetPool::start_adopting(config, vec![record]))
-        .expect("restart the pool");
-    let slot = slots.remove(0).expect("adopted");
+    let (pool, slot) = common::crash_and_adopt(&rt, pool, slot, record, config);
     assert_eq!(slot.policy(), &only_a);
     let ns = slot.netns_path();
     let server_a = listen(Some(&outside_ns), sa(a, 8080));
     let _server_b = listen(Some(&outside_ns), sa(b, 8080));
     assert_connects(Some(&ns), &server_a, sa(a, 8080));
     assert_reset(&ns, sa(b, 8080));
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
 
 #[test]
@@ -175,8 +149,7 @@ fn the_operator_can_open_a_private_range_and_a_sandbox_cannot() {
     let outside_ns = ctx.outside_netns();
     let mut config = ctx.config(1);
     config.allow_destinations(&[host(office)]);
-    let rt = rt();
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let (rt, pool) = common::start_pool(config);
     let server_office = listen(Some(&outside_ns), sa(office, 8080));
     let _server_elsewhere = listen(Some(&outside_ns), sa(elsewhere, 8080));
     // A sandbox's allowOut naming the other private address does not open it.
@@ -184,7 +157,7 @@ fn the_operator_can_open_a_private_range_and_a_sandbox_cannot() {
         allow: vec![host(elsewhere)],
         ..SlotPolicy::default()
     };
-    let slot = rt.block_on(pool.acquire(&policy)).expect("acquire");
+    let slot = common::acquire(&rt, &pool, &policy);
     let ns = slot.netns_path();
     assert_connects(Some(&ns), &server_office, sa(office, 8080));
     let err = connect(Some(&ns), sa(elsewhere, 8080), Duration::from_millis(800))
@@ -194,6 +167,5 @@ fn the_operator_can_open_a_private_range_and_a_sandbox_cannot() {
         ErrorKind::TimedOut,
         "rejected, not dropped: {err}"
     );
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

@@ -3,48 +3,16 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{egress_blocked, rt, slot_netns, wait_for, SETTLE};
 use warren_net::{cleanup_stale, DnsSource, Error, NetPool, SlotPolicy};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-/// Slot names (`<prefix>-<n>`) present as network namespaces.
-fn slot_netns(prefix: &str) -> HashSet<String> {
-    let dash = format!("{prefix}-");
-    common::netns_names()
-        .into_iter()
-        .filter(|n| n.starts_with(&dash))
-        .collect()
-}
-
-fn no_egress_set(prefix: &str) -> String {
-    common::sh("nft", &["list", "set", "inet", prefix, "no_egress"], None).expect("list set")
-}
-
-/// Whether slot `name` is in the pool's no-egress set.
-fn egress_blocked(prefix: &str, name: &str) -> bool {
-    no_egress_set(prefix).contains(&format!("\"{name}\""))
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn acquire_release_and_recycle() {
     let Some(ctx) = common::setup() else { return };
     let p = ctx.prefix.clone();
-    let rt = rt();
-    let pool = rt
-        .block_on(NetPool::start(ctx.config(2)))
-        .expect("start pool");
+    let (rt, pool) = common::start_pool(ctx.config(2));
     rt.block_on(pool.fill()).expect("fill");
     let stats = pool.stats();
     assert_eq!((stats.ready, stats.in_use, stats.target), (2, 0, 2));
@@ -52,21 +20,15 @@ fn acquire_release_and_recycle() {
     assert_eq!(ready_names.len(), 2);
 
     // Two come from the pool, the third is built on demand.
-    let a = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
-    let mut b = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
-    let c = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
+    let a = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let mut b = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let c = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
     assert!(ready_names.contains(a.name()) && ready_names.contains(b.name()));
     assert!(!c.internet_access());
     assert!(egress_blocked(&p, c.name()));
     assert_eq!(pool.stats().in_use, 3);
     // The background task refills behind the leases.
-    wait_for("refill", || pool.stats().ready == 2);
+    wait_for(SETTLE, "refill", || pool.stats().ready == 2);
     assert_eq!(slot_netns(&p).len(), 5);
 
     // Releasing into a full pool destroys the slot and resets its egress state.
@@ -101,12 +63,8 @@ fn released_slots_are_reset_and_reused() {
     config.max_slots = Some(2);
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
     rt.block_on(pool.fill()).expect("fill");
-    let mut x = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
-    let y = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
+    let mut x = common::acquire(&rt, &pool, &SlotPolicy::open());
+    let y = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
     match rt.block_on(pool.acquire(&SlotPolicy::open())) {
         Err(Error::Exhausted { max: 2 }) => {}
         other => panic!("expected Exhausted, got {other:?}"),
@@ -127,16 +85,14 @@ fn released_slots_are_reset_and_reused() {
         "internet access is back on"
     );
 
-    let z = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let z = common::acquire(&rt, &pool, &SlotPolicy::open());
     assert!(names.contains(z.name()));
     assert!(z.internet_access());
 
     // A slot dropped without release is recycled by the background task.
     let z_name = z.name().to_owned();
     drop(z);
-    wait_for("dropped slot recycled", || pool.stats().ready == 2);
+    wait_for(SETTLE, "dropped slot recycled", || pool.stats().ready == 2);
     assert!(slot_netns(&p).contains(&z_name));
     assert_eq!(pool.stats().in_use, 0);
 
@@ -148,18 +104,13 @@ fn released_slots_are_reset_and_reused() {
 fn a_new_pool_removes_what_a_crashed_one_left() {
     let Some(ctx) = common::setup() else { return };
     let p = ctx.prefix.clone();
-    let rt = rt();
     let config = ctx.config(2);
 
     // "Crash": fill, lease one with egress off, then drop everything without teardown.
-    let pool = rt
-        .block_on(NetPool::start(config.clone()))
-        .expect("start pool");
+    let (rt, pool) = common::start_pool(config.clone());
     rt.block_on(pool.fill()).expect("fill");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
-    wait_for("refill", || pool.stats().ready == 2);
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
+    wait_for(SETTLE, "refill", || pool.stats().ready == 2);
     std::mem::forget(slot);
     drop(pool);
     let before = common::leftovers(&p);
@@ -226,9 +177,7 @@ fn resolv_conf_names_the_hosts_upstream_servers() {
     let mut config = ctx.config(0);
     config.dns = DnsSource::Host;
     let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let conf = slot.resolv_conf().to_owned();
     assert_eq!(conf, pool.resolv_conf());
 
@@ -254,8 +203,7 @@ fn resolv_conf_names_the_hosts_upstream_servers() {
             "unexpected resolv.conf line: {line}"
         );
     }
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }
 
 #[test]
@@ -313,13 +261,11 @@ fn cancelled_operations_do_not_leak_slots() {
         assert!(cancelled.is_err(), "acquire finished in 1 us?");
     }
     // Cancelled while being released.
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::deny_all()))
-        .expect("acquire");
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::deny_all());
     let _ = rt.block_on(async {
         tokio::time::timeout(Duration::from_micros(1), pool.release(slot)).await
     });
-    wait_for("orphaned slots returned and removed", || {
+    wait_for(SETTLE, "orphaned slots returned and removed", || {
         let s = pool.stats();
         s.in_use == 0 && s.ready == 0 && slot_netns(&p).is_empty()
     });

@@ -4,13 +4,7 @@
 
 mod common;
 
-use warren_net::{Error, NetPool, SlotPolicy, TableCheck};
-
-fn which(program: &str) -> String {
-    let out = common::sh("sh", &["-c", &format!("command -v {program}")], None)
-        .unwrap_or_else(|e| panic!("{program} not found: {e}"));
-    out.trim().to_owned()
-}
+use warren_net::{Error, SlotPolicy, TableCheck};
 
 #[test]
 fn no_new_slots_while_the_host_table_cannot_be_restored() {
@@ -18,19 +12,13 @@ fn no_new_slots_while_the_host_table_cannot_be_restored() {
     let mut config = ctx.config(1);
     config.table_check_interval_ms = 0;
     let prefix = config.prefix.clone();
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    let (rt, pool) = common::start_pool(config);
     rt.block_on(pool.fill()).expect("fill");
     assert!(pool.is_healthy());
 
-    common::sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    common::delete_host_table(&prefix);
     // A PATH without `nft`: the check can neither list nor load the table.
-    let bin = std::env::temp_dir().join(format!("{prefix}-bin"));
-    let _ = std::fs::remove_dir_all(&bin);
-    std::fs::create_dir_all(&bin).expect("bin dir");
-    for tool in ["ip", "conntrack"] {
-        std::os::unix::fs::symlink(which(tool), bin.join(tool)).expect("symlink");
-    }
+    let bin = common::bin_with_only(&prefix, &["ip", "conntrack"]);
     let old_path = std::env::var_os("PATH").unwrap_or_default();
     std::env::set_var("PATH", &bin);
     let failed = rt.block_on(pool.check_host_table());
@@ -53,6 +41,5 @@ fn no_new_slots_while_the_host_table_cannot_be_restored() {
     let slot = rt
         .block_on(pool.acquire(&SlotPolicy::open()))
         .expect("acquire when healthy");
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

@@ -5,17 +5,13 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::Ipv4Addr;
 
-use common::{assert_blocked, assert_connects, listen, sh};
+use common::{assert_blocked, assert_connects, listen, sa, sh};
 use warren_net::{
-    netns, NetPool, SlotPolicy, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
+    netns, SlotPolicy, TableCheck, AGENT_PORT, GATEWAY_MAC, SANDBOX_ADDR, SANDBOX_GATEWAY,
     SANDBOX_IFACE, SANDBOX_MAC, SANDBOX_PREFIX_LEN, TAP_IFACE,
 };
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
 
 #[test]
 fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
@@ -23,17 +19,14 @@ fn a_guest_behind_tap0_is_served_and_confined_by_both_layers() {
         return;
     };
     let outside = ctx.outside();
-    let (out_name, out_addr, out_host) = (outside.name.clone(), outside.addr, outside.host_addr);
+    let (out_addr, out_host) = (outside.addr, outside.host_addr);
     let outside_ns = ctx.outside_netns();
     let mut config = ctx.config(1);
     config.table_check_interval_ms = 0;
     let prefix = config.prefix.clone();
     let pool_cidr = config.host_cidr.to_string();
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
-    let slot = rt
-        .block_on(pool.acquire(&SlotPolicy::open()))
-        .expect("acquire");
+    let (rt, pool) = common::start_pool(config);
+    let slot = common::acquire(&rt, &pool, &SlotPolicy::open());
     let name = slot.name().to_owned();
 
     // The guest: its own netns (named with the test prefix, so the guard removes it).
@@ -96,22 +89,8 @@ route add default via {SANDBOX_GATEWAY} dev {SANDBOX_IFACE}
     assert_eq!(peer.ip(), std::net::IpAddr::V4(out_host), "masqueraded");
 
     // The in-slot layer alone (forward path: tap0 -> eth0).
-    let out_host_s = out_host.to_string();
-    sh(
-        "ip",
-        &[
-            "-n",
-            &out_name,
-            "route",
-            "add",
-            &pool_cidr,
-            "via",
-            &out_host_s,
-        ],
-        None,
-    )
-    .expect("route back to the pool");
-    sh("nft", &["delete", "table", "inet", &prefix], None).expect("delete host table");
+    ctx.route_pool_back(&pool_cidr);
+    common::delete_host_table(&prefix);
     let peer = probe("in-slot layer only");
     assert_eq!(peer.ip(), std::net::IpAddr::V4(slot.host_side_addr()));
     let verdict = rt.block_on(pool.check_host_table()).expect("check");
@@ -127,6 +106,5 @@ neigh del 169.254.0.1 dev {SANDBOX_IFACE}
 "
     );
     sh("ip", &["-n", &name, "-batch", "-"], Some(&back)).expect("ns layout");
-    rt.block_on(pool.release(slot)).expect("release");
-    rt.block_on(pool.shutdown()).expect("shutdown");
+    common::release_and_shut_down(&rt, pool, [slot]);
 }

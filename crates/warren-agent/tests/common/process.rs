@@ -25,6 +25,18 @@ pub fn b64(v: &Value) -> Vec<u8> {
         .unwrap()
 }
 
+/// A streaming request (`body`: its envelopes) to `process.Process/<method>`, ready to send.
+pub fn stream_request(
+    agent: &Agent,
+    method: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    client()
+        .post(agent.url(&format!("/process.Process/{method}")))
+        .header("content-type", STREAM)
+        .body(body)
+}
+
 /// Runs a server-streaming call to completion and returns its envelopes.
 pub async fn stream_call(
     agent: &Agent,
@@ -32,11 +44,8 @@ pub async fn stream_call(
     msg: impl Serialize,
     headers: &[(&str, &str)],
 ) -> Vec<(u8, Value)> {
-    let mut req = client()
-        .post(agent.url(&format!("/process.Process/{method}")))
-        .header("content-type", STREAM)
-        .header("connect-protocol-version", "1")
-        .body(envelope(0, &msg));
+    let mut req =
+        stream_request(agent, method, envelope(0, &msg)).header("connect-protocol-version", "1");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -44,6 +53,11 @@ pub async fn stream_call(
     assert_eq!(resp.status(), 200, "streams always answer 200");
     assert_eq!(resp.headers()["content-type"], STREAM);
     parse_envelopes(&resp.bytes().await.unwrap())
+}
+
+/// Runs `cmd` under bash through `Start` until the stream ends: its envelopes.
+pub async fn start_bash(agent: &Agent, cmd: &str, headers: &[(&str, &str)]) -> Vec<(u8, Value)> {
+    stream_call(agent, "Start", bash(cmd), headers).await
 }
 
 pub async fn unary(agent: &Agent, method: &str, msg: impl Serialize) -> (u16, Value) {
@@ -100,6 +114,17 @@ pub fn size(cols: u32, rows: u32) -> Pty {
     }
 }
 
+/// An interactive bash (no rc files, prompt `$ `) in a PTY of `cols` x `rows`.
+pub fn pty_shell(cols: u32, rows: u32) -> StartRequest {
+    let mut config = command("/bin/bash", &["--norc", "--noprofile", "-i"]);
+    config.envs.insert("PS1".into(), "$ ".into());
+    StartRequest {
+        process: Some(config),
+        pty: Some(size(cols, rows)),
+        ..Default::default()
+    }
+}
+
 pub fn stream_input(event: stream_input_request::Event) -> StreamInputRequest {
     StreamInputRequest { event: Some(event) }
 }
@@ -110,10 +135,7 @@ pub async fn open_stream(
     method: &str,
     msg: &impl Serialize,
 ) -> (EnvelopeStream, u32) {
-    let resp = client()
-        .post(agent.url(&format!("/process.Process/{method}")))
-        .header("content-type", STREAM)
-        .body(envelope(0, msg))
+    let resp = stream_request(agent, method, envelope(0, msg))
         .send()
         .await
         .unwrap();
@@ -159,10 +181,7 @@ pub async fn stream_input_call(agent: &Agent, frames: Vec<Vec<u8>>) -> Vec<(u8, 
     let body = reqwest::Body::wrap_stream(futures::stream::iter(
         frames.into_iter().map(Ok::<_, std::io::Error>),
     ));
-    let resp = client()
-        .post(agent.url("/process.Process/StreamInput"))
-        .header("content-type", STREAM)
-        .body(body)
+    let resp = stream_request(agent, "StreamInput", body)
         .send()
         .await
         .unwrap();

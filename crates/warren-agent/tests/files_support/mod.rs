@@ -69,6 +69,29 @@ impl Agent {
         url.to_string()
     }
 
+    /// A POST of `body`, as `content_type`, to `/files?<query>`: ready to send, or to give
+    /// more headers first.
+    pub fn upload(
+        &self,
+        query: &[(&str, &str)],
+        content_type: impl AsRef<str>,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .post(self.files(query))
+            .header("content-type", content_type.as_ref())
+            .body(body)
+    }
+
+    /// A GET of `/files?path=<path>` with `headers` besides (no access token).
+    pub async fn download(&self, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut req = self.http.get(self.files(&[("path", path)]));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.expect("download")
+    }
+
     pub async fn put(&self, path: &str, data: Vec<u8>) -> reqwest::Response {
         self.http
             .post(self.files(&[("path", path)]))

@@ -80,6 +80,21 @@ impl FakeRuntime {
             });
         }
     }
+
+    /// `spec`'s sandbox, now running with its agent at 127.0.0.1:`port` (which call made
+    /// it run).
+    fn run(&self, spec: &CreateSpec, port: u16) -> RuntimeSandbox {
+        let rt = RuntimeSandbox {
+            id: spec.id.to_string(),
+            agent: SocketAddr::from(([127, 0, 0, 1], port)),
+            record: serde_json::json!({"fake": true, "runtime": "fake"}),
+        };
+        self.alive
+            .lock()
+            .unwrap()
+            .insert(spec.id.to_string(), rt.clone());
+        rt
+    }
 }
 
 #[async_trait]
@@ -130,16 +145,7 @@ impl SandboxRuntime for FakeRuntime {
                 return Err(RuntimeError::Failed("no room for this child".into()));
             }
         }
-        let rt = RuntimeSandbox {
-            id: spec.id.to_string(),
-            agent: SocketAddr::from(([127, 0, 0, 1], 1)),
-            record: serde_json::json!({"fake": true, "runtime": "fake"}),
-        };
-        self.alive
-            .lock()
-            .unwrap()
-            .insert(spec.id.to_string(), rt.clone());
-        Ok(rt)
+        Ok(self.run(&spec, 1))
     }
     async fn kill(&self, id: &str) -> Result<(), RuntimeError> {
         let was_paused = self.paused.lock().unwrap().remove(id).is_some();
@@ -182,15 +188,7 @@ impl SandboxRuntime for FakeRuntime {
             .unwrap()
             .remove(spec.id.as_str())
             .ok_or_else(|| RuntimeError::NotFound(spec.id.to_string()))?;
-        let rt = RuntimeSandbox {
-            id: spec.id.to_string(),
-            agent: SocketAddr::from(([127, 0, 0, 1], 2)),
-            record: serde_json::json!({"fake": true, "runtime": "fake"}),
-        };
-        self.alive
-            .lock()
-            .unwrap()
-            .insert(spec.id.to_string(), rt.clone());
+        let rt = self.run(&spec, 2);
         let kind = match mode {
             PauseMode::Memory => ResumeKind::Memory,
             PauseMode::Filesystem => ResumeKind::Filesystem,
@@ -664,6 +662,11 @@ pub fn admin(c: &Control) -> warren_control::Tenant {
         team: String::new(),
         admin: true,
     })
+}
+
+/// The state an admin sees sandbox `id` in.
+pub async fn state(c: &Control, id: &str) -> SandboxState {
+    admin(c).get(id).await.unwrap().state
 }
 
 pub fn base() -> CreateRequest {

@@ -14,7 +14,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
-use warren_net::{netns, NetConfig};
+use warren_net::{netns, DnsSource, NetConfig, NetPool, Slot, SlotPolicy};
 
 pub mod dns;
 
@@ -279,6 +279,15 @@ impl TestCtx {
         }
     }
 
+    /// [`TestCtx::config`] with [`TestCtx::private_addr`] as the slots' only DNS server (the
+    /// tests serve names there from the outside world).
+    pub fn dns_config(&self, pool_size: usize) -> NetConfig {
+        NetConfig {
+            dns: DnsSource::Servers(vec![self.private_addr()]),
+            ..self.config(pool_size)
+        }
+    }
+
     fn octet2(&self) -> u8 {
         200 + self.salt % 50
     }
@@ -384,8 +393,26 @@ impl TestCtx {
         self.outside.as_ref().expect("just set")
     }
 
+    /// Routes `pool_cidr` from the outside world back to the host: without the host table
+    /// nothing masquerades, and whatever leaks from a slot must still get an answer.
+    pub fn route_pool_back(&self, pool_cidr: &str) {
+        let o = self.outside.as_ref().expect("outside() first");
+        let via = o.host_addr.to_string();
+        let args = ["-n", &o.name, "route", "add", pool_cidr, "via", &via];
+        sh("ip", &args, None).expect("route back to the pool");
+    }
+
     pub fn outside_netns(&self) -> PathBuf {
         netns::netns_path(&self.outside.as_ref().expect("outside world").name)
+    }
+
+    /// Creates the fake internet and returns what most tests use of it: its main address
+    /// (a), a second public-looking one (b, [`TestCtx::outside_second`]), the private address
+    /// it also answers on (the DNS server of [`TestCtx::dns_config`]) and its namespace.
+    pub fn internet(&mut self) -> (Ipv4Addr, Ipv4Addr, Ipv4Addr, PathBuf) {
+        let a = self.outside().addr;
+        let b = self.outside_second();
+        (a, b, self.private_addr(), self.outside_netns())
     }
 }
 
@@ -599,4 +626,136 @@ pub fn udp_roundtrip(ns: &Path, target: SocketAddr, timeout: Duration) -> bool {
         }
     }
     false
+}
+
+/// `ip:port`, the way the tests name their targets.
+pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ip, port))
+}
+
+/// A runtime to drive the pool's async API from the (synchronous) tests.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("tokio runtime")
+}
+
+/// A runtime and a pool started on `config`.
+#[track_caller]
+pub fn start_pool(config: NetConfig) -> (tokio::runtime::Runtime, NetPool) {
+    let rt = rt();
+    let pool = rt.block_on(NetPool::start(config)).expect("start pool");
+    (rt, pool)
+}
+
+/// A slot from `pool` under `policy`.
+#[track_caller]
+pub fn acquire(rt: &tokio::runtime::Runtime, pool: &NetPool, policy: &SlotPolicy) -> Slot {
+    rt.block_on(pool.acquire(policy)).expect("acquire")
+}
+
+/// How long the pool's background work (refill, recycling, removal) may take.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// Polls `cond` until it holds; fails the test after `within`.
+pub fn wait_for(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Slot names (`<prefix>-<n>`) present as network namespaces.
+pub fn slot_netns(prefix: &str) -> std::collections::HashSet<String> {
+    let dash = format!("{prefix}-");
+    netns_names()
+        .into_iter()
+        .filter(|n| n.starts_with(&dash))
+        .collect()
+}
+
+/// Slot names present as host links.
+pub fn slot_links(prefix: &str) -> std::collections::HashSet<String> {
+    let dash = format!("{prefix}-");
+    link_names()
+        .into_iter()
+        .filter(|n| n.starts_with(&dash))
+        .collect()
+}
+
+/// The pool's no-egress set as `nft` lists it (the set must exist).
+pub fn no_egress_set(prefix: &str) -> String {
+    sh("nft", &["list", "set", "inet", prefix, "no_egress"], None).expect("list set")
+}
+
+/// Whether slot `name` is in the pool's no-egress set.
+pub fn egress_blocked(prefix: &str, name: &str) -> bool {
+    no_egress_set(prefix).contains(&format!("\"{name}\""))
+}
+
+/// Global IPv4 addresses of the host's own interfaces (not test objects): still local, so
+/// connecting to them never leaves the machine.
+pub fn host_primary_addrs() -> Vec<Ipv4Addr> {
+    let out = sh("ip", &["-4", "-o", "addr", "show", "scope", "global"], None).unwrap_or_default();
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let dev = w.nth(1)?;
+            if dev.starts_with('w') {
+                return None;
+            }
+            w.nth(1)?.split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// A fresh directory (`<prefix>-bin` under the temp dir) holding links to `tools` only: a
+/// PATH that lacks every other program. The caller removes it.
+pub fn bin_with_only(prefix: &str, tools: &[&str]) -> PathBuf {
+    let bin = std::env::temp_dir().join(format!("{prefix}-bin"));
+    let _ = std::fs::remove_dir_all(&bin);
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for tool in tools {
+        let path = sh("sh", &["-c", &format!("command -v {tool}")], None)
+            .unwrap_or_else(|e| panic!("{tool} not found: {e}"));
+        std::os::unix::fs::symlink(path.trim(), bin.join(tool)).expect("symlink");
+    }
+    bin
+}
+
+/// Releases `slots` in order, then shuts `pool` down: how every test ends its pool.
+#[track_caller]
+pub fn release_and_shut_down(
+    rt: &tokio::runtime::Runtime,
+    pool: NetPool,
+    slots: impl IntoIterator<Item = Slot>,
+) {
+    for slot in slots {
+        rt.block_on(pool.release(slot)).expect("release");
+    }
+    rt.block_on(pool.shutdown()).expect("shutdown");
+}
+
+/// A server crash and restart: `slot`'s sandbox keeps running, `pool` goes away without
+/// tearing anything down, and a new pool on `config` adopts the slot from `record` (what the
+/// server kept of it).
+#[track_caller]
+pub fn crash_and_adopt(
+    rt: &tokio::runtime::Runtime,
+    pool: NetPool,
+    slot: Slot,
+    record: warren_net::AdoptSlot,
+    config: NetConfig,
+) -> (NetPool, Slot) {
+    std::mem::forget(slot);
+    drop(pool);
+    let (pool, mut slots) = rt
+        .block_on(NetPool::start_adopting(config, vec![record]))
+        .expect("restart the pool");
+    let slot = slots.remove(0).expect("adopted");
+    (pool, slot)
+}
+
+/// Removes the pool's host table, as `nft flush ruleset` would, touching no other table.
+pub fn delete_host_table(prefix: &str) {
+    sh("nft", &["delete", "table", "inet", prefix], None).expect("delete host table");
 }
