@@ -29,18 +29,11 @@ if ((${#need_apt[@]})); then
   apt-get install -y -qq "${need_apt[@]}"
 fi
 
-# Fuzzing (scripts/test.sh runs every target briefly; fuzz/ and docs/testing.md): cargo-fuzz
-# from crates.io. The targets need nightly compiler flags, which RUSTC_BOOTSTRAP=1 lets the
-# stable toolchain accept.
-if ! command -v cargo-fuzz >/dev/null 2>&1; then
-  log "installing cargo-fuzz"
-  cargo install cargo-fuzz
-fi
-
-# Dependency policy (deny.toml: licences, sources, duplicate crates), checked by scripts/test.sh.
-if ! command -v cargo-deny >/dev/null 2>&1; then
-  log "installing cargo-deny"
-  cargo install --locked cargo-deny
+# cargo-fuzz and cargo-deny (scripts/test-tools.sh; scripts/test.sh may have built them
+# already, alongside setup's build).
+if ! command -v cargo-fuzz >/dev/null 2>&1 || ! command -v cargo-deny >/dev/null 2>&1; then
+  log "installing cargo-fuzz and cargo-deny"
+  ./scripts/test-tools.sh
 fi
 
 # The agent's tests on the host run commands as `user`, as sandboxes do by default.

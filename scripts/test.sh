@@ -8,7 +8,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# The test-only cargo tools compile for minutes: where cargo is already here they build
+# alongside setup's own build (whose serial stretches, the last crates and the links, leave a
+# core idle) and are waited for before the rest of the test tools.
+tools_log=$(mktemp /tmp/warren-test-tools.XXXXXX)
+tools=""
+if command -v cargo >/dev/null 2>&1; then
+  ./scripts/test-tools.sh >"$tools_log" 2>&1 &
+  tools=$!
+fi
 ./scripts/setup.sh
+if [ -n "$tools" ] && ! wait "$tools"; then
+  cat "$tools_log"
+  exit 1
+fi
 ./scripts/setup-test.sh
 
 # Each stage's line shows the time since the script started (setup included), so a slow stage
@@ -74,12 +87,12 @@ log "control-plane end-to-end suite (e2b SDK against warren serve with the names
 # Reuses the base image the Rust tests built in /var/lib/warren.
 # Pinned to ns (not auto): on a KVM host auto would pick vm, and ns would go untested.
 WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
-  .venv/bin/python -m pytest tests/e2e -q
+  .venv/bin/python -m pytest tests/e2e -q --durations=15
 
 log "control-plane end-to-end suite with the vm runtime (every sandbox a QEMU microVM fork)"
 disk
 WARREN_E2E_RUNTIME=vm WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
-  .venv/bin/python -m pytest tests/e2e -q
+  .venv/bin/python -m pytest tests/e2e -q --durations=25
 
 log "security suite (threat model findings, SDK and raw HTTP against warren serve, both runtimes)"
 WARREN_E2E_RUNTIME=ns WARREN_BIN="$PWD/target/release/warren" WARREN_E2E_DATA_DIR=/var/lib/warren \
