@@ -23,14 +23,19 @@
 //! [`SandboxRuntime::journal`]: warren_runtime::SandboxRuntime::journal
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use warren_proto::journal::{JournalEntry, JournalPage, Level, Masker};
+use warren_runtime::SandboxRuntime;
 
 use crate::audit_budget::{clip_entry, Budget};
-use crate::control::{lock, Control};
+use crate::config::AuditBudget;
+use crate::guest::GuestMetrics;
+use crate::locks::lock;
+use crate::store::{AuditStore, EventStore};
 use crate::{ControlError, Sandbox, SandboxState};
 
 /// How long the trail is kept (as long as lifecycle events).
@@ -279,7 +284,57 @@ fn lifecycle_entry(e: &crate::SandboxEvent) -> AuditEntry {
     }
 }
 
-impl Control {
+/// What the trail is allowed, from the server's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditSettings {
+    /// Off: nothing is read or kept.
+    pub enabled: bool,
+    pub budget: AuditBudget,
+    /// The data disk's inode floor, with the budget's byte floor.
+    pub min_free_inodes: u64,
+}
+
+/// The audit trail: reads the sandboxes' sources, keeps what the budget allows and answers
+/// reads of the trail. Depends on no other service; the sandbox to read is always given.
+pub(crate) struct Audit {
+    records: Arc<dyn AuditStore>,
+    /// Lifecycle events join the trail when it is read.
+    events: Arc<dyn EventStore>,
+    /// The runtime's journal, flow log and the data disk's headroom.
+    runtime: Arc<dyn SandboxRuntime>,
+    /// The agents' journals (`None`: only the runtime's sources are read).
+    guest: Option<Arc<dyn GuestMetrics>>,
+    observer: Option<Arc<dyn AuditObserver>>,
+    settings: AuditSettings,
+    /// How far each sandbox's sources have been read, and its budget.
+    cursors: StdMutex<Cursors>,
+}
+
+impl Audit {
+    pub(crate) fn new(
+        records: Arc<dyn AuditStore>,
+        events: Arc<dyn EventStore>,
+        runtime: Arc<dyn SandboxRuntime>,
+        guest: Option<Arc<dyn GuestMetrics>>,
+        observer: Option<Arc<dyn AuditObserver>>,
+        settings: AuditSettings,
+    ) -> Self {
+        Self {
+            records,
+            events,
+            runtime,
+            guest,
+            observer,
+            settings,
+            cursors: StdMutex::default(),
+        }
+    }
+
+    /// Forgets the cursors of sandboxes that are gone.
+    pub(crate) fn forget_gone(&self, alive: impl Fn(&str) -> bool) {
+        lock(&self.cursors).forget_gone(alive);
+    }
+
     /// Reads what is new from every source of a running sandbox and keeps it. Errors are
     /// the sources' (an agent that does not answer): logged by the caller, never fatal.
     pub(crate) async fn read_journals(&self, sandbox: &Sandbox) -> Result<(), String> {
@@ -289,11 +344,11 @@ impl Control {
     /// [`Self::read_journals`], then the summary of what the budget left out: when it is due,
     /// or with `last` (the sandbox is about to stop running) whatever it holds.
     async fn read_all(&self, sandbox: &Sandbox, last: bool) -> Result<(), String> {
-        if !self.inner.config.audit || sandbox.runtime.is_none() {
+        if !self.settings.enabled || sandbox.runtime.is_none() {
             return Ok(());
         }
         let mut errors = Vec::new();
-        if let Some(guest) = self.inner.guest_metrics.clone() {
+        if let Some(guest) = self.guest.clone() {
             let sb = sandbox.clone();
             let read = |after| {
                 let guest = guest.clone();
@@ -304,7 +359,7 @@ impl Control {
                 errors.push(format!("agent: {e}"));
             }
         }
-        let runtime = self.inner.runtime.clone();
+        let runtime = self.runtime.clone();
         let id = sandbox.id.clone();
         let read = |after| {
             let runtime = runtime.clone();
@@ -340,10 +395,10 @@ impl Control {
     {
         let key = (sandbox.id.clone(), source);
         let masker = masker_of(sandbox);
-        let budget = &self.inner.config.audit_budget;
+        let budget = &self.settings.budget;
         let mut round_bytes = 0u64;
         for _ in 0..READ_PAGES {
-            let known = lock(&self.inner.audit_cursors).by_source.get(&key).cloned();
+            let known = lock(&self.cursors).by_source.get(&key).cloned();
             let after = known.as_ref().map(|(_, n)| *n).unwrap_or(0);
             let Some(page) = read(after).await? else {
                 return Ok(());
@@ -352,7 +407,7 @@ impl Control {
             match &known {
                 Some((boot, _)) if *boot != page.boot => {
                     // The source started again: its positions start again too.
-                    lock(&self.inner.audit_cursors)
+                    lock(&self.cursors)
                         .by_source
                         .insert(key.clone(), (page.boot.clone(), 0));
                     continue;
@@ -361,10 +416,10 @@ impl Control {
                     // First read since the server started: go on from what the store has of
                     // this run, so entries kept before a restart are not read (and budgeted)
                     // again.
-                    let last = self.inner.store.audit_last(&sandbox.id, &run).await;
+                    let last = self.records.audit_last(&sandbox.id, &run).await;
                     if let Ok(Some((position, _))) = last {
                         if position > after {
-                            lock(&self.inner.audit_cursors)
+                            lock(&self.cursors)
                                 .by_source
                                 .insert(key.clone(), (page.boot.clone(), position));
                             continue;
@@ -385,7 +440,7 @@ impl Control {
                 })
                 .collect();
             self.keep_budgeted(sandbox, stored, page.dropped).await?;
-            lock(&self.inner.audit_cursors)
+            lock(&self.cursors)
                 .by_source
                 .insert(key.clone(), (page.boot, page.next));
             if done || page.next == after || round_bytes >= budget.round_bytes {
@@ -396,7 +451,7 @@ impl Control {
     }
 
     async fn read_flows(&self, sandbox: &Sandbox) -> Result<(), String> {
-        let flows = match self.inner.runtime.network_flows(&sandbox.id).await {
+        let flows = match self.runtime.network_flows(&sandbox.id).await {
             Ok(f) => f,
             Err(warren_runtime::RuntimeError::Unsupported(_)) => return Ok(()),
             Err(e) => return Err(e.to_string()),
@@ -404,19 +459,11 @@ impl Control {
         // Only what is not older than the newest flow already kept (one of the same
         // millisecond may be new; the store skips those it has).
         let key = (sandbox.id.clone(), SOURCE_NETWORK);
-        let known = lock(&self.inner.audit_cursors)
-            .by_source
-            .get(&key)
-            .map(|(_, at)| *at);
+        let known = lock(&self.cursors).by_source.get(&key).map(|(_, at)| *at);
         let from = match known {
             Some(at) => at,
             // First read since the server started: from the newest flow the store has.
-            None => match self
-                .inner
-                .store
-                .audit_last(&sandbox.id, SOURCE_NETWORK)
-                .await
-            {
+            None => match self.records.audit_last(&sandbox.id, SOURCE_NETWORK).await {
                 Ok(Some((_, at))) => u64::try_from(at.timestamp_millis()).unwrap_or(0),
                 _ => 0,
             },
@@ -432,7 +479,7 @@ impl Control {
             })
             .collect();
         self.keep_budgeted(sandbox, stored, 0).await?;
-        lock(&self.inner.audit_cursors)
+        lock(&self.cursors)
             .by_source
             .insert(key, (String::new(), newest));
         Ok(())
@@ -441,20 +488,19 @@ impl Control {
     /// Whether the data disk (which holds the store) is above the trail's floor. Logged when
     /// that changes.
     fn store_has_room(&self) -> bool {
-        let cfg = &self.inner.config;
-        let Some(h) = self.inner.runtime.headroom() else {
+        let cfg = &self.settings;
+        let Some(h) = self.runtime.headroom() else {
             return true;
         };
-        let full =
-            h.free_bytes < cfg.audit_budget.min_free_bytes || h.free_inodes < cfg.min_free_inodes;
-        let mut cursors = lock(&self.inner.audit_cursors);
+        let full = h.free_bytes < cfg.budget.min_free_bytes || h.free_inodes < cfg.min_free_inodes;
+        let mut cursors = lock(&self.cursors);
         if full != cursors.disk_full {
             cursors.disk_full = full;
             if full {
                 tracing::warn!(
                     free_bytes = h.free_bytes,
                     free_inodes = h.free_inodes,
-                    floor = cfg.audit_budget.min_free_bytes,
+                    floor = cfg.budget.min_free_bytes,
                     "the data disk is nearly full: audit entries are counted, not kept"
                 );
             } else {
@@ -475,16 +521,15 @@ impl Control {
         if entries.is_empty() && lost == 0 {
             return Ok(());
         }
-        let cfg = &self.inner.config.audit_budget;
-        let recount = match lock(&self.inner.audit_cursors).budgets.get(&sandbox.id) {
+        let cfg = &self.settings.budget;
+        let recount = match lock(&self.cursors).budgets.get(&sandbox.id) {
             None => true,
             Some(b) => b.full(cfg) && b.counted.elapsed() >= RECOUNT_EVERY,
         };
         // What the store holds of this sandbox counts: a restart does not renew its budget.
         let counted = if recount {
             Some(
-                self.inner
-                    .store
+                self.records
                     .audit_usage(&sandbox.id)
                     .await
                     .map_err(|e| e.to_string())?,
@@ -495,7 +540,7 @@ impl Control {
         let room = self.store_has_room();
         let now = Instant::now();
         let kept = {
-            let mut cursors = lock(&self.inner.audit_cursors);
+            let mut cursors = lock(&self.cursors);
             let budget = cursors
                 .budgets
                 .entry(sandbox.id.clone())
@@ -513,9 +558,9 @@ impl Control {
     /// Writes the summary of what `sandbox`'s budget left out, when it is due (or with
     /// `force`) and the disk has room; one that cannot be written stays counted.
     async fn summarise(&self, sandbox: &Sandbox, force: bool) -> Result<(), String> {
-        let cfg = &self.inner.config.audit_budget;
+        let cfg = &self.settings.budget;
         let now = Instant::now();
-        let due = lock(&self.inner.audit_cursors)
+        let due = lock(&self.cursors)
             .budgets
             .get_mut(&sandbox.id)
             .and_then(|b| b.take_due(cfg, force, now));
@@ -530,7 +575,7 @@ impl Control {
             Ok(false)
         };
         if !matches!(written, Ok(true)) {
-            if let Some(b) = lock(&self.inner.audit_cursors).budgets.get_mut(&sandbox.id) {
+            if let Some(b) = lock(&self.cursors).budgets.get_mut(&sandbox.id) {
                 b.restore(pending);
             }
         }
@@ -543,12 +588,11 @@ impl Control {
             return Ok(());
         }
         let fresh = self
-            .inner
-            .store
+            .records
             .append_audit(&entries)
             .await
             .map_err(|e| e.to_string())?;
-        if let Some(observer) = &self.inner.audit_observer {
+        if let Some(observer) = &self.observer {
             let new: Vec<AuditEntry> = fresh
                 .into_iter()
                 .filter_map(|i| entries.get(i).map(|s| s.entry.clone()))
@@ -562,7 +606,7 @@ impl Control {
 
     /// Reads a sandbox's sources one last time before it stops running (bounded in time).
     pub(crate) async fn final_read(&self, sandbox: &Sandbox) {
-        if !self.inner.config.audit || sandbox.state != SandboxState::Running {
+        if !self.settings.enabled || sandbox.state != SandboxState::Running {
             return;
         }
         match tokio::time::timeout(FINAL_READ, self.read_all(sandbox, true)).await {
@@ -575,8 +619,13 @@ impl Control {
     }
 
     /// A sandbox's trail: its kept entries and lifecycle events, oldest first unless asked
-    /// otherwise. A running sandbox's sources are read first.
-    pub(crate) async fn audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, ControlError> {
+    /// otherwise. The sources of `running` (the sandbox asked about, when it runs) are read
+    /// first.
+    pub(crate) async fn query(
+        &self,
+        q: &AuditQuery,
+        running: Option<&Sandbox>,
+    ) -> Result<Vec<AuditEntry>, ControlError> {
         if q.limit == 0 || q.limit > MAX_AUDIT_PAGE {
             return Err(ControlError::InvalidArgument(format!(
                 "limit must be 1..={MAX_AUDIT_PAGE}, not {}",
@@ -590,22 +639,19 @@ impl Control {
                 ));
             }
         }
-        if let Ok(sb) = self.get(&q.sandbox_id).await {
-            if sb.state == SandboxState::Running {
-                match tokio::time::timeout(FINAL_READ, self.read_journals(&sb)).await {
-                    Ok(Err(e)) => {
-                        tracing::debug!(sandbox_id = %sb.id, error = %e, "reading journals")
-                    }
-                    Err(_) => tracing::debug!(sandbox_id = %sb.id, "reading journals timed out"),
-                    Ok(Ok(())) => {}
+        if let Some(sb) = running.filter(|sb| sb.state == SandboxState::Running) {
+            match tokio::time::timeout(FINAL_READ, self.read_journals(sb)).await {
+                Ok(Err(e)) => {
+                    tracing::debug!(sandbox_id = %sb.id, error = %e, "reading journals")
                 }
+                Err(_) => tracing::debug!(sandbox_id = %sb.id, "reading journals timed out"),
+                Ok(Ok(())) => {}
             }
         }
-        let mut entries = self.inner.store.audit(q).await?;
+        let mut entries = self.records.audit(q).await?;
         if q.wants_kind("lifecycle") {
             let events = self
-                .inner
-                .store
+                .events
                 .events(&crate::EventQuery {
                     sandbox_id: Some(q.sandbox_id.clone()),
                     team: None,

@@ -82,9 +82,6 @@ pub(crate) struct Inner {
     pub(crate) guest_metrics: Option<Arc<dyn crate::usage::GuestMetrics>>,
     /// Recent resource samples of running sandboxes.
     pub(crate) series: StdMutex<crate::usage::Series>,
-    /// How far each sandbox's journals have been read, and who is told of new entries.
-    pub(crate) audit_cursors: StdMutex<crate::audit::Cursors>,
-    pub(crate) audit_observer: Option<Arc<dyn crate::audit::AuditObserver>>,
     /// The numbers `GET /metrics` gives Prometheus.
     pub(crate) telemetry: crate::telemetry::Telemetry,
     // The services other operations use, each owning its state (leaves of the DAG first).
@@ -94,6 +91,7 @@ pub(crate) struct Inner {
     pub(crate) volumes: crate::volumes::Volumes,
     pub(crate) networks: Arc<crate::networks::Networks>,
     pub(crate) keys: crate::keys::Keys,
+    pub(crate) audit: crate::audit::Audit,
 }
 
 /// The control plane. Cheap to clone.
@@ -165,6 +163,18 @@ impl Control {
             &config,
         )?);
         let keys = crate::keys::Keys::new(store.clone());
+        let audit = crate::audit::Audit::new(
+            store.clone(),
+            store.clone(),
+            runtime.clone(),
+            guest_metrics.clone(),
+            audit_observer.clone(),
+            crate::audit::AuditSettings {
+                enabled: config.audit,
+                budget: config.audit_budget.clone(),
+                min_free_inodes: config.min_free_inodes,
+            },
+        );
         let networks = Arc::new(crate::networks::Networks::new(
             store.clone(),
             runtime.clone(),
@@ -185,8 +195,6 @@ impl Control {
                 templates,
                 guest_metrics,
                 series: StdMutex::default(),
-                audit_cursors: StdMutex::default(),
-                audit_observer,
                 telemetry: crate::telemetry::Telemetry::new(config_per_sandbox),
                 secrets,
                 webhooks,
@@ -194,6 +202,7 @@ impl Control {
                 volumes,
                 networks,
                 keys,
+                audit,
             }),
         };
         control.inner.networks.load().await?;
@@ -504,7 +513,7 @@ impl Control {
         let mut guard = self.locked(id).await?;
         let sb = &mut *guard;
         // What its journals hold that was not read yet: the agent ends with it.
-        self.final_read(sb).await;
+        self.inner.audit.final_read(sb).await;
         sb.transition(SandboxState::Stopping)
             .map_err(|e| ControlError::FailedPrecondition(e.to_string()))?;
         // Cut traffic before the kill: clients see their streams aborted, then 502.

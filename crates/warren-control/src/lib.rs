@@ -19,6 +19,7 @@ mod error;
 mod events;
 mod expiry;
 mod fork;
+mod guest;
 mod keys;
 mod list;
 mod locks;

@@ -130,7 +130,9 @@ impl Control {
             )));
         }
         // What its journals hold that was not read yet (a filesystem pause ends the agent).
-        self.final_read(sb)
+        self.inner
+            .audit
+            .final_read(sb)
             .instrument(tracing::info_span!("sandbox.audit.read"))
             .await;
         // Streams are cut before the runtime freezes the sandbox, so no client waits on a

@@ -109,14 +109,19 @@ impl Tenant {
         mut query: crate::AuditQuery,
     ) -> Result<Vec<crate::AuditEntry>, ControlError> {
         query.team = self.team_filter().map(String::from);
-        let known = match self.control.get(&query.sandbox_id).await {
+        let sandbox = match self.control.get(&query.sandbox_id).await {
             Ok(sb) if !self.scope.allows(&sb.team) => return Err(not_found(&query.sandbox_id)),
-            Ok(_) => true,
-            Err(_) => false,
+            Ok(sb) => Some(sb),
+            Err(_) => None,
         };
-        let entries = self.control.audit(&query).await?;
+        let entries = self
+            .control
+            .inner
+            .audit
+            .query(&query, sandbox.as_ref())
+            .await?;
         // A sandbox with no record and nothing kept is one this key never had.
-        if !known && entries.is_empty() {
+        if sandbox.is_none() && entries.is_empty() {
             return Err(not_found(&query.sandbox_id));
         }
         Ok(entries)

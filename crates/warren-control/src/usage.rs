@@ -17,10 +17,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::control::{lock, Control};
+pub use crate::guest::{GuestMetrics, GuestView};
 use crate::{ControlError, Sandbox, SandboxState};
 
 /// How often running sandboxes are sampled (E2B's finest bucket).
@@ -29,34 +29,6 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 pub const RETAINED: usize = 720;
 /// Sandboxes sampled at once (each sample is a request to an agent).
 const CONCURRENT_SAMPLES: usize = 16;
-
-/// What a sandbox's agent says about its own resources (envd's `/metrics`).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct GuestView {
-    pub cpu_used_pct: f64,
-    pub mem_used: u64,
-    pub mem_cache: u64,
-    pub disk_used: u64,
-    pub disk_total: u64,
-}
-
-/// Reads a running sandbox's [`GuestView`] (the server does it through its proxy, bounded in
-/// time and size: the answer comes from inside the sandbox).
-#[async_trait]
-pub trait GuestMetrics: Send + Sync {
-    async fn read(&self, sandbox: &Sandbox) -> Result<GuestView, String>;
-
-    /// The agent's journal after position `after` (see `crate::audit`).
-    async fn journal(
-        &self,
-        sandbox: &Sandbox,
-        after: u64,
-        limit: usize,
-    ) -> Result<warren_proto::journal::JournalPage, String> {
-        let _ = (sandbox, after, limit);
-        Err("this server does not read agents' journals".into())
-    }
-}
 
 /// One sample of a sandbox's resources.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -155,7 +127,7 @@ impl Control {
             lock(&self.inner.series)
                 .by_sandbox
                 .retain(|id, _| live.contains_key(id));
-            lock(&self.inner.audit_cursors).forget_gone(|id| live.contains_key(id));
+            self.inner.audit.forget_gone(|id| live.contains_key(id));
         }
         let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_SAMPLES));
         let mut tasks = tokio::task::JoinSet::new();
@@ -167,7 +139,7 @@ impl Control {
                 if let Err(e) = control.sample(&sandbox).await {
                     tracing::debug!(sandbox = %sandbox.id, error = %e, "sampling metrics");
                 }
-                if let Err(e) = control.read_journals(&sandbox).await {
+                if let Err(e) = control.inner.audit.read_journals(&sandbox).await {
                     tracing::debug!(sandbox = %sandbox.id, error = %e, "reading journals");
                 }
             });
