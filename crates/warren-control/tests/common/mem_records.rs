@@ -193,6 +193,7 @@ impl EventStore for MemStore {
         if !q.ascending {
             found.reverse();
         }
+        // Paging by offset, as the SQLite store's `LIMIT .. OFFSET ..` does.
         Ok(found.into_iter().skip(q.offset).take(q.limit).collect())
     }
     async fn prune_events(&self, before: DateTime<Utc>) -> Result<usize, StoreError> {
