@@ -11,6 +11,8 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotEnoughSpaceException
 
+from support.warren import slow_on_vm
+
 RUNTIME = os.environ.get("WARREN_E2E_RUNTIME", "ns")
 MIB = 1 << 20
 
@@ -37,6 +39,7 @@ def _sum(sbx, path: str) -> str:
 
 
 def test_a_default_sandbox_keeps_more_files_than_its_memory(server):
+    slow_on_vm('writes more than its memory (vm disks: crates/warren-runtime-vm/tests/vm_persist.rs)')
     sbx = Sandbox.create(timeout=900)
     try:
         size_mib = int(_sh(sbx, "df -m --output=size / | tail -1"))
@@ -69,6 +72,7 @@ def test_a_default_sandbox_keeps_more_files_than_its_memory(server):
 
 
 def test_a_large_file_survives_pause_snapshot_and_fork(server):
+    slow_on_vm('hundreds of MiB through pause, snapshot and fork (vm disks: vm_persist.rs)')
     sbx = Sandbox.create(timeout=900)
     children = []
     snapshots = []

@@ -22,7 +22,7 @@ import uuid
 import pytest
 from e2b import Sandbox
 
-from support.warren import API_KEY, same_on_every_runtime, warren_bin
+from support.warren import API_KEY, same_on_every_runtime, slow_on_vm, warren_bin
 
 
 def _name(prefix: str) -> str:
@@ -97,6 +97,7 @@ CMD ["python3", "-m", "http.server", "8080"]
 
 
 def test_a_multi_stage_dockerfile_builds_and_runs(server, api):
+    slow_on_vm('two stages built in emulation (vm builds: test_templates.py)')
     name = _name("df-multi")
     tid, bid = _register(api, name)
     ctx = _upload(api, tid, _tar({"app.txt": b"app file\n", "b.txt": b"b\n", "conf/settings.ini": b"[x]\n", "conf/c.txt": b"c\n"}))

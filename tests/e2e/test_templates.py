@@ -18,7 +18,7 @@ import requests
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from support.warren import same_on_every_runtime
+from support.warren import same_on_every_runtime, slow_on_vm
 
 
 def _name(prefix: str) -> str:
@@ -43,6 +43,7 @@ def build(tpl, name, **kw):
 
 
 def test_every_step_type_lands_in_the_sandbox(server, context):
+    slow_on_vm('seven step types in one build (vm builds: test_start_and_ready_commands_run_before_create_returns)')
     name = _name("steps")
     tpl = (
         Template(file_context_path=str(context))
@@ -92,6 +93,7 @@ def test_every_step_type_lands_in_the_sandbox(server, context):
 # filesystem, so this test needs more than the suite's default limit.
 @pytest.mark.timeout(900)
 def test_unchanged_steps_come_from_the_cache(server, context):
+    slow_on_vm('three builds, two packed (the cache is the same code on both runtimes)')
     name = _name("cache")
     # Unique to this run, so the first build is cold.
     one = f"echo one > /tmp/one # {uuid.uuid4().hex}"

@@ -60,6 +60,16 @@ def same_on_every_runtime(why: str) -> None:
         pytest.skip(f"runtime-independent, tested with ns: {why}")
 
 
+def slow_on_vm(why: str) -> None:
+    """Tiering of the suite: a test whose runtime part another vm test covers but which costs
+    minutes of emulation under the vm runtime (large writes, multi-step builds) runs with `vm`
+    only in the slow tier (WARREN_SLOW=1, docs/testing.md); with `ns` it always runs. The
+    default run skips it under vm with this reason, so the whole test command stays inside
+    CI's limit."""
+    if os.environ.get("WARREN_E2E_RUNTIME", "ns") == "vm" and os.environ.get("WARREN_SLOW") != "1":
+        pytest.skip(f"slow tier under vm (WARREN_SLOW=1): {why}")
+
+
 def warren_bin() -> str:
     """The `warren` binary under test (WARREN_BIN)."""
     return os.environ.get("WARREN_BIN", os.path.join(ROOT, "target", "release", "warren"))
