@@ -43,7 +43,7 @@ cargo fmt --all -- --check
 # background at the lowest CPU and I/O priority: it takes what the stages below leave idle
 # (the serial ends of each build, the suites' waits) and the targets run near the end. Its own
 # process group, so an early exit of this script stops it too.
-fuzz_flags=(--codegen-units 16)
+fuzz_flags=(--dev)
 fuzz_log="$PWD/target/fuzz-build.log"
 mkdir -p target
 (cd fuzz && RUSTC_BOOTSTRAP=1 exec setsid nice -n 19 ionice -c 3 cargo fuzz build "${fuzz_flags[@]}") \
@@ -51,15 +51,22 @@ mkdir -p target
 fuzz_build=$!
 trap 'kill -- -"$fuzz_build" 2>/dev/null || true' EXIT
 
-log "cargo clippy -D warnings (the lints Cargo.toml declares, on every target)"
-cargo clippy --release --locked --workspace --all-targets -- -D warnings
-
 log "cargo deny (deny.toml: licences, sources, bans; advisories need the network: docs/testing.md)"
 cargo deny --offline check licenses bans sources
 
 log "Rust tests"
 # WARREN_REQUIRE_ALL=1 (above) keeps every test from skipping: QEMU, nft, root were just set up.
 cargo test --release --locked --workspace
+
+log "cargo clippy -D warnings (the lints Cargo.toml declares, on every target), in the background"
+# After the tests, so it shares target/ (its build scripts and proc macros) without waiting on
+# cargo's lock; at the lowest priority, so the suites below keep the CPU they want. Waited for
+# before the fuzz runs at the end.
+clippy_log="$PWD/target/clippy.log"
+setsid nice -n 19 ionice -c 3 cargo clippy --release --locked --workspace --all-targets -- -D warnings \
+  >"$clippy_log" 2>&1 &
+clippy=$!
+trap 'kill -- -"$fuzz_build" 2>/dev/null || true; kill -- -"$clippy" 2>/dev/null || true' EXIT
 
 log "Python environment for the SDK suites"
 if [ ! -x .venv/bin/python ]; then
@@ -165,6 +172,13 @@ for runtime in ns vm; do
   WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/soak.py --smoke --runtime "$runtime" \
     --data-dir /var/lib/warren --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 done
+
+log "cargo clippy (started in the background after the Rust tests)"
+if ! wait "$clippy"; then
+  cat "$clippy_log"
+  exit 1
+fi
+tail -n 1 "$clippy_log"
 
 log "fuzz targets, ${WARREN_FUZZ_SECONDS:-10} s each (longer runs and findings: docs/testing.md)"
 if ! wait "$fuzz_build"; then
