@@ -370,6 +370,13 @@ async fn forward(
                         Output::Stderr(b) => process_event::data_event::Output::Stderr(b.to_vec()),
                         Output::Pty(b) => process_event::data_event::Output::Pty(b.to_vec()),
                     })}),
+                    // The deadline's own kill (above) ends the process at the same instant
+                    // as the deadline passes here; whichever the runtime polls first, a call
+                    // past its deadline ends as DeadlineExceeded, as the SDKs expect.
+                    Some(ProcEvent::End(_)) if Instant::now() >= deadline_at => {
+                        sender.finish(Err(ConnectError::new(Code::DeadlineExceeded, "the call's deadline was exceeded"))).await;
+                        return;
+                    }
                     Some(ProcEvent::End(end)) => {
                         if send_event(&sender, Event::End(end), is_start).await {
                             sender.finish(Ok(())).await;
