@@ -144,7 +144,6 @@ log "benchmark smoke run (and the unit tests of benches/run.py --compare)"
 .venv/bin/python -m pytest tests/benches -q
 WARREN_AGENT_BIN="$PWD/target/release/warren-agent" .venv/bin/python benches/agent_bench.py --smoke
 ./target/release/examples/ns_bench --smoke
-./target/release/examples/vm_bench --smoke
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/network.py --smoke --data-dir /var/lib/warren \
@@ -158,8 +157,10 @@ WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/brokering.py --
 WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/observability.py --smoke --data-dir /var/lib/warren \
   --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
 # The slow tier (WARREN_SLOW=1): the microVM smoke runs of benchmarks whose paths the vm
-# end-to-end suite already covers (pause, fork, volumes); a full run stays well under CI's limit.
+# end-to-end suite already covers (the runtime's own bench, pause, fork, volumes); a full run
+# stays well under CI's limit.
 if [ "${WARREN_SLOW:-0}" = 1 ]; then
+  ./target/release/examples/vm_bench --smoke
   WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/run.py --smoke --data-dir /var/lib/warren \
     --runtime vm --scenario pause --scenario fork --out "$(mktemp -d /tmp/warren-bench-smoke.XXXXXX)"
   WARREN_BIN="$PWD/target/release/warren" .venv/bin/python benches/volumes.py --smoke --data-dir /var/lib/warren \

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from e2b import Sandbox, Template
 
-from support.warren import require
+from support.warren import require, slow_on_vm
 
 RUNTIME = os.environ.get("WARREN_E2E_RUNTIME", "ns")
 CPUS = 1
@@ -31,6 +31,8 @@ def _host_meminfo_kib() -> int:
 
 @pytest.fixture(scope="module")
 def small(server):
+    # Before the build, so the default vm run skips the minutes of it too.
+    slow_on_vm("a template build of its own (vm builds: test_templates.py, test_images.py)")
     if RUNTIME == "ns":
         require("lxcfs and /dev/fuse (scripts/setup.sh installs lxcfs)",
                 shutil.which("lxcfs") is not None and os.path.exists("/dev/fuse"))
