@@ -425,10 +425,11 @@ pub async fn run(
     );
     let mut control = Control::builder(store, runtime.clone(), config)
         .templates(Arc::new(builder))
-        .volumes(Arc::new(warren_server::volumes::HostDisks(volumes.clone())))
+        .volumes(Arc::new(warren_adapters::HostDisks(volumes.clone())))
         .guest_metrics(proxy.clone())
-        .webhooks(Arc::new(warren_server::webhooks::HttpWebhookSender {
+        .webhooks(Arc::new(warren_adapters::HttpWebhookSender {
             allow_private: args.webhooks_to_private_addresses,
+            encode: warren_server::event_payload,
         }));
     if let Some(o) = &otel {
         control = control.audit_observer(o.audit_export());

@@ -54,6 +54,12 @@ impl From<SandboxEvent> for EventBody {
     }
 }
 
+/// An event's JSON as the events API shows it: the body of its webhook deliveries (what
+/// `warren serve` hands `warren_adapters::HttpWebhookSender`).
+pub fn event_payload(e: &SandboxEvent) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&EventBody::from(e.clone()))
+}
+
 /// `offset`, `limit` (1..=100, default 10), `orderAsc` and repeatable `types`.
 fn query_of(raw: Option<&str>, sandbox_id: Option<String>) -> Result<EventQuery, ApiError> {
     let mut q = EventQuery {

@@ -41,6 +41,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{middleware, Router};
 use warren_control::Control;
 
+pub use events::event_payload;
 pub use listener::{serve, serve_all, ListenerLimits, TlsListener};
 
 /// Limit of JSON request bodies on the API (the proxy streams bodies of any size).

@@ -18,6 +18,7 @@
 mod ca;
 mod certs;
 mod egress;
+mod roots;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 pub use ca::LocalCa;
 pub use certs::{dns_names, ServerCerts};
 pub use egress::{egress_server_config, EgressCerts};
+pub use roots::host_roots;
 pub use rustls;
 
 /// What went wrong with a certificate, a key or their files.

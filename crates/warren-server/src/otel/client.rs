@@ -41,7 +41,11 @@ impl ExportClient {
         // Two TLS providers are compiled into the binary: rustls needs the process's chosen.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest_oci::Client::builder()
-            .tls_certs_only(crate::webhooks::host_roots().iter().cloned())
+            .tls_certs_only(
+                warren_tls::host_roots()
+                    .iter()
+                    .filter_map(|c| reqwest_oci::Certificate::from_der(c.as_ref()).ok()),
+            )
             .timeout(TIMEOUT)
             // The collector is the operator's: proxy variables meant for sandboxes' builds
             // or registries must not reroute telemetry.

@@ -422,11 +422,12 @@ impl TestServer {
         let proxy = Arc::new(warren_server::proxy::Proxy::new(server.domain.clone()));
         let mut wiring = Control::builder(store, runtime.clone(), config)
             .guest_metrics(proxy.clone())
-            .webhooks(Arc::new(warren_server::webhooks::HttpWebhookSender {
+            .webhooks(Arc::new(warren_adapters::HttpWebhookSender {
                 allow_private: false,
+                encode: warren_server::event_payload,
             }));
         if let Some(host) = &server.volumes {
-            wiring = wiring.volumes(Arc::new(warren_server::volumes::HostDisks(host.clone())));
+            wiring = wiring.volumes(Arc::new(warren_adapters::HostDisks(host.clone())));
         }
         if let Some(builder) = builder {
             wiring = wiring.templates(builder);
