@@ -226,6 +226,7 @@ impl Builder {
             env_vars: Default::default(),
             access_token: Some(token.clone()),
             from_snapshot,
+            reservation: None,
         };
         let sb = self.runtime.create(spec).await.map_err(|e| {
             format!(

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use warren_runtime::SandboxRuntime;
 
 use crate::audit::AuditObserver;
-use crate::control::{Config, Control};
+use crate::config::Config;
+use crate::control::Control;
 use crate::error::ControlError;
 use crate::store::Store;
 use crate::templates::port::TemplateBuilder;

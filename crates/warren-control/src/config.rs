@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::control::SERVICE_PORT;
+/// The code interpreter's port, a service port on every template (E2B's convention).
+pub const SERVICE_PORT: u16 = 49999;
 
 /// Tunables of the control plane.
 #[derive(Debug, Clone)]

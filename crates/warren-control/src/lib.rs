@@ -14,23 +14,16 @@ mod audit_budget;
 mod builder;
 mod config;
 mod control;
-mod create;
 mod error;
 mod events;
-mod expiry;
-mod fork;
 mod guest;
 mod keys;
-mod list;
 mod locks;
 mod model;
-mod network;
 mod networks;
-mod pause;
 mod random;
-mod recover;
+mod sandboxes;
 mod secrets;
-mod snapshots;
 pub mod store;
 mod telemetry;
 mod templates;
@@ -46,25 +39,26 @@ pub use audit::{
 pub use audit_budget::ROW_OVERHEAD as AUDIT_ROW_OVERHEAD;
 pub use builder::ControlBuilder;
 pub use config::AuditBudget;
-pub use control::{Access, Config, Control, Route, SERVICE_PORT};
-pub use create::CreateRequest;
+pub use control::Control;
 pub use error::dockerfile_build;
 pub use error::{ControlError, StoreError};
 pub use events::{EventKind, EventQuery, SandboxEvent, EVENT_RETENTION, MAX_EVENT_PAGE};
-pub use fork::{ForkResult, MAX_FORK_COUNT};
 pub use keys::{
     generate as new_api_key, hash_api_key, sdk_accepts_key, ApiKey, Keys, NewApiKey, Scope,
     DEFAULT_TEAM,
 };
-pub use list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
 pub use model::{Lifecycle, Network, OnTimeout, Sandbox, SandboxState, TransitionError};
-pub use network::NetworkUpdate;
 pub use networks::{
     joins_from_metadata, Join, Member, NetworkView, PrivateNetwork, MAX_NETWORKS_PER_SANDBOX,
     METADATA_KEY,
 };
+pub use sandboxes::create::CreateRequest;
+pub use sandboxes::fork::{ForkResult, MAX_FORK_COUNT};
+pub use sandboxes::list::{parse_metadata_query, ListQuery, ListStates, Order, Page};
+pub use sandboxes::network::NetworkUpdate;
+pub use sandboxes::snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
+pub use sandboxes::{Access, Config, Route, SERVICE_PORT};
 pub use secrets::{canonical_name as canonical_secret_name, SealedSecret, SecretInfo, SecretPage};
-pub use snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 pub use store::{
     AuditStore, EventStore, KeyStore, NetworkStore, SandboxStore, SecretStore, SnapshotStore,
     Store, TemplateStore, VolumeStore, WebhookStore,

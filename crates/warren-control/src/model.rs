@@ -275,3 +275,32 @@ mod tests {
         assert_eq!(SandboxState::parse("bogus"), None);
     }
 }
+
+/// One snapshot as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// What the API calls `snapshotID`; usable as `templateID`.
+    pub id: String,
+    /// The caller's name for it, if any (names are unique).
+    pub names: Vec<String>,
+    /// The runtime's key for its saved state.
+    pub key: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    pub allow_internet_access: bool,
+    /// The source sandbox's env vars, given to sandboxes created from it. May hold secrets.
+    pub env_vars: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    /// Whether memory and processes are in it (else only the filesystem).
+    pub memory: bool,
+    pub bytes: u64,
+    pub created_at: DateTime<Utc>,
+    /// The team of the sandbox it was taken of.
+    pub team: String,
+    /// The volumes its sandbox mounted: sandboxes made from it mount them too (the volumes'
+    /// files are not in the snapshot; they are shared, live).
+    pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
+}

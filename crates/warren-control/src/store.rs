@@ -5,9 +5,9 @@ use async_trait::async_trait;
 
 use crate::error::StoreError;
 use crate::keys::ApiKey;
+use crate::model::Snapshot;
 use crate::model::{Sandbox, SandboxState};
 use crate::networks::{Member, PrivateNetwork};
-use crate::snapshots::Snapshot;
 use crate::templates::{Build, BuildStatus, LogEntry, Template};
 
 /// Every record the control plane keeps: one store (SQLite today) implements each

@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 
 use tracing::Instrument;
 
-use crate::control::{lock, Control};
+use crate::sandboxes::{lock, Sandboxes};
 use crate::{ControlError, SandboxState};
 
 /// Told of every timed operation as it ends (OpenTelemetry's latency histograms). Called on
@@ -238,14 +238,14 @@ pub(crate) fn error_kind(e: &ControlError) -> &'static str {
     }
 }
 
-impl Control {
-    /// [`Control::detached`], timed and counted as operation `op` for Prometheus (the whole
+impl Sandboxes {
+    /// [`Sandboxes::detached`], timed and counted as operation `op` for Prometheus (the whole
     /// operation, also when the caller has gone), in a span `sandbox.<op>` whose parent is the
     /// caller's (the API request's) and whose children are the operation's stages.
     pub(crate) async fn timed<T, F>(
         &self,
         op: &'static str,
-        f: impl FnOnce(Control) -> F,
+        f: impl FnOnce(Sandboxes) -> F,
     ) -> Result<T, ControlError>
     where
         T: Send + 'static,
@@ -445,7 +445,7 @@ impl Control {
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &t.registry)
-            .map_err(|e| ControlError::internal(format!("encoding metrics: {e}")))?;
+            .map_err(ControlError::internal_cause("encoding metrics"))?;
         Ok(out)
     }
 }
@@ -470,7 +470,7 @@ pub(crate) fn trace_sandbox(id: &str) {
     tracing::Span::current().record("warren.sandbox.id", id);
 }
 
-impl Control {
+impl Sandboxes {
     /// A stage of an operation that the runtime carries out (`runtime.create`, ...), a child
     /// of the current span.
     pub(crate) fn stage(&self, name: &'static str) -> tracing::Span {

@@ -12,14 +12,15 @@ mod resources;
 
 pub use resources::AliasTarget;
 
-use crate::control::{not_found, Control};
-use crate::create::CreateRequest;
+use crate::control::Control;
 use crate::error::ControlError;
-use crate::fork::ForkResult;
 use crate::keys::{ApiKey, Scope};
-use crate::list::{ListQuery, Page};
 use crate::model::Sandbox;
-use crate::snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
+use crate::sandboxes::create::CreateRequest;
+use crate::sandboxes::fork::ForkResult;
+use crate::sandboxes::list::{ListQuery, Page};
+use crate::sandboxes::not_found;
+use crate::sandboxes::snapshots::{Snapshot, SnapshotPage, SnapshotQuery};
 
 /// [`Control`] restricted to what one key may see.
 #[derive(Clone)]
@@ -64,9 +65,13 @@ impl Tenant {
         &self.control
     }
 
+    pub(crate) fn sandboxes(&self) -> &crate::sandboxes::Sandboxes {
+        self.control.sandboxes()
+    }
+
     /// The sandbox `id` if this key may see it.
     async fn own(&self, id: &str) -> Result<Sandbox, ControlError> {
-        let sb = self.control.get(id).await?;
+        let sb = self.sandboxes().get(id).await?;
         if self.scope.allows(&sb.team) {
             Ok(sb)
         } else {
@@ -76,7 +81,7 @@ impl Tenant {
 
     pub async fn create(&self, mut req: CreateRequest) -> Result<Sandbox, ControlError> {
         // A snapshot works as a template, but only for its own team.
-        if let Some(snap) = self.control.find_snapshot(&req.template).await? {
+        if let Some(snap) = self.sandboxes().find_snapshot(&req.template).await? {
             if !self.scope.allows(&snap.team) {
                 return Err(ControlError::NotFound(format!(
                     "template '{}' not found",
@@ -85,7 +90,7 @@ impl Tenant {
             }
         }
         req.team = self.team.clone();
-        self.control.create(req).await
+        self.sandboxes().create(req).await
     }
 
     pub async fn get(&self, id: &str) -> Result<Sandbox, ControlError> {
@@ -109,17 +114,12 @@ impl Tenant {
         mut query: crate::AuditQuery,
     ) -> Result<Vec<crate::AuditEntry>, ControlError> {
         query.team = self.team_filter().map(String::from);
-        let sandbox = match self.control.get(&query.sandbox_id).await {
+        let sandbox = match self.sandboxes().get(&query.sandbox_id).await {
             Ok(sb) if !self.scope.allows(&sb.team) => return Err(not_found(&query.sandbox_id)),
             Ok(sb) => Some(sb),
             Err(_) => None,
         };
-        let entries = self
-            .control
-            .inner
-            .audit
-            .query(&query, sandbox.as_ref())
-            .await?;
+        let entries = self.control.audit().query(&query, sandbox.as_ref()).await?;
         // A sandbox with no record and nothing kept is one this key never had.
         if sandbox.is_none() && entries.is_empty() {
             return Err(not_found(&query.sandbox_id));
@@ -135,7 +135,7 @@ impl Tenant {
         query.team = self.team_filter().map(String::from);
         if let Some(id) = &query.sandbox_id {
             // A sandbox that is gone has events still; one of another team has none to show.
-            if let Ok(sb) = self.control.get(id).await {
+            if let Ok(sb) = self.sandboxes().get(id).await {
                 if !self.scope.allows(&sb.team) {
                     return Err(not_found(id));
                 }
@@ -184,7 +184,7 @@ impl Tenant {
         end: Option<i64>,
     ) -> Result<Vec<crate::MetricPoint>, ControlError> {
         let sandbox = self.own(id).await?;
-        self.control.metrics_of(&sandbox, start, end).await
+        self.sandboxes().metrics_of(&sandbox, start, end).await
     }
 
     /// The newest sample of each of `ids` this key may see (others are left out, as unknown
@@ -199,7 +199,7 @@ impl Tenant {
                 mine.push(id.clone());
             }
         }
-        Ok(self.control.latest_metrics(&mine))
+        Ok(self.sandboxes().latest_metrics(&mine))
     }
 
     pub async fn connect(
@@ -207,22 +207,22 @@ impl Tenant {
         id: &str,
         timeout: Option<i64>,
     ) -> Result<(Sandbox, bool), ControlError> {
-        self.control.timeout(timeout)?;
+        self.sandboxes().timeout(timeout)?;
         self.own(id).await?;
-        self.control.connect(id, timeout).await
+        self.sandboxes().connect(id, timeout).await
     }
 
     pub async fn set_timeout(&self, id: &str, timeout: i64) -> Result<(), ControlError> {
         if timeout != 0 {
-            self.control.timeout(Some(timeout))?;
+            self.sandboxes().timeout(Some(timeout))?;
         }
         self.own(id).await?;
-        self.control.set_timeout(id, timeout).await
+        self.sandboxes().set_timeout(id, timeout).await
     }
 
     pub async fn kill(&self, id: &str) -> Result<(), ControlError> {
         self.own(id).await?;
-        self.control.kill(id).await
+        self.sandboxes().kill(id).await
     }
 
     pub async fn list(&self, query: &ListQuery) -> Result<Page, ControlError> {
@@ -230,29 +230,29 @@ impl Tenant {
         if let Scope::Team(t) = &self.scope {
             query.team = Some(t.clone());
         }
-        self.control.list(&query).await
+        self.sandboxes().list(&query).await
     }
 
     pub async fn pause(&self, id: &str, memory: Option<bool>) -> Result<(), ControlError> {
-        self.control.pause_mode(memory)?;
+        self.sandboxes().pause_mode(memory)?;
         self.own(id).await?;
-        self.control.pause(id, memory).await
+        self.sandboxes().pause(id, memory).await
     }
 
     pub async fn update_network(
         &self,
         id: &str,
-        update: crate::network::NetworkUpdate,
+        update: crate::sandboxes::network::NetworkUpdate,
     ) -> Result<(), ControlError> {
-        self.control.check_egress(&update.egress)?;
+        self.sandboxes().check_egress(&update.egress)?;
         self.own(id).await?;
-        self.control.update_network(id, update).await
+        self.sandboxes().update_network(id, update).await
     }
 
     /// The sandbox's flow log: what its egress policy decided lately, oldest first.
     pub async fn network_flows(&self, id: &str) -> Result<Vec<crate::Flow>, ControlError> {
         self.own(id).await?;
-        self.control.network_flows(id).await
+        self.sandboxes().network_flows(id).await
     }
 
     pub async fn create_snapshot(
@@ -261,13 +261,13 @@ impl Tenant {
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<Snapshot, ControlError> {
-        self.control.check_snapshot_mode(memory)?;
-        let name = self.control.check_snapshot_name(name)?;
+        self.sandboxes().check_snapshot_mode(memory)?;
+        let name = self.sandboxes().check_snapshot_name(name)?;
         self.own(sandbox_id).await?;
         if let Some(n) = &name {
             // Names are unique across teams: reusing another team's name would replace its
             // snapshot, so it is refused (without saying whose it is).
-            if let Some(other) = self.control.find_snapshot(n).await? {
+            if let Some(other) = self.sandboxes().find_snapshot(n).await? {
                 if !self.scope.allows(&other.team) {
                     return Err(ControlError::FailedPrecondition(format!(
                         "snapshot name {n:?} is taken; choose another"
@@ -275,7 +275,9 @@ impl Tenant {
                 }
             }
         }
-        self.control.create_snapshot(sandbox_id, name, memory).await
+        self.sandboxes()
+            .create_snapshot(sandbox_id, name, memory)
+            .await
     }
 
     pub async fn list_snapshots(&self, q: &SnapshotQuery) -> Result<SnapshotPage, ControlError> {
@@ -283,12 +285,12 @@ impl Tenant {
         if let Scope::Team(t) = &self.scope {
             q.team = Some(t.clone());
         }
-        self.control.list_snapshots(&q).await
+        self.sandboxes().list_snapshots(&q).await
     }
 
     pub async fn delete_snapshot(&self, r: &str) -> Result<(), ControlError> {
-        match self.control.find_snapshot(r).await? {
-            Some(s) if self.scope.allows(&s.team) => self.control.delete_snapshot(r).await,
+        match self.sandboxes().find_snapshot(r).await? {
+            Some(s) if self.scope.allows(&s.team) => self.sandboxes().delete_snapshot(r).await,
             _ => Err(snapshot_not_found(r)),
         }
     }
@@ -299,8 +301,8 @@ impl Tenant {
         count: Option<i64>,
         timeout: Option<i64>,
     ) -> Result<Vec<ForkResult>, ControlError> {
-        self.control.check_fork_args(count, timeout)?;
+        self.sandboxes().check_fork_args(count, timeout)?;
         self.own(id).await?;
-        self.control.fork(id, count, timeout).await
+        self.sandboxes().fork(id, count, timeout).await
     }
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::control::{lock, Control};
 pub use crate::guest::{GuestMetrics, GuestView};
+use crate::sandboxes::{lock, Sandboxes};
 use crate::{ControlError, Sandbox, SandboxState};
 
 /// How often running sandboxes are sampled (E2B's finest bucket).
@@ -91,7 +91,7 @@ pub fn window(start: Option<i64>, end: Option<i64>) -> Result<Window, ControlErr
     ))
 }
 
-impl Control {
+impl Sandboxes {
     /// Starts sampling every running sandbox, when the control plane reads guests.
     pub(crate) fn start_sampling(&self) {
         if self.inner.guest_metrics.is_none() {

@@ -38,6 +38,7 @@ fn spec(id: &str, internet: bool) -> CreateSpec {
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
         access_token: Some("tok".into()),
         from_snapshot: None,
+        reservation: None,
     }
 }
 

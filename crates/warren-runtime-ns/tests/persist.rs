@@ -39,6 +39,7 @@ fn spec(id: &str) -> CreateSpec {
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
         access_token: Some("tok".into()),
         from_snapshot: None,
+        reservation: None,
     }
 }
 

@@ -52,7 +52,15 @@ fn spec(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
             .collect::<BTreeMap<_, _>>(),
         access_token: token.map(str::to_string),
         from_snapshot: None,
+        reservation: None,
     }
+}
+
+/// A create that claims the prepared sandbox reserved as `id`.
+fn claim(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
+    let mut spec = spec(id, token, env);
+    spec.reservation = Some(warren_runtime::Reservation::new(spec.id.clone()));
+    spec
 }
 
 /// Waits until `template` has `n` prepared sandboxes.
@@ -125,7 +133,9 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
     for _ in 0..8 {
         let rt = rt.clone();
         tasks.push(tokio::spawn(async move {
-            rt.prepared_id("base").await.map(String::from)
+            rt.reserve_prepared("base")
+                .await
+                .map(|r| r.id().to_string())
         }));
     }
     let mut claimed = Vec::new();
@@ -146,7 +156,7 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
     // The first tenant leaves files, a process and env vars behind, then goes.
     let first = &claimed[0];
     let a = rt
-        .create(spec(first, Some("tok-a"), &[("SECRET", "tenant-a")]))
+        .create(claim(first, Some("tok-a"), &[("SECRET", "tenant-a")]))
         .await
         .expect("claim a");
     let (code, out) = run_as(a.agent, "tok-a", "echo $SECRET $E2B_SANDBOX_ID; hostname; echo kept > /home/user/left; (sleep 1000 &) ; cat /proc/sys/kernel/random/boot_id").await;
@@ -167,13 +177,13 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
         Some(id) => id.clone(),
         None => {
             wait_for(&rt, 3).await;
-            rt.prepared_id("base")
+            rt.reserve_prepared("base")
                 .await
-                .map(String::from)
+                .map(|r| r.id().to_string())
                 .expect("a prepared sandbox")
         }
     };
-    let mut b_spec = spec(&b_id, None, &[]);
+    let mut b_spec = claim(&b_id, None, &[]);
     b_spec.memory_mb = 256;
     b_spec.disk_mb = 128;
     b_spec.allow_internet_access = false;
@@ -206,7 +216,7 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
     // The other reservations are claimed too (one left unclaimed goes after a minute).
     for id in claimed.iter().skip(2) {
         let c = rt
-            .create(spec(id, Some("tok-c"), &[]))
+            .create(claim(id, Some("tok-c"), &[]))
             .await
             .expect("claim c");
         assert_eq!(run_as(c.agent, "tok-c", "echo ok").await.1, "ok\n");
@@ -247,12 +257,24 @@ async fn the_pool_follows_demand_and_empties() {
 
     // A claim is replaced.
     let taken = rt
-        .prepared_id("base")
+        .reserve_prepared("base")
         .await
-        .map(String::from)
+        .map(|r| r.id().to_string())
         .expect("reserved");
     assert!(ready.contains(&taken));
-    rt.create(spec(&taken, Some("tok"), &[]))
+    // A spec must carry its own reservation: another sandbox's is refused, nothing starts.
+    let mut wrong = claim(&taken, Some("tok"), &[]);
+    wrong.id = warren_runtime::SandboxId::generate().unwrap();
+    let refused = rt
+        .create(wrong)
+        .await
+        .expect_err("another id's reservation");
+    assert_eq!(
+        refused.category(),
+        warren_runtime::Category::BadRequest,
+        "{refused}"
+    );
+    rt.create(claim(&taken, Some("tok"), &[]))
         .await
         .expect("claim");
     // Two creates within a second now: the target may have grown by one.
@@ -291,12 +313,12 @@ async fn a_restart_neither_leaks_nor_reuses_prepared_sandboxes() {
     first.set_warm_pool("base", 3).await.expect("pool of 3");
     wait_for(&first, 3).await;
     let claimed = first
-        .prepared_id("base")
+        .reserve_prepared("base")
         .await
-        .map(String::from)
+        .map(|r| r.id().to_string())
         .expect("reserved");
     let kept = first
-        .create(spec(&claimed, Some("tok"), &[]))
+        .create(claim(&claimed, Some("tok"), &[]))
         .await
         .expect("claim");
     let left = wait_for(&first, 3).await;

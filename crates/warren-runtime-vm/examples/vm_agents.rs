@@ -57,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         env_vars: BTreeMap::new(),
         access_token: token,
         from_snapshot: None,
+        reservation: None,
     };
     let result = async {
         let open = rt.create(spec("conformance", None)).await?;

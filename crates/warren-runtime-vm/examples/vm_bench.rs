@@ -257,6 +257,7 @@ fn spec(id: String) -> CreateSpec {
         env_vars: BTreeMap::new(),
         access_token: None,
         from_snapshot: None,
+        reservation: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn spec(id: &str) -> CreateSpec {
         env_vars: BTreeMap::new(),
         access_token: Some("tok".into()),
         from_snapshot: None,
+        reservation: None,
     }
 }
 

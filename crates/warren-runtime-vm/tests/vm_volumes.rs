@@ -53,6 +53,7 @@ fn spec(id: &str, volume: &Path, subpath: Option<&str>) -> CreateSpec {
         env_vars: BTreeMap::new(),
         access_token: Some("tok".into()),
         from_snapshot: None,
+        reservation: None,
     }
 }
 

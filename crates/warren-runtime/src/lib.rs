@@ -46,6 +46,31 @@ pub struct CreateSpec {
     /// Volumes to mount, in order (a later path may lie inside an earlier one).
     #[serde(default)]
     pub volumes: Vec<VolumeMount>,
+    /// The sandbox prepared ahead that this create claims ([`SandboxRuntime::reserve_prepared`];
+    /// `id` is then the reservation's). Never recorded: a reservation lives a minute at most.
+    #[serde(skip)]
+    pub reservation: Option<Reservation>,
+}
+
+/// A sandbox a runtime prepared ahead, reserved for one create by
+/// [`SandboxRuntime::reserve_prepared`]. The create that carries it in
+/// [`CreateSpec::reservation`] (with [`Reservation::id`] as its id, no snapshot and no
+/// volumes) claims that sandbox instead of starting one; a create without one never claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    id: SandboxId,
+}
+
+impl Reservation {
+    /// The reservation of the prepared sandbox named `id` (what a runtime hands out).
+    pub fn new(id: SandboxId) -> Reservation {
+        Reservation { id }
+    }
+
+    /// The id the prepared sandbox runs under, which its create must use.
+    pub fn id(&self) -> &SandboxId {
+        &self.id
+    }
 }
 
 /// One volume mounted into a sandbox ([`Capabilities::volumes`]).
@@ -348,7 +373,7 @@ pub struct SlotStats {
     pub target: usize,
 }
 
-/// A runtime's sandboxes prepared ahead of creates (see [`SandboxRuntime::prepared_id`]).
+/// A runtime's sandboxes prepared ahead of creates (see [`SandboxRuntime::reserve_prepared`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PreparedStats {
     /// Started and waiting for a create.
@@ -396,12 +421,12 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         )))
     }
 
-    /// The id of a sandbox of `template` the runtime has prepared ahead (started and waiting
-    /// for its tenant), now reserved for the caller's create: a [`Self::create`] with this id
-    /// (no snapshot, no volumes) claims it instead of starting one. `None` when none is
+    /// A sandbox of `template` the runtime has prepared ahead (started and waiting for its
+    /// tenant), now reserved for the caller's create: a [`Self::create`] whose spec carries it
+    /// ([`CreateSpec::reservation`]) claims it instead of starting one. `None` when none is
     /// ready; the caller then picks a fresh id ([`SandboxId::generate`]). A reservation that no
     /// create claims within a minute is discarded.
-    async fn prepared_id(&self, template: &str) -> Option<SandboxId> {
+    async fn reserve_prepared(&self, template: &str) -> Option<Reservation> {
         let _ = template;
         None
     }

@@ -151,7 +151,7 @@ impl Tenant {
         if self
             .control
             .templates()
-            .delete_template(self.team_filter(), id, &self.control)
+            .delete_template(self.team_filter(), id, self.sandboxes())
             .await?
         {
             Ok(())
@@ -192,7 +192,7 @@ impl Tenant {
     pub async fn template_disk_use(&self) -> Result<DiskUse, ControlError> {
         self.control
             .templates()
-            .template_disk_use(self.team_filter(), &self.control)
+            .template_disk_use(self.team_filter(), self.sandboxes())
             .await
     }
 
@@ -200,7 +200,7 @@ impl Tenant {
     pub async fn prune_templates(&self) -> Result<DiskUse, ControlError> {
         self.control
             .templates()
-            .prune_templates(self.team_filter(), &self.control)
+            .prune_templates(self.team_filter(), self.sandboxes())
             .await
     }
 
@@ -248,7 +248,10 @@ impl Tenant {
 
     /// Deletes a volume (refused while a sandbox mounts it).
     pub async fn delete_volume(&self, r: &str) -> Result<(), ControlError> {
-        self.control.delete_volume(self.team_filter(), r).await
+        self.control
+            .volumes()
+            .delete(self.team_filter(), r, self.sandboxes())
+            .await
     }
 
     /// Takes a snapshot of a volume.
@@ -359,18 +362,16 @@ impl Tenant {
         sandbox_id: &str,
         alias: Option<String>,
     ) -> Result<Member, ControlError> {
-        let control = self.control();
-        control
+        self.control()
             .networks()
-            .join(control, self.team_filter(), r, sandbox_id, alias)
+            .join(self.sandboxes(), self.team_filter(), r, sandbox_id, alias)
             .await
     }
 
     pub async fn leave_network(&self, r: &str, sandbox_id: &str) -> Result<(), ControlError> {
-        let control = self.control();
-        control
+        self.control()
             .networks()
-            .leave(control, self.team_filter(), r, sandbox_id)
+            .leave(self.sandboxes(), self.team_filter(), r, sandbox_id)
             .await
     }
 }

@@ -313,10 +313,11 @@ impl SandboxRuntime for NsRuntime {
         self.set_prepared_target(template, size).await
     }
 
-    async fn prepared_id(&self, template: &str) -> Option<warren_runtime::SandboxId> {
+    async fn reserve_prepared(&self, template: &str) -> Option<warren_runtime::Reservation> {
         // Prepared sandboxes are named by `SandboxId::generate`: the parse cannot fail.
-        self.reserve_prepared(template)
+        self.reserve_ready(template)
             .and_then(|id| id.parse().ok())
+            .map(warren_runtime::Reservation::new)
     }
 
     fn prepared(&self) -> Option<warren_runtime::PreparedStats> {
@@ -531,7 +532,18 @@ impl NsRuntime {
         }
         // Sandboxes prepared ahead have empty layers and no volumes.
         let poolable = seed.is_none() && spec.volumes.is_empty();
-        if let Some(p) = poolable.then(|| self.take_reserved(&spec.id)).flatten() {
+        let reserved = match &spec.reservation {
+            Some(r) if r.id() != &spec.id => {
+                return Err(RuntimeError::InvalidArgument(format!(
+                    "sandbox {} carries the reservation of {}",
+                    spec.id,
+                    r.id()
+                )))
+            }
+            Some(r) if poolable => self.take_reserved(r.id().as_str()),
+            _ => None,
+        };
+        if let Some(p) = reserved {
             let _in_flight = self.note_create(&spec);
             match self.claim(&spec, p).await {
                 Ok(out) => return Ok(out),

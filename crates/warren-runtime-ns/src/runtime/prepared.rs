@@ -4,7 +4,7 @@
 //! anyone before its create): its own host id range, cgroup, network slot, empty writable
 //! layer, boot id, and nsinit with the agent answering on the slot and waiting for `/init`.
 //! Its agent requires a token only the runtime knows. A create claims it
-//! ([`warren_runtime::SandboxRuntime::prepared_id`], then `create` with that id): the
+//! ([`warren_runtime::SandboxRuntime::reserve_prepared`], then `create` with that id): the
 //! runtime applies the create's limits, disk size and egress policy, and its `/init` gives
 //! the agent the tenant's env vars and token in place of the runtime's. Nothing of one tenant
 //! can reach another through the pool: a prepared sandbox is used once and killed with its
@@ -84,7 +84,7 @@ struct Bucket {
 #[derive(Default)]
 struct State {
     ready: HashMap<String, VecDeque<Prepared>>,
-    /// Handed out by `prepared_id`, not claimed yet.
+    /// Handed out by `reserve_prepared`, not claimed yet.
     reserved: HashMap<String, (Instant, Prepared)>,
     /// Per template: creates in flight now, and per bucket the larger of the creates that
     /// arrived in it and the most in flight at once.
@@ -206,8 +206,9 @@ impl NsRuntime {
         }
     }
 
-    /// [`warren_runtime::SandboxRuntime::prepared_id`].
-    pub(super) fn reserve_prepared(&self, template: &str) -> Option<String> {
+    /// [`warren_runtime::SandboxRuntime::reserve_prepared`]: the id of a ready sandbox of
+    /// `template`, moved to the reserved set.
+    pub(super) fn reserve_ready(&self, template: &str) -> Option<String> {
         let mut st = lock(&self.prepared.state);
         let queue = st.ready.get_mut(template)?;
         let mut dead = Vec::new();

@@ -537,5 +537,6 @@ pub fn small_spec(id: &str) -> warren_runtime::CreateSpec {
         env_vars: Default::default(),
         access_token: Some("tok".into()),
         from_snapshot: None,
+        reservation: None,
     }
 }

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::control::Control;
-use crate::create::Plan;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
 use crate::random::random_id;
+use crate::sandboxes::create::Plan;
+use crate::sandboxes::Sandboxes;
 
 /// Most children of one fork request (the SDKs' limit too).
 pub const MAX_FORK_COUNT: u32 = 100;
@@ -26,7 +26,7 @@ const PARALLEL_CHILDREN: usize = 8;
 /// One child's outcome.
 pub type ForkResult = Result<Sandbox, ControlError>;
 
-impl Control {
+impl Sandboxes {
     /// Checks a fork request's count and timeout without doing anything.
     pub(crate) fn check_fork_args(
         &self,

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 
 use warren_runtime::RuntimeSandbox;
 
-use crate::control::Control;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
+use crate::sandboxes::Sandboxes;
 
-impl Control {
+impl Sandboxes {
     /// Sandboxes that live on (running or paused) but were started by another runtime than
     /// this server's: their processes, mounts and saved state are that runtime's to read and
     /// free, so this one must not be handed their records (it would lose them, and leak what

@@ -11,23 +11,29 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::Instrument;
 use warren_runtime::{PauseMode, ResumeKind, RuntimeError};
 
-use crate::control::{Access, Control, Route};
-use crate::create::spec_of;
 use crate::error::ControlError;
 use crate::model::{Lifecycle, OnTimeout, Sandbox, SandboxState};
+use crate::sandboxes::create::spec_of;
+use crate::sandboxes::{Access, Route, Sandboxes};
 
-impl Control {
+impl Sandboxes {
     /// Maps a runtime failure to the caller's error category (decided by the runtime:
     /// [`RuntimeError::category`]), saying what was being done and why, causes included.
     pub(crate) fn runtime_error(&self, e: RuntimeError, doing: &str) -> ControlError {
         use warren_runtime::Category;
+        let category = e.category();
+        if category == Category::Internal {
+            // A bug below: the client is told only that; the log gets `doing` and the
+            // runtime's error kept whole as the source.
+            return ControlError::internal_cause(doing)(e);
+        }
         let message = match &e {
             RuntimeError::UnknownTemplate(t) => format!("{doing}: template '{t}' not found"),
             RuntimeError::NotFound(m) => format!("{doing}: {m} not found"),
             RuntimeError::Exhausted(m) => format!("{doing}: host capacity exhausted: {m}"),
             other => format!("{doing}: {}", warren_runtime::chain(other)),
         };
-        match e.category() {
+        match category {
             Category::NotFound => ControlError::NotFound(message),
             Category::BadRequest => ControlError::InvalidArgument(message),
             Category::Conflict => ControlError::FailedPrecondition(message),
@@ -39,6 +45,7 @@ impl Control {
             Category::StorageFull => {
                 ControlError::QuotaExceeded(format!("{message} (the host's disk is full)"))
             }
+            // Not reached: handled above, with its source.
             Category::Internal => ControlError::internal(message),
         }
     }

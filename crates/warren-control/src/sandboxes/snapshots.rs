@@ -5,45 +5,15 @@
 //! older snapshot, whose runtime copy is deleted only after the new record is durable, so at
 //! every moment the name resolves to a complete snapshot.
 
-use std::collections::BTreeMap;
-
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use tracing::Instrument;
 
-use crate::control::Control;
 use crate::error::ControlError;
-use crate::list::{decode_position, encode_position};
 use crate::model::SandboxState;
+pub use crate::model::Snapshot;
 use crate::random::random_id;
-
-/// One snapshot as the store keeps it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    /// What the API calls `snapshotID`; usable as `templateID`.
-    pub id: String,
-    /// The caller's name for it, if any (names are unique).
-    pub names: Vec<String>,
-    /// The runtime's key for its saved state.
-    pub key: String,
-    pub sandbox_id: String,
-    pub template: String,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
-    pub allow_internet_access: bool,
-    /// The source sandbox's env vars, given to sandboxes created from it. May hold secrets.
-    pub env_vars: BTreeMap<String, String>,
-    pub metadata: BTreeMap<String, String>,
-    /// Whether memory and processes are in it (else only the filesystem).
-    pub memory: bool,
-    pub bytes: u64,
-    pub created_at: DateTime<Utc>,
-    /// The team of the sandbox it was taken of.
-    pub team: String,
-    /// The volumes its sandbox mounted: sandboxes made from it mount them too (the volumes'
-    /// files are not in the snapshot; they are shared, live).
-    pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
-}
+use crate::sandboxes::list::{decode_position, encode_position};
+use crate::sandboxes::Sandboxes;
 
 /// Filters and page of `list_snapshots`.
 #[derive(Debug, Clone, Default)]
@@ -83,7 +53,7 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
 }
 
-impl Control {
+impl Sandboxes {
     /// The snapshot a `templateID` (or list filter) names: by id, then by name; an optional
     /// tag is ignored.
     pub(crate) async fn find_snapshot(&self, r: &str) -> Result<Option<Snapshot>, ControlError> {

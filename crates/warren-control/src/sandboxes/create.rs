@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::control::{lock, team_of, Control, Entry};
 use crate::error::ControlError;
 use crate::model::{Lifecycle, Network, Sandbox, SandboxState};
 use crate::random::random_secret;
+use crate::sandboxes::{lock, team_of, Entry, Sandboxes};
 use crate::telemetry::trace_sandbox;
 
 /// What a caller asks for when creating a sandbox.
@@ -59,7 +59,7 @@ pub(crate) struct Plan {
     pub volume_mounts: Vec<crate::volumes::VolumeMountRecord>,
 }
 
-impl Control {
+impl Sandboxes {
     pub(crate) async fn create(&self, req: CreateRequest) -> Result<Sandbox, ControlError> {
         self.timed("create", |c| async move { c.create_now(req).await })
             .await
@@ -187,13 +187,13 @@ impl Control {
             .mount_sources(&plan.volume_mounts)
             .await?;
         // A sandbox the runtime started ahead, where it has one: the create only claims it.
-        let prepared = if plan.from_snapshot.is_none() && volumes.is_empty() {
-            self.inner.runtime.prepared_id(&plan.template).await
+        let reservation = if plan.from_snapshot.is_none() && volumes.is_empty() {
+            self.inner.runtime.reserve_prepared(&plan.template).await
         } else {
             None
         };
-        let id = match prepared {
-            Some(id) => id,
+        let id = match &reservation {
+            Some(r) => r.id().clone(),
             None => warren_types::SandboxId::generate()
                 .map_err(|e| ControlError::internal(format!("no randomness available: {e}")))?,
         };
@@ -241,7 +241,7 @@ impl Control {
             }
             live.insert(sandbox.id.clone(), entry.clone());
         }
-        let release = |c: &Control| {
+        let release = |c: &Sandboxes| {
             lock(&c.inner.live).remove(&sandbox.id);
         };
 
@@ -253,6 +253,7 @@ impl Control {
         let mut spec = spec_of(&sandbox)?;
         spec.from_snapshot = plan.from_snapshot;
         spec.volumes = volumes;
+        spec.reservation = reservation;
         trace_sandbox(&sandbox.id);
         let created = self
             .inner
@@ -325,5 +326,6 @@ pub(crate) fn spec_of(sb: &Sandbox) -> Result<CreateSpec, ControlError> {
         env_vars: sb.env_vars.clone(),
         access_token: Some(sb.envd_access_token.clone()),
         from_snapshot: None,
+        reservation: None,
     })
 }

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::control::Control;
+use crate::sandboxes::Sandboxes;
 
 /// Longest sleep between expiry checks even when nothing is due (clock changes, missed wakes).
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
-pub(crate) fn spawn(control: Control) {
+pub(crate) fn spawn(control: Sandboxes) {
     tokio::spawn(reaper(control.clone()));
     tokio::spawn(pruner(control.clone()));
     tokio::spawn(exit_watcher(control));
@@ -21,7 +21,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Deletes the store's records of sandboxes that ended longer ago than the retention (their
 /// metadata and env vars would otherwise stay forever).
-async fn pruner(control: Control) {
+async fn pruner(control: Sandboxes) {
     let inner = &control.inner;
     let mut tick = tokio::time::interval(PRUNE_EVERY);
     loop {
@@ -57,7 +57,7 @@ async fn pruner(control: Control) {
     }
 }
 
-async fn reaper(control: Control) {
+async fn reaper(control: Sandboxes) {
     let inner = &control.inner;
     loop {
         let now = Utc::now();
@@ -103,7 +103,7 @@ async fn reaper(control: Control) {
 /// How long the exit watcher lets a burst of exit signals settle before it looks.
 const EXIT_SIGNAL_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
 
-async fn exit_watcher(control: Control) {
+async fn exit_watcher(control: Sandboxes) {
     let inner = &control.inner;
     let mut tick = tokio::time::interval(inner.config.exit_poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -8,9 +8,9 @@
 use tokio::sync::OwnedMutexGuard;
 use warren_runtime::egress::EgressPolicy;
 
-use crate::control::Control;
 use crate::error::ControlError;
 use crate::model::{Sandbox, SandboxState};
+use crate::sandboxes::Sandboxes;
 
 /// A new egress configuration for a sandbox: everything it had is replaced.
 #[derive(Debug, Clone, Default)]
@@ -21,7 +21,7 @@ pub struct NetworkUpdate {
     pub allow_internet_access: Option<bool>,
 }
 
-impl Control {
+impl Sandboxes {
     /// Refuses a policy this runtime would not enforce (rather than pretend to).
     pub(crate) fn check_egress(&self, policy: &EgressPolicy) -> Result<(), ControlError> {
         let caps = self.inner.runtime.capabilities();
