@@ -118,6 +118,17 @@ impl Default for AuditBudget {
     }
 }
 
+impl Config {
+    /// What a sandbox of a template with no size of its own is given.
+    pub fn default_resources(&self) -> warren_types::Resources {
+        warren_types::Resources {
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            disk_mb: self.disk_mb,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {

@@ -89,6 +89,7 @@ pub use warren_runtime::egress::EgressPolicy;
 pub use warren_runtime::flows::{Flow, FlowKind, FlowVerdict};
 pub use warren_runtime::transforms::{HeaderRules, HostRule};
 pub use warren_runtime::{Capabilities, PauseMode};
+pub use warren_types::Resources;
 pub use webhooks::{
     Delivery, SealedWebhook, Webhook, WebhookChange, WebhookSender, DELIVERY_ATTEMPTS, MAX_WEBHOOKS,
 };

@@ -104,9 +104,7 @@ pub struct Sandbox {
     pub state: SandboxState,
     /// Why the sandbox failed (state `Failed`).
     pub failure: Option<String>,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    pub resources: warren_types::Resources,
     pub allow_internet_access: bool,
     pub metadata: BTreeMap<String, String>,
     pub started_at: DateTime<Utc>,
@@ -287,9 +285,7 @@ pub struct Snapshot {
     pub key: String,
     pub sandbox_id: String,
     pub template: String,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    pub resources: warren_types::Resources,
     pub allow_internet_access: bool,
     /// The source sandbox's env vars, given to sandboxes created from it. May hold secrets.
     pub env_vars: BTreeMap<String, String>,

@@ -155,20 +155,22 @@ impl Sandboxes {
         };
         let host = self.inner.runtime.usage(&sandbox.id).await;
         let now = Instant::now();
-        let mem_total = u64::from(sandbox.memory_mb) * 1024 * 1024;
+        let mem_total = u64::from(sandbox.resources.memory_mb) * 1024 * 1024;
         let disk_total = if guest.disk_total > 0 {
             guest.disk_total
         } else {
-            u64::from(sandbox.disk_mb) * 1024 * 1024
+            u64::from(sandbox.resources.disk_mb) * 1024 * 1024
         };
         let mut series = lock(&self.inner.series);
         let entry = series.by_sandbox.entry(sandbox.id.clone()).or_default();
         let cpu_used_pct = match host.and_then(|u| u.cpu_usec) {
             Some(usec) => {
                 let share = match entry.last_cpu {
-                    Some((at, before)) if now > at => {
-                        cpu_share(usec.saturating_sub(before), now - at, sandbox.cpu_count)
-                    }
+                    Some((at, before)) if now > at => cpu_share(
+                        usec.saturating_sub(before),
+                        now - at,
+                        sandbox.resources.cpu_count,
+                    ),
                     // No earlier reading: the guest's figure for this first point.
                     _ => guest.cpu_used_pct.clamp(0.0, 100.0),
                 };
@@ -179,7 +181,7 @@ impl Sandboxes {
         };
         let point = MetricPoint {
             at: Utc::now(),
-            cpu_count: sandbox.cpu_count,
+            cpu_count: sandbox.resources.cpu_count,
             cpu_used_pct,
             mem_used: guest.mem_used.min(mem_total),
             mem_total,

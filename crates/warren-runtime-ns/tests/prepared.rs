@@ -41,9 +41,11 @@ fn spec(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
         volumes: Vec::new(),
         id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
-        cpu_count: 1,
-        memory_mb: 512,
-        disk_mb: 256,
+        resources: warren_types::Resources {
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_mb: 256,
+        },
         allow_internet_access: true,
         egress: Default::default(),
         env_vars: env
@@ -184,8 +186,8 @@ async fn claims_never_share_and_carry_nothing_of_the_last_tenant() {
         }
     };
     let mut b_spec = claim(&b_id, None, &[]);
-    b_spec.memory_mb = 256;
-    b_spec.disk_mb = 128;
+    b_spec.resources.memory_mb = 256;
+    b_spec.resources.disk_mb = 128;
     b_spec.allow_internet_access = false;
     let b = rt.create(b_spec).await.expect("claim b");
     assert_eq!(b.record["allow_internet_access"], false, "{}", b.record);

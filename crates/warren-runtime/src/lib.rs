@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-pub use warren_types::SandboxId;
+pub use warren_types::{Resources, SandboxId};
 
 /// Everything a back end needs to create one sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,10 +26,9 @@ pub struct CreateSpec {
     pub id: SandboxId,
     /// Template name (e.g. `base`).
     pub template: String,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    /// Size of the sandbox's writable root filesystem.
-    pub disk_mb: u32,
+    /// CPUs, memory and the size of the sandbox's writable root filesystem.
+    #[serde(flatten)]
+    pub resources: warren_types::Resources,
     pub allow_internet_access: bool,
     /// What the sandbox may connect to. `allow_internet_access = false` overrides its
     /// `deny_out` (see [`CreateSpec::egress_policy`]).

@@ -1,8 +1,10 @@
-//! The vocabulary every Warren crate shares, written once: what a sandbox id is and the port
-//! its agent listens on. Pure values: no I/O, no back end.
+//! The vocabulary every Warren crate shares, written once: what a sandbox id is, what a
+//! sandbox is given, and the port its agent listens on. Pure values: no I/O, no back end.
 
+mod resources;
 mod sandbox_id;
 
+pub use resources::Resources;
 pub use sandbox_id::{InvalidSandboxId, SandboxId};
 
 /// The port of the agent (envd) inside every sandbox: what the host connects to, what the

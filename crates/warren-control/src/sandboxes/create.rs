@@ -44,9 +44,7 @@ pub struct CreateRequest {
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub template: String,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    pub resources: warren_types::Resources,
     pub allow_internet_access: bool,
     pub env_vars: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,
@@ -106,9 +104,7 @@ impl Sandboxes {
                 env_vars.extend(req.env_vars);
                 Plan {
                     template: snap.template,
-                    cpu_count: snap.cpu_count,
-                    memory_mb: snap.memory_mb,
-                    disk_mb: snap.disk_mb,
+                    resources: snap.resources,
                     allow_internet_access: req
                         .allow_internet_access
                         .unwrap_or(snap.allow_internet_access),
@@ -135,16 +131,14 @@ impl Sandboxes {
                     .templates
                     .resolve_template(&template, Some(&team_of(&req.team)))
                     .await?;
-                let (cpu_count, memory_mb, disk_mb) = match &built {
-                    Some(t) => (t.cpu_count, t.memory_mb, t.disk_mb),
-                    None => (cfg.cpu_count, cfg.memory_mb, cfg.disk_mb),
+                let resources = match &built {
+                    Some(t) => t.resources,
+                    None => cfg.default_resources(),
                 };
                 spawned_from = built.map(|t| t.id);
                 Plan {
                     template: image,
-                    cpu_count,
-                    memory_mb,
-                    disk_mb,
+                    resources,
                     allow_internet_access: req.allow_internet_access.unwrap_or(true),
                     env_vars: req.env_vars,
                     metadata: req.metadata,
@@ -203,9 +197,7 @@ impl Sandboxes {
             template: plan.template,
             state: SandboxState::Pending,
             failure: None,
-            cpu_count: plan.cpu_count,
-            memory_mb: plan.memory_mb,
-            disk_mb: plan.disk_mb,
+            resources: plan.resources,
             allow_internet_access: plan.allow_internet_access,
             metadata: plan.metadata,
             started_at: now,
@@ -318,9 +310,7 @@ pub(crate) fn spec_of(sb: &Sandbox) -> Result<CreateSpec, ControlError> {
         volumes: Vec::new(),
         id,
         template: sb.template.clone(),
-        cpu_count: sb.cpu_count,
-        memory_mb: sb.memory_mb,
-        disk_mb: sb.disk_mb,
+        resources: sb.resources,
         allow_internet_access: sb.allow_internet_access,
         egress: sb.network.egress.clone(),
         env_vars: sb.env_vars.clone(),

@@ -90,9 +90,7 @@ impl Sandboxes {
                 })?;
             Plan {
                 template: sb.template.clone(),
-                cpu_count: sb.cpu_count,
-                memory_mb: sb.memory_mb,
-                disk_mb: sb.disk_mb,
+                resources: sb.resources,
                 allow_internet_access: sb.allow_internet_access,
                 env_vars: sb.env_vars.clone(),
                 metadata: sb.metadata.clone(),

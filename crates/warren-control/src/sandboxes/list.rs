@@ -216,9 +216,11 @@ mod tests {
             template: "base".into(),
             state: SandboxState::Running,
             failure: None,
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_mb: 1024,
+            resources: warren_types::Resources {
+                cpu_count: 1,
+                memory_mb: 512,
+                disk_mb: 1024,
+            },
             allow_internet_access: true,
             metadata: meta
                 .iter()

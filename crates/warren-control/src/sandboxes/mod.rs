@@ -527,7 +527,7 @@ impl Sandboxes {
             .signed_duration_since(sb.started_at)
             .num_milliseconds();
         let data = serde_json::json!({"execution": {"started_at": sb.started_at,
-            "vcpu_count": sb.cpu_count, "memory_mb": sb.memory_mb, "execution_time": ran}});
+            "vcpu_count": sb.resources.cpu_count, "memory_mb": sb.resources.memory_mb, "execution_time": ran}});
         self.inner
             .events
             .record(sb, crate::events::EventKind::Killed, Some(data))

@@ -222,6 +222,11 @@ impl Templates {
                 .unwrap_or(0)
                 .saturating_add(cfg.disk_mb),
         );
+        let resources = warren_types::Resources {
+            cpu_count: cpu,
+            memory_mb: memory,
+            disk_mb: disk,
+        };
         let now = Utc::now();
         let mut template = match self.store.template_by_alias(&name.alias).await? {
             Some(t) if t.team == team => t,
@@ -236,9 +241,7 @@ impl Templates {
                 team: team.to_string(),
                 alias: Some(name.alias.clone()),
                 public: false,
-                cpu_count: cpu,
-                memory_mb: memory,
-                disk_mb: disk,
+                resources,
                 created_at: now,
                 updated_at: now,
                 build_count: 0,
@@ -248,9 +251,7 @@ impl Templates {
             },
         };
         template.updated_at = now;
-        template.cpu_count = cpu;
-        template.memory_mb = memory;
-        template.disk_mb = disk;
+        template.resources = resources;
         let build = Build {
             id: uuid_v4()?,
             template_id: template.id.clone(),
@@ -258,9 +259,7 @@ impl Templates {
             tags: tags.clone(),
             reason: None,
             image: None,
-            cpu_count: cpu,
-            memory_mb: memory,
-            disk_mb: disk,
+            resources,
             created_at: now,
             updated_at: now,
         };
@@ -434,9 +433,7 @@ impl Templates {
                     spec,
                     parent,
                     stage_parents,
-                    cpu_count: build.cpu_count,
-                    memory_mb: build.memory_mb,
-                    disk_mb: build.disk_mb,
+                    resources: build.resources,
                 };
                 builder.build(job, log.clone()).await
             }

@@ -40,9 +40,7 @@ pub struct BuildJob {
     pub parent: Option<String>,
     /// The same for each of `spec.stages`.
     pub stage_parents: Vec<Option<String>>,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    pub resources: warren_types::Resources,
 }
 
 /// Why a build failed: the message the SDK raises and the step it points at.

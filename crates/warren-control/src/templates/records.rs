@@ -24,9 +24,8 @@ pub struct Template {
     /// Its name (without namespace or tag), unique on the host.
     pub alias: Option<String>,
     pub public: bool,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    #[serde(flatten)]
+    pub resources: warren_types::Resources,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub build_count: u32,
@@ -96,9 +95,8 @@ pub struct Build {
     pub reason: Option<BuildReason>,
     /// The runtime's key of the finished image.
     pub image: Option<String>,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    #[serde(flatten)]
+    pub resources: warren_types::Resources,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

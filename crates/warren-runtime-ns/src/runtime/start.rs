@@ -33,15 +33,15 @@ pub(super) struct Start<'a> {
 /// The cgroup limits `spec` asks for.
 pub(super) fn limits_of(spec: &CreateSpec) -> Limits {
     Limits {
-        cpu_millis: Some(spec.cpu_count.max(1) * 1000),
-        memory_bytes: Some(u64::from(spec.memory_mb.max(64)) << 20),
+        cpu_millis: Some(spec.resources.cpu_count.max(1) * 1000),
+        memory_bytes: Some(u64::from(spec.resources.memory_mb.max(64)) << 20),
         pids: Some(4096),
     }
 }
 
 /// The size of the writable layer `spec` asks for.
 pub(super) fn writable_of(spec: &CreateSpec) -> u64 {
-    u64::from(spec.disk_mb.max(64)) << 20
+    u64::from(spec.resources.disk_mb.max(64)) << 20
 }
 
 impl NsRuntime {

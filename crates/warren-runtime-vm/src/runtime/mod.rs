@@ -260,8 +260,8 @@ impl VmRuntime {
             return self.default_size();
         }
         Size {
-            memory_mb: spec.memory_mb.clamp(128, 65536),
-            cpus: spec.cpu_count.clamp(1, 64),
+            memory_mb: spec.resources.memory_mb.clamp(128, 65536),
+            cpus: spec.resources.cpu_count.clamp(1, 64),
         }
     }
 
