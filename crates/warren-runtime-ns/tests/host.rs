@@ -27,20 +27,10 @@ fn config() -> Option<HostConfig> {
 
 fn spec(id: &str, internet: bool) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_types::Resources {
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_mb: 256,
-        },
+        resources: common::MEDIUM,
         allow_internet_access: internet,
-        egress: Default::default(),
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

@@ -28,20 +28,9 @@ fn config(tag: &str, net: u32) -> Option<HostConfig> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_types::Resources {
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_mb: 256,
-        },
-        allow_internet_access: false,
-        egress: Default::default(),
+        resources: common::MEDIUM,
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

@@ -38,23 +38,14 @@ fn settings() -> warren_runtime_ns::NsSettings {
 
 fn spec(id: &str, token: Option<&str>, env: &[(&str, &str)]) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_types::Resources {
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_mb: 256,
-        },
+        resources: common::MEDIUM,
         allow_internet_access: true,
-        egress: Default::default(),
         env_vars: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
         access_token: token.map(str::to_string),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

@@ -31,20 +31,9 @@ fn config(tag: &str, n: u32) -> Option<(HostConfig, VmSettings)> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_runtime::Resources {
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_mb: 256,
-        },
         allow_internet_access: true,
-        egress: Default::default(),
         env_vars: BTreeMap::from([("FROM_CREATE".to_string(), "yes".to_string())]),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

@@ -9,7 +9,6 @@ mod common;
 
 use common::run;
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,20 +32,8 @@ fn config(tag: &str, n: u32, data: &Path) -> Option<(HostConfig, VmSettings)> {
 
 fn spec(id: &str) -> CreateSpec {
     CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_runtime::Resources {
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_mb: 256,
-        },
         allow_internet_access: true,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

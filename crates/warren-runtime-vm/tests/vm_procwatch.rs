@@ -6,7 +6,6 @@ mod common;
 
 use common::run;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,22 +14,7 @@ use warren_runtime::{CreateSpec, SandboxRuntime};
 use warren_runtime_vm::VmRuntime;
 
 fn spec(id: &str) -> CreateSpec {
-    CreateSpec {
-        volumes: Vec::new(),
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_runtime::Resources {
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_mb: 256,
-        },
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
-    }
+    common::small_spec(id)
 }
 
 async fn journal(agent: std::net::SocketAddr) -> Vec<Value> {

@@ -8,7 +8,6 @@ mod common;
 
 use common::{cleanup, run};
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,19 +42,7 @@ fn spec(id: &str, volume: &Path, subpath: Option<&str>) -> CreateSpec {
             path: "/data".into(),
             read_only: false,
         }],
-        id: id.parse().expect("a valid sandbox id"),
-        template: "base".into(),
-        resources: warren_runtime::Resources {
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_mb: 256,
-        },
-        allow_internet_access: false,
-        egress: Default::default(),
-        env_vars: BTreeMap::new(),
-        access_token: Some("tok".into()),
-        from_snapshot: None,
-        reservation: None,
+        ..common::small_spec(id)
     }
 }
 

@@ -50,6 +50,17 @@ impl Sandboxes {
         }
     }
 
+    /// [`Self::runtime_error`] for an operation that left the sandbox unharmed (a failed pause
+    /// or resume): a retry may work, so even an internal failure is `Unavailable`, not a bug
+    /// report.
+    fn retryable(&self, e: RuntimeError, doing: &str) -> ControlError {
+        if e.category() == warren_runtime::Category::Internal {
+            ControlError::Unavailable(format!("{doing}: {}", warren_runtime::chain(&e)))
+        } else {
+            self.runtime_error(e, doing)
+        }
+    }
+
     /// The pause mode for a request's `memory` flag: what was asked if the runtime has it,
     /// else the best it has when nothing was asked.
     pub(crate) fn pause_mode(&self, memory: Option<bool>) -> Result<PauseMode, ControlError> {
@@ -161,14 +172,10 @@ impl Sandboxes {
                 self.set_wakeable(sb, false);
                 self.route_running(sb);
                 tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "pause failed");
-                let doing = format!("pausing sandbox {id} failed (it keeps running)");
-                return Err(match e {
-                    // The sandbox is unharmed: a retry may work, so it is not a bug report.
-                    e if e.category() == warren_runtime::Category::Internal => {
-                        ControlError::Unavailable(format!("{doing}: {}", warren_runtime::chain(&e)))
-                    }
-                    other => self.runtime_error(other, &doing),
-                });
+                return Err(self.retryable(
+                    e,
+                    &format!("pausing sandbox {id} failed (it keeps running)"),
+                ));
             }
         };
         let mut next = (**sb).clone();
@@ -214,14 +221,10 @@ impl Sandboxes {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(sandbox_id = %id, error = %warren_runtime::chain(&e), "resume failed; sandbox stays paused");
-                let doing = format!("resuming sandbox {id} failed (it stays paused; retry)");
-                return Err(match e {
-                    // The sandbox is unharmed: a retry may work, so it is not a bug report.
-                    e if e.category() == warren_runtime::Category::Internal => {
-                        ControlError::Unavailable(format!("{doing}: {}", warren_runtime::chain(&e)))
-                    }
-                    other => self.runtime_error(other, &doing),
-                });
+                return Err(self.retryable(
+                    e,
+                    &format!("resuming sandbox {id} failed (it stays paused; retry)"),
+                ));
             }
         };
         let mut next = (**sb).clone();

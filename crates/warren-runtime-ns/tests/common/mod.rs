@@ -522,6 +522,14 @@ pub async fn restart(
         .expect("restart")
 }
 
+/// 1 CPU, 512 MiB and a 256 MiB disk: for tests whose workload needs more than
+/// [`small_spec`]'s.
+pub const MEDIUM: warren_types::Resources = warren_types::Resources {
+    cpu_count: 1,
+    memory_mb: 512,
+    disk_mb: 256,
+};
+
 /// A create of a small sandbox of `base` (1 CPU, 256 MiB, a 128 MiB disk, no internet, token
 /// `tok`); tests change what they need with struct update syntax.
 pub fn small_spec(id: &str) -> warren_runtime::CreateSpec {

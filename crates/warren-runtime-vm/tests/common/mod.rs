@@ -262,3 +262,24 @@ pub async fn run(agent: std::net::SocketAddr, cmd: &str) -> (i64, String) {
         String::from_utf8_lossy(&ran.output).into_owned(),
     )
 }
+
+/// A small create of `base` (1 CPU, 256 MiB, a 256 MiB disk) whose agent requires the token
+/// `tok`, with no internet access, env vars or volumes; each test changes what it needs.
+pub fn small_spec(id: &str) -> warren_runtime::CreateSpec {
+    warren_runtime::CreateSpec {
+        volumes: Vec::new(),
+        id: id.parse().expect("a valid sandbox id"),
+        template: "base".into(),
+        resources: warren_runtime::Resources {
+            cpu_count: 1,
+            memory_mb: 256,
+            disk_mb: 256,
+        },
+        allow_internet_access: false,
+        egress: Default::default(),
+        env_vars: Default::default(),
+        access_token: Some("tok".into()),
+        from_snapshot: None,
+        reservation: None,
+    }
+}
