@@ -6,71 +6,19 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
-import { mkdirSync, mkdtempSync, openSync, closeSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { createServer } from 'node:net'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { setTimeout as sleep } from 'node:timers/promises'
+import { startServer as startWarren, stopServer } from '../../support/serve.mjs'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const WARREN_BIN = process.env.WARREN_BIN || resolve(HERE, '../../../target/release/warren')
 const DATA_DIR = process.env.WARREN_E2E_DATA_DIR || '/var/lib/warren'
 const API_KEY = 'e2b_a1b2c3d4e5f60718293a4b5c6d7e8f9012345678' // E2B's key format
-// The first start may build the base template image before listening (minutes).
-const HEALTH_DEADLINE_MS = 900_000
 
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = createServer()
-    srv.once('error', fail)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => ok(port))
-    })
-  })
-}
-
-async function startServer() {
-  mkdirSync(DATA_DIR, { recursive: true })
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const logPath = join(DATA_DIR, 'serve-js.log')
-  const logFd = openSync(logPath, 'a')
-  const proc = spawn(
-    WARREN_BIN,
-    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', DATA_DIR, '--runtime', 'auto'],
-    { env: { ...process.env, WARREN_API_KEY: API_KEY, WARREN_LOG: 'info' }, stdio: ['ignore', logFd, logFd] },
-  )
-  closeSync(logFd)
-  let exited = null
-  proc.on('exit', (code, signal) => { exited = { code, signal } })
-  proc.on('error', (err) => { exited = { code: null, signal: null, err } })
-  const server = { proc, url, logPath }
-  const deadline = Date.now() + HEALTH_DEADLINE_MS
-  while (Date.now() < deadline) {
-    if (exited) {
-      throw new Error(`warren serve exited (${exited.err ?? `code ${exited.code}, signal ${exited.signal}`}); see ${logPath}`)
-    }
-    try {
-      const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(1000) })
-      if (res.status === 200) return server
-    } catch {}
-    await sleep(100)
-  }
-  await stopServer(server)
-  throw new Error(`warren serve did not become healthy; see ${logPath}`)
-}
-
-async function stopServer(server) {
-  const { proc } = server
-  if (proc.exitCode !== null || proc.signalCode !== null) return
-  const exited = new Promise((ok) => proc.once('exit', ok))
-  process.kill(proc.pid, 'SIGTERM')
-  const timer = setTimeout(() => { try { process.kill(proc.pid, 'SIGKILL') } catch {} }, 30_000)
-  await exited
-  clearTimeout(timer)
+function startServer() {
+  return startWarren({ bin: WARREN_BIN, dataDir: DATA_DIR, apiKey: API_KEY, logName: 'serve-js.log' })
 }
 
 async function listIds(Sandbox, opts) {

@@ -8,60 +8,17 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
-import { mkdirSync, openSync, closeSync } from 'node:fs'
-import { createServer } from 'node:net'
-import { dirname, join, resolve } from 'node:path'
+import { dirname, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { setTimeout as sleep } from 'node:timers/promises'
+import { startServer as startWarren, stopServer } from '../../support/serve.mjs'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const WARREN_BIN = process.env.WARREN_BIN || resolve(HERE, '../../../target/release/warren')
 const DATA_DIR = process.env.WARREN_E2E_DATA_DIR || '/var/lib/warren'
 const API_KEY = 'e2b_0f1e2d3c4b5a69788796a5b4c3d2e1f001234567' // E2B's key format
 
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = createServer()
-    srv.once('error', fail)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => ok(port))
-    })
-  })
-}
-
-async function startServer() {
-  mkdirSync(DATA_DIR, { recursive: true })
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const logPath = join(DATA_DIR, 'serve-js-interp.log')
-  const logFd = openSync(logPath, 'a')
-  const proc = spawn(
-    WARREN_BIN,
-    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', DATA_DIR, '--runtime', 'auto'],
-    { env: { ...process.env, WARREN_API_KEY: API_KEY, WARREN_LOG: 'info' }, stdio: ['ignore', logFd, logFd] },
-  )
-  closeSync(logFd)
-  let exited = null
-  proc.on('exit', (code, signal) => { exited = { code, signal } })
-  for (;;) {
-    if (exited) throw new Error(`warren serve exited (code ${exited.code}); see ${logPath}`)
-    try {
-      const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(1000) })
-      if (res.status === 200) return { proc, url }
-    } catch {}
-    await sleep(100)
-  }
-}
-
-async function stopServer({ proc }) {
-  if (proc.exitCode !== null || proc.signalCode !== null) return
-  const exited = new Promise((ok) => proc.once('exit', ok))
-  process.kill(proc.pid, 'SIGTERM')
-  const timer = setTimeout(() => { try { process.kill(proc.pid, 'SIGKILL') } catch {} }, 30_000)
-  await exited
-  clearTimeout(timer)
+function startServer() {
+  return startWarren({ bin: WARREN_BIN, dataDir: DATA_DIR, apiKey: API_KEY, logName: 'serve-js-interp.log' })
 }
 
 test('the JS code-interpreter SDK runs code in a code-interpreter-v1 sandbox', { timeout: 600_000 }, async () => {
