@@ -179,7 +179,7 @@ fn entry_of(sandbox: &Sandbox, masker: &Masker, e: &JournalEntry, max: usize) ->
     let mut e = e.clone();
     masker.mask_entry(&mut e);
     let mut entry = AuditEntry {
-        sandbox_id: sandbox.id.clone(),
+        sandbox_id: sandbox.id.to_string(),
         team: sandbox.team.clone(),
         at: DateTime::<Utc>::from_timestamp_millis(e.at_ms).unwrap_or_else(Utc::now),
         kind: e.kind.clone(),
@@ -393,7 +393,7 @@ impl Audit {
         F: Fn(u64) -> Fut,
         Fut: std::future::Future<Output = Result<Option<JournalPage>, String>>,
     {
-        let key = (sandbox.id.clone(), source);
+        let key = (sandbox.id.to_string(), source);
         let masker = masker_of(sandbox);
         let budget = &self.settings.budget;
         let mut round_bytes = 0u64;
@@ -458,7 +458,7 @@ impl Audit {
         };
         // Only what is not older than the newest flow already kept (one of the same
         // millisecond may be new; the store skips those it has).
-        let key = (sandbox.id.clone(), SOURCE_NETWORK);
+        let key = (sandbox.id.to_string(), SOURCE_NETWORK);
         let known = lock(&self.cursors).by_source.get(&key).map(|(_, at)| *at);
         let from = match known {
             Some(at) => at,
@@ -522,7 +522,7 @@ impl Audit {
             return Ok(());
         }
         let cfg = &self.settings.budget;
-        let recount = match lock(&self.cursors).budgets.get(&sandbox.id) {
+        let recount = match lock(&self.cursors).budgets.get(sandbox.id.as_str()) {
             None => true,
             Some(b) => b.full(cfg) && b.counted.elapsed() >= RECOUNT_EVERY,
         };
@@ -543,7 +543,7 @@ impl Audit {
             let mut cursors = lock(&self.cursors);
             let budget = cursors
                 .budgets
-                .entry(sandbox.id.clone())
+                .entry(sandbox.id.to_string())
                 .or_insert_with(|| Budget::new(cfg, counted.unwrap_or(0), now));
             if let Some(bytes) = counted {
                 budget.kept_bytes = bytes;
@@ -562,7 +562,7 @@ impl Audit {
         let now = Instant::now();
         let due = lock(&self.cursors)
             .budgets
-            .get_mut(&sandbox.id)
+            .get_mut(sandbox.id.as_str())
             .and_then(|b| b.take_due(cfg, force, now));
         let Some((pending, position)) = due else {
             return Ok(());
@@ -575,7 +575,7 @@ impl Audit {
             Ok(false)
         };
         if !matches!(written, Ok(true)) {
-            if let Some(b) = lock(&self.cursors).budgets.get_mut(&sandbox.id) {
+            if let Some(b) = lock(&self.cursors).budgets.get_mut(sandbox.id.as_str()) {
                 b.restore(pending);
             }
         }

@@ -145,7 +145,7 @@ impl Events {
         let event = SandboxEvent {
             id: uuid::Uuid::new_v4().to_string(),
             kind,
-            sandbox_id: sandbox.id.clone(),
+            sandbox_id: sandbox.id.to_string(),
             team: sandbox.team.clone(),
             template: sandbox.template.clone(),
             at: Utc::now(),

@@ -99,7 +99,7 @@ impl SandboxState {
 /// One sandbox, exactly as the store keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sandbox {
-    pub id: String,
+    pub id: warren_types::SandboxId,
     pub template: String,
     pub state: SandboxState,
     /// Why the sandbox failed (state `Failed`).

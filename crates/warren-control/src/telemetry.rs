@@ -372,7 +372,7 @@ impl Sandboxes {
             }
         }
         let latest_disk: HashMap<String, u64> = self
-            .latest_metrics(&stored.iter().map(|s| s.id.clone()).collect::<Vec<_>>())
+            .latest_metrics(&stored.iter().map(|s| s.id.to_string()).collect::<Vec<_>>())
             .into_iter()
             .map(|(id, p)| (id, p.disk_used))
             .collect();
@@ -421,7 +421,7 @@ impl Sandboxes {
             t.disk_bytes.clear();
             for sb in stored.iter().filter(|s| s.state == SandboxState::Running) {
                 let labels = SandboxLabels {
-                    sandbox_id: sb.id.clone(),
+                    sandbox_id: sb.id.to_string(),
                     template: sb.template.clone(),
                 };
                 if let Some(u) = usage.get(&sb.id) {
@@ -436,7 +436,7 @@ impl Sandboxes {
                             .set(i64::try_from(m).unwrap_or(i64::MAX));
                     }
                 }
-                if let Some(d) = latest_disk.get(&sb.id) {
+                if let Some(d) = latest_disk.get(sb.id.as_str()) {
                     t.disk_bytes
                         .get_or_create(&labels)
                         .set(i64::try_from(*d).unwrap_or(i64::MAX));

@@ -162,7 +162,7 @@ impl Sandboxes {
             u64::from(sandbox.resources.disk_mb) * 1024 * 1024
         };
         let mut series = lock(&self.inner.series);
-        let entry = series.by_sandbox.entry(sandbox.id.clone()).or_default();
+        let entry = series.by_sandbox.entry(sandbox.id.to_string()).or_default();
         let cpu_used_pct = match host.and_then(|u| u.cpu_usec) {
             Some(usec) => {
                 let share = match entry.last_cpu {
@@ -208,7 +208,7 @@ impl Sandboxes {
         if sandbox.state == SandboxState::Running && sandbox.runtime.is_some() {
             let fresh = lock(&self.inner.series)
                 .by_sandbox
-                .get(&sandbox.id)
+                .get(sandbox.id.as_str())
                 .and_then(|s| s.points.back().copied())
                 .is_some_and(|p| {
                     Utc::now()
@@ -227,7 +227,7 @@ impl Sandboxes {
         let series = lock(&self.inner.series);
         Ok(series
             .by_sandbox
-            .get(&sandbox.id)
+            .get(sandbox.id.as_str())
             .map(|s| {
                 s.points
                     .iter()

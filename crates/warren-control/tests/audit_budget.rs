@@ -89,7 +89,7 @@ async fn a_flood_from_one_sandbox_is_kept_at_its_budget_and_summed_up() {
     let rows = store.audit.lock().unwrap().clone();
     let loud_rows: Vec<_> = rows
         .iter()
-        .filter(|r| r.entry.sandbox_id == loud.id)
+        .filter(|r| loud.id == r.entry.sandbox_id)
         .collect();
     assert_eq!(loud_rows.len(), 101);
     let loud_bytes: u64 = loud_rows.iter().map(|r| row_bytes(r)).sum();

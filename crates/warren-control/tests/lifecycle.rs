@@ -132,7 +132,7 @@ async fn restart_reattaches_or_fails_with_reason() {
     let keep = admin(&c).create(base()).await.unwrap();
     let lost = admin(&c).create(base()).await.unwrap();
     c.shutdown();
-    rt.lose.lock().unwrap().push(lost.id.clone());
+    rt.lose.lock().unwrap().push(lost.id.to_string());
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
         .unwrap();

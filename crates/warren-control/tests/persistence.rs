@@ -199,7 +199,7 @@ async fn a_pause_that_finished_while_the_server_was_down_is_recorded() {
     let (c, store, rt) = start_with(full_caps(), Config::default()).await;
     let sb = admin(&c).create(base()).await.unwrap();
     c.shutdown();
-    rt.finish_pause.lock().unwrap().push(sb.id.clone());
+    rt.finish_pause.lock().unwrap().push(sb.id.to_string());
     let c2 = Control::start(store.clone(), rt.clone(), Config::default())
         .await
         .unwrap();
@@ -530,7 +530,7 @@ async fn an_end_of_life_pause_that_keeps_failing_ends_the_sandbox() {
     }
     assert_eq!(state, SandboxState::Killed);
     assert!(
-        rt.alive.lock().unwrap().get(&sb.id).is_none(),
+        rt.alive.lock().unwrap().get(sb.id.as_str()).is_none(),
         "the runtime ended it"
     );
 }

@@ -25,13 +25,15 @@ async fn records_of_another_runtime_refuse_the_start() {
         panic!("{err:?}");
     };
     assert!(
-        msg.contains("vm runtime") && msg.contains("--runtime vm") && msg.contains(&running.id),
+        msg.contains("vm runtime")
+            && msg.contains("--runtime vm")
+            && msg.contains(running.id.as_str()),
         "{msg}"
     );
     // Nothing was given up: the sandbox is still recorded as running, and still alive.
     let kept = store.get_sandbox(&running.id).await.unwrap().unwrap();
     assert_eq!(kept.state, SandboxState::Running);
-    assert!(rt.alive.lock().unwrap().contains_key(&running.id));
+    assert!(rt.alive.lock().unwrap().contains_key(running.id.as_str()));
 }
 
 #[tokio::test]

@@ -83,7 +83,7 @@ async fn listings_page_newest_first_within_the_callers_team() {
 
     // Another team's sandbox or snapshot is not there for this key.
     let b_sandbox = SnapshotQuery {
-        sandbox_id: Some(b.id.clone()),
+        sandbox_id: Some(b.id.to_string()),
         ..Default::default()
     };
     assert!(listed(&c, "team-a", b_sandbox).await.is_empty());

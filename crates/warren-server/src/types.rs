@@ -596,7 +596,7 @@ impl SandboxCreated {
     pub fn new(s: &Sandbox, envd_version: &str, domain: Option<&str>) -> Self {
         SandboxCreated {
             template_id: s.template.clone(),
-            sandbox_id: s.id.clone(),
+            sandbox_id: s.id.to_string(),
             client_id: CLIENT_ID.into(),
             envd_version: envd_version.into(),
             alias: Some(s.template.clone()),
@@ -616,7 +616,7 @@ impl SandboxDetail {
     ) -> Self {
         SandboxDetail {
             template_id: s.template.clone(),
-            sandbox_id: s.id.clone(),
+            sandbox_id: s.id.to_string(),
             client_id: CLIENT_ID.into(),
             started_at: rfc3339(s.started_at),
             end_at: rfc3339(s.end_at),
@@ -698,7 +698,7 @@ impl ListedSandbox {
     pub fn new(s: &Sandbox, envd_version: &str) -> Self {
         ListedSandbox {
             template_id: s.template.clone(),
-            sandbox_id: s.id.clone(),
+            sandbox_id: s.id.to_string(),
             client_id: CLIENT_ID.into(),
             started_at: rfc3339(s.started_at),
             end_at: rfc3339(s.end_at),

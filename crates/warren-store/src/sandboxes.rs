@@ -68,6 +68,7 @@ impl SandboxRow {
         let traffic_access_token =
             sealer.open("traffic_access_token", &self.traffic_access_token)?;
         let state = SandboxState::parse(&self.state).ok_or_else(|| corrupt("state"))?;
+        let id = self.id.parse().map_err(|_| corrupt("id"))?;
         let metadata = serde_json::from_str(&self.metadata).map_err(|_| corrupt("metadata"))?;
         let runtime: Option<RuntimeSandbox> = match &self.runtime {
             Some(json) => Some(serde_json::from_str(json).map_err(|_| corrupt("runtime record"))?),
@@ -97,7 +98,7 @@ impl SandboxRow {
             runtime,
             started_at: from_micros(self.started_at_us)?,
             end_at: from_micros(self.end_at_us)?,
-            id: self.id,
+            id,
             template: self.template,
             failure: self.failure,
             resources: warren_control::Resources {
@@ -152,7 +153,7 @@ pub(crate) fn write_sandbox(db: &Db, s: &Sandbox, insert: bool) -> Result<(), St
         .execute(
             &sql,
             params![
-                s.id,
+                s.id.as_str(),
                 s.template,
                 s.state.as_str(),
                 s.failure,

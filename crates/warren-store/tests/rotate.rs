@@ -13,7 +13,7 @@ use warren_store::SqliteStore;
 
 fn sandbox() -> warren_control::Sandbox {
     warren_control::Sandbox {
-        id: "irot".into(),
+        id: "irot".parse().expect("a valid sandbox id"),
         template: "base".into(),
         state: SandboxState::Paused,
         failure: None,
@@ -184,7 +184,7 @@ async fn after_a_rotation_the_files_hold_no_old_ciphertext() {
         store.put_secret(&s).await.unwrap();
         assert!(store.delete_secret("sec_gone").await.unwrap());
         let mut ended = sandbox();
-        ended.id = "iended".into();
+        ended.id = "iended".parse().expect("a valid sandbox id");
         ended.state = SandboxState::Killed;
         ended.end_at = Utc::now() - chrono::Duration::hours(1);
         ended.env_vars = (0..200)

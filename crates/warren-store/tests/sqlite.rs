@@ -12,7 +12,7 @@ use warren_store::SqliteStore;
 
 fn sandbox(id: &str) -> Sandbox {
     Sandbox {
-        id: id.into(),
+        id: id.parse().expect("a valid sandbox id"),
         template: "base".into(),
         state: SandboxState::Pending,
         failure: None,

@@ -193,7 +193,7 @@ impl Sandboxes {
         };
         let now = Utc::now();
         let sandbox = Sandbox {
-            id: id.to_string(),
+            id,
             template: plan.template,
             state: SandboxState::Pending,
             failure: None,
@@ -231,10 +231,10 @@ impl Sandboxes {
                     retry_after: cfg.retry_after,
                 });
             }
-            live.insert(sandbox.id.clone(), entry.clone());
+            live.insert(sandbox.id.to_string(), entry.clone());
         }
         let release = |c: &Sandboxes| {
-            lock(&c.inner.live).remove(&sandbox.id);
+            lock(&c.inner.live).remove(sandbox.id.as_str());
         };
 
         if let Err(e) = self.inner.store.insert_sandbox(&sandbox).await {

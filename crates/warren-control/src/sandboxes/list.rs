@@ -179,7 +179,7 @@ pub fn apply(query: &ListQuery, mut candidates: Vec<Sandbox>) -> Result<Page, Co
             && query.template.as_ref().is_none_or(|t| &s.template == t)
             && query.team.as_ref().is_none_or(|t| &s.team == t)
     });
-    let key = |s: &Sandbox| (s.started_at.timestamp_micros(), s.id.clone());
+    let key = |s: &Sandbox| (s.started_at.timestamp_micros(), s.id.to_string());
     candidates.sort_by_key(key);
     if query.order == Order::Desc {
         candidates.reverse();
@@ -212,7 +212,7 @@ mod tests {
         let t = Utc.timestamp_opt(secs, 0).unwrap();
         Sandbox {
             volume_mounts: Vec::new(),
-            id: id.into(),
+            id: id.parse().expect("a valid sandbox id"),
             template: "base".into(),
             state: SandboxState::Running,
             failure: None,

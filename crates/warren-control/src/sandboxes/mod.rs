@@ -210,7 +210,7 @@ impl Sandboxes {
     /// routed and scheduled to end.
     pub(crate) fn register(&self, sandbox: &Sandbox, entry: Option<Entry>) {
         let entry = entry.unwrap_or_else(|| Arc::new(Mutex::new(sandbox.clone())));
-        lock(&self.inner.live).insert(sandbox.id.clone(), entry);
+        lock(&self.inner.live).insert(sandbox.id.to_string(), entry);
         match sandbox.state {
             SandboxState::Running => self.route_running(sandbox),
             SandboxState::Paused => self.set_wakeable(sandbox, sandbox.lifecycle.auto_resume),
@@ -226,7 +226,7 @@ impl Sandboxes {
                 access: self.access_of(sandbox),
                 cancel: CancellationToken::new(),
             };
-            lock(&self.inner.routes).insert(sandbox.id.clone(), route);
+            lock(&self.inner.routes).insert(sandbox.id.to_string(), route);
         }
         self.schedule_end(&sandbox.id, sandbox.end_at);
         self.peers_moved(&sandbox.id);
@@ -275,9 +275,9 @@ impl Sandboxes {
     pub(crate) fn set_wakeable(&self, sandbox: &Sandbox, wakeable: bool) {
         let mut set = lock(&self.inner.wakeable);
         if wakeable {
-            set.insert(sandbox.id.clone(), self.access_of(sandbox));
+            set.insert(sandbox.id.to_string(), self.access_of(sandbox));
         } else {
-            set.remove(&sandbox.id);
+            set.remove(sandbox.id.as_str());
         }
     }
 
@@ -595,7 +595,7 @@ impl crate::volumes::MountedBy for Sandboxes {
         for e in live {
             let sb = e.lock().await;
             if !sb.state.is_gone() && sb.volume_mounts.iter().any(|m| m.volume_id == id) {
-                out.push(sb.id.clone());
+                out.push(sb.id.to_string());
             }
         }
         out
@@ -625,7 +625,7 @@ impl crate::templates::ImageUsers for Sandboxes {
         for e in live {
             let sb = e.lock().await;
             if !sb.state.is_gone() && images.contains(&sb.template) {
-                out.push(sb.id.clone());
+                out.push(sb.id.to_string());
             }
         }
         out

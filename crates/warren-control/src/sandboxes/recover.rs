@@ -54,7 +54,7 @@ impl Sandboxes {
             match (sb.state, sb.runtime.clone()) {
                 (SandboxState::Running | SandboxState::Paused, Some(rt)) => {
                     runtime_records.push(rt);
-                    wanted.insert(sb.id.clone(), sb);
+                    wanted.insert(sb.id.to_string(), sb);
                 }
                 (SandboxState::Stopping, _) => {
                     // The kill was acknowledged to nobody yet, but it was asked for: finish

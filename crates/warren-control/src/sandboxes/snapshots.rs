@@ -118,7 +118,7 @@ impl Sandboxes {
             id,
             names: name.iter().cloned().collect(),
             key,
-            sandbox_id: sb.id.clone(),
+            sandbox_id: sb.id.to_string(),
             template: sb.template.clone(),
             resources: sb.resources,
             allow_internet_access: sb.allow_internet_access,

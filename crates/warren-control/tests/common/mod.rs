@@ -325,7 +325,7 @@ impl SandboxStore for MemStore {
         self.sandboxes
             .lock()
             .unwrap()
-            .insert(s.id.clone(), s.clone());
+            .insert(s.id.to_string(), s.clone());
         Ok(())
     }
 

@@ -107,7 +107,7 @@ pub(crate) fn exec_span(sandbox: &Sandbox, e: &AuditEntry) -> Option<ExecSpan> {
     };
     let end = start + took;
     let mut attributes = vec![
-        KeyValue::new("warren.sandbox.id", sandbox.id.clone()),
+        KeyValue::new("warren.sandbox.id", sandbox.id.to_string()),
         KeyValue::new("warren.sandbox.template", sandbox.template.clone()),
     ];
     if let Some(argv) = e.fields.get("argv") {
@@ -212,7 +212,7 @@ impl AuditExport {
         rec.set_severity_text(text);
         rec.set_body(AnyValue::from(clip(&e.message, MAX_BODY)));
         rec.add_attribute("event.name", e.kind.clone());
-        rec.add_attribute("warren.sandbox.id", sandbox.id.clone());
+        rec.add_attribute("warren.sandbox.id", sandbox.id.to_string());
         for (k, v) in e.fields.iter().take(MAX_FIELDS) {
             rec.add_attribute(format!("warren.audit.{k}"), clip(v, MAX_VALUE));
         }
@@ -245,7 +245,7 @@ mod tests {
     fn sandbox() -> Sandbox {
         let now = chrono::Utc::now();
         Sandbox {
-            id: "isbx".into(),
+            id: "isbx".parse().expect("a valid sandbox id"),
             template: "base".into(),
             state: warren_control::SandboxState::Running,
             failure: None,
