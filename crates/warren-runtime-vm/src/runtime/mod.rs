@@ -442,10 +442,7 @@ impl VmRuntime {
         let Some(cmd) = &launch.start else {
             return Ok(());
         };
-        let env = std::collections::BTreeMap::from([
-            ("E2B_SANDBOX".to_string(), "true".to_string()),
-            ("E2B_TEMPLATE_ID".to_string(), template.to_string()),
-        ]);
+        let env = warren_host::agent::template_env(template);
         let init = warren_host::agent::InitArgs {
             env_vars: &env,
             access_token: None,
