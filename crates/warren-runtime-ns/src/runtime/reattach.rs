@@ -56,11 +56,9 @@ impl NsRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         // Sandboxes paused with only their files have nothing running to take back.
-        let (fs_paused, parsed): (Vec<_>, Vec<_>) = parsed.into_iter().partition(|(_, rec)| {
-            rec.as_ref()
-                .is_some_and(|r| r.paused == Some(PauseMode::Filesystem))
+        let (fs_paused, parsed) = warren_host::split_records(records, |r: &Record| {
+            r.paused == Some(PauseMode::Filesystem)
         });
         let mut out = Vec::new();
         for (r, _) in fs_paused {
@@ -74,16 +72,7 @@ impl NsRuntime {
             };
             out.push((r.id, result));
         }
-        let adopt: Vec<AdoptSlot> = parsed
-            .iter()
-            .filter_map(|(_, rec)| {
-                rec.as_ref().map(|r| AdoptSlot {
-                    index: r.slot,
-                    allow_internet_access: r.allow_internet_access,
-                    policy: r.policy.clone(),
-                })
-            })
-            .collect();
+        let adopt = warren_host::adopt_slots(&parsed, |r| &r.net);
         // Sandboxes whose processes still run keep their cgroups; everything else goes.
         let keep: Vec<String> = parsed
             .iter()

@@ -113,11 +113,8 @@ type SnapshotCell = Arc<OnceCell<Arc<Snapshot>>>;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     pid: u32,
-    slot: u32,
-    allow_internet_access: bool,
-    /// The slot's egress policy (none: open, or deny-all without internet access).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    policy: Option<SlotPolicy>,
+    #[serde(flatten)]
+    net: warren_host::SlotRecord,
     /// The VM's directory name under `<data_dir>/vm/vms/<cgroup parent>-vm` (also its
     /// cgroup's name).
     name: String,

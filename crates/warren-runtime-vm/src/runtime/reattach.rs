@@ -12,7 +12,8 @@ use crate::qmp::Qmp;
 use crate::snapshot::Snapshot;
 use serde_json::json;
 use warren_host::cgroup::SandboxCgroup;
-use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_host::SlotRecord;
+use warren_net::{NetPool, Slot};
 use warren_runtime::{PauseMode, RuntimeError, RuntimeSandbox};
 
 use super::{failed, machine, Machine, Record, VmRuntime};
@@ -22,11 +23,8 @@ impl VmRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         let mut out = Vec::new();
-        let (paused, running): (Vec<_>, Vec<_>) = parsed
-            .into_iter()
-            .partition(|(_, rec)| rec.as_ref().is_some_and(|r| r.paused));
+        let (paused, running) = warren_host::split_records(records, |r: &Record| r.paused);
         for (r, _) in paused {
             let result = if Snapshot::open(&self.paused_dir(&r.id)).is_some() {
                 self.paused.lock().await.insert(r.id.clone());
@@ -50,9 +48,7 @@ impl VmRuntime {
             let memory = Snapshot::open(&self.paused_dir(&r.id)).is_some_and(|c| c.has_memory());
             let record = Record {
                 pid: 0,
-                slot: 0,
-                allow_internet_access: rec.is_some_and(|rec| rec.allow_internet_access),
-                policy: None,
+                net: SlotRecord::unslotted(rec.is_some_and(|rec| rec.net.allow_internet_access)),
                 name: String::new(),
                 paused: true,
             };
@@ -73,16 +69,7 @@ impl VmRuntime {
             .collect();
         self.remove_stale_vms(keep).await;
         self.remove_unclaimed_checkpoints().await;
-        let adopt: Vec<AdoptSlot> = running
-            .iter()
-            .filter_map(|(_, rec)| {
-                rec.as_ref().map(|r| AdoptSlot {
-                    index: r.slot,
-                    allow_internet_access: r.allow_internet_access,
-                    policy: r.policy.clone(),
-                })
-            })
-            .collect();
+        let adopt = warren_host::adopt_slots(&running, |r| &r.net);
         let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
             Ok((pool, slots)) => {
                 let _ = self.net.set(pool);
@@ -215,7 +202,7 @@ impl VmRuntime {
             exit,
             qmp: Some(Arc::new(qmp)),
             run_as,
-            allow_internet_access: rec.allow_internet_access,
+            allow_internet_access: rec.net.allow_internet_access,
         });
         let agent = {
             let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
