@@ -1,7 +1,7 @@
 //! Host facilities both sandbox runtimes share: the host's settings ([`HostConfig`]), cgroups,
 //! durable directories, the one-manager-per-host lock, the registry of mounted template
 //! images, the client of the guest agent, the records sandboxes are taken back from after a
-//! restart, and the host prerequisites checked at start.
+//! restart, detached (id-mapped) bind mounts, and the host prerequisites checked at start.
 //!
 //! The runtimes themselves live in `warren-runtime-ns` (namespace containers) and
 //! `warren-runtime-vm` (QEMU microVMs); both implement `warren_runtime::SandboxRuntime`.
@@ -13,6 +13,7 @@ pub mod durable;
 pub mod egress;
 pub mod hardening;
 mod lock;
+pub mod mount;
 mod records;
 mod templates;
 
