@@ -19,7 +19,9 @@ mod templates;
 
 pub use config::{default_agent, is_static_elf, HostConfig};
 pub use lock::HostLock;
-pub use records::{adopt_slots, parse_records, split_records, Parsed, SlotRecord};
+pub use records::{
+    adopt_slots, parse_records, split_records, start_adopting, Outcomes, Parsed, SlotRecord,
+};
 pub use templates::{image_error, image_of, TemplateRoot, Templates};
 
 /// A create's network slot could not be had. Every slot in use is exhaustion (429: retry

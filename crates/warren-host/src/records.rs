@@ -2,11 +2,14 @@
 //! sandboxes back after a restart goes: parsing them, and the network slots to adopt for them.
 
 use serde::{Deserialize, Serialize};
-use warren_net::{AdoptSlot, Slot, SlotPolicy};
-use warren_runtime::RuntimeSandbox;
+use warren_net::{AdoptSlot, NetConfig, NetPool, Slot, SlotPolicy};
+use warren_runtime::{RuntimeError, RuntimeSandbox};
 
 /// A record handed to `reattach`, with its runtime's own record parsed.
 pub type Parsed<R> = (RuntimeSandbox, Option<R>);
+
+/// What `reattach` answers: each sandbox's id with the sandbox taken back, or why not.
+pub type Outcomes = Vec<(String, Result<RuntimeSandbox, RuntimeError>)>;
 
 /// The network slot a runtime's record names. Flattened into that record
 /// (`#[serde(flatten)]`): its fields stand at the record's top level.
@@ -86,6 +89,34 @@ pub fn adopt_slots<R>(parsed: &[Parsed<R>], slot: impl Fn(&R) -> &SlotRecord) ->
         .collect()
 }
 
+/// Starts the network pool into `net`, adopting the slots of `parsed` ([`adopt_slots`]): what
+/// became of each slot, in `parsed`'s order (one per parsed record). When the pool does not
+/// start, `Err` holds the failure of every record of `parsed`, with that cause.
+pub async fn start_adopting<R>(
+    net: &tokio::sync::OnceCell<NetPool>,
+    config: NetConfig,
+    parsed: &[Parsed<R>],
+    slot: impl Fn(&R) -> &SlotRecord,
+) -> Result<std::vec::IntoIter<warren_net::Result<Slot>>, Outcomes> {
+    match NetPool::start_adopting(config, adopt_slots(parsed, slot)).await {
+        Ok((pool, slots)) => {
+            let _ = net.set(pool);
+            Ok(slots.into_iter())
+        }
+        Err(e) => {
+            tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
+            let cause = warren_runtime::SharedCause::new(e);
+            Err(parsed
+                .iter()
+                .map(|(r, _)| {
+                    let e = RuntimeError::unavailable("network pool did not start", cause.clone());
+                    (r.id.clone(), Err(e))
+                })
+                .collect())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +174,34 @@ mod tests {
         let mut back = serde_json::to_value(&rec).unwrap();
         back.as_object_mut().unwrap().remove("paused");
         assert_eq!(back, old);
+    }
+
+    #[tokio::test]
+    async fn a_pool_that_does_not_start_fails_every_record_with_its_cause() {
+        let records = vec![
+            sandbox(
+                "a",
+                serde_json::json!({"pid": 1, "slot": 1, "allow_internet_access": true}),
+            ),
+            sandbox("b", serde_json::json!({"garbage": true})),
+        ];
+        let parsed = parse_records::<Record>(records);
+        let config = NetConfig {
+            prefix: "!".into(),
+            ..NetConfig::default()
+        };
+        let net = tokio::sync::OnceCell::new();
+        let failed = start_adopting(&net, config, &parsed, |r| &r.net)
+            .await
+            .unwrap_err();
+        assert!(net.get().is_none());
+        assert_eq!(failed.len(), 2);
+        for ((id, result), want) in failed.iter().zip(["a", "b"]) {
+            assert_eq!(id, want);
+            let e = result.as_ref().unwrap_err();
+            assert_eq!(e.category(), warren_runtime::Category::Unavailable);
+            assert!(e.to_string().contains("network pool did not start"), "{e}");
+        }
     }
 
     #[test]

@@ -72,7 +72,6 @@ impl NsRuntime {
             };
             out.push((r.id, result));
         }
-        let adopt = warren_host::adopt_slots(&parsed, |r| &r.net);
         // Sandboxes whose processes still run keep their cgroups; everything else goes.
         let keep: Vec<String> = parsed
             .iter()
@@ -86,23 +85,11 @@ impl NsRuntime {
         if !removed.is_empty() {
             tracing::warn!(?removed, "removed sandboxes left by a previous run");
         }
-        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
-            Ok((pool, slots)) => {
-                let _ = self.net.set(pool);
-                slots.into_iter()
-            }
-            Err(e) => {
-                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
-                let cause = warren_runtime::SharedCause::new(e);
-                return parsed
-                    .into_iter()
-                    .map(|(r, _)| {
-                        let e =
-                            RuntimeError::unavailable("network pool did not start", cause.clone());
-                        (r.id, Err(e))
-                    })
-                    .collect();
-            }
+        let net = self.cfg.net.clone();
+        let mut slots = match warren_host::start_adopting(&self.net, net, &parsed, |r| &r.net).await
+        {
+            Ok(slots) => slots,
+            Err(failed) => return failed,
         };
         let mut live = self.live.lock().await;
         for (r, rec) in parsed {

@@ -13,7 +13,7 @@ use crate::snapshot::Snapshot;
 use serde_json::json;
 use warren_host::cgroup::SandboxCgroup;
 use warren_host::SlotRecord;
-use warren_net::{NetPool, Slot};
+use warren_net::Slot;
 use warren_runtime::{PauseMode, RuntimeError, RuntimeSandbox};
 
 use super::{failed, machine, Machine, Record, VmRuntime};
@@ -69,22 +69,15 @@ impl VmRuntime {
             .collect();
         self.remove_stale_vms(keep).await;
         self.remove_unclaimed_checkpoints().await;
-        let adopt = warren_host::adopt_slots(&running, |r| &r.net);
-        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
-            Ok((pool, slots)) => {
-                let _ = self.net.set(pool);
-                slots.into_iter()
-            }
-            Err(e) => {
-                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
-                let cause = warren_runtime::SharedCause::new(e);
-                out.extend(running.into_iter().map(|(r, _)| {
-                    let e = RuntimeError::unavailable("network pool did not start", cause.clone());
-                    (r.id, Err(e))
-                }));
-                return out;
-            }
-        };
+        let net = self.cfg.net.clone();
+        let mut slots =
+            match warren_host::start_adopting(&self.net, net, &running, |r| &r.net).await {
+                Ok(slots) => slots,
+                Err(failed) => {
+                    out.extend(failed);
+                    return out;
+                }
+            };
         for (r, rec) in running {
             let Some(rec) = rec else {
                 // Records are this runtime's own, written by `create`: a bug or a damaged
