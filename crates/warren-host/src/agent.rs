@@ -67,6 +67,24 @@ pub struct InitArgs<'a> {
     pub volume_mounts: &'a [InitVolumeMount],
 }
 
+/// The variables E2B gives every process of a template's service: `E2B_SANDBOX` and
+/// `E2B_TEMPLATE_ID` (the service starts before any sandbox exists, so no sandbox id).
+pub fn template_env(template: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("E2B_SANDBOX".to_string(), "true".to_string()),
+        ("E2B_TEMPLATE_ID".to_string(), template.to_string()),
+    ])
+}
+
+/// The sandbox-wide variables a sandbox's agent is initialised with: `spec`'s own, overridden
+/// by E2B's `E2B_SANDBOX`, `E2B_SANDBOX_ID` and `E2B_TEMPLATE_ID`.
+pub fn sandbox_env(spec: &warren_runtime::CreateSpec) -> BTreeMap<String, String> {
+    let mut env = spec.env_vars.clone();
+    env.extend(template_env(&spec.template));
+    env.insert("E2B_SANDBOX_ID".into(), spec.id.to_string());
+    env
+}
+
 /// Polls `GET /health` until the agent answers 204, then sends `POST /init` with `args`.
 #[tracing::instrument(name = "agent.init", level = "info", skip_all)]
 pub async fn wait_and_init(
@@ -403,6 +421,32 @@ pub async fn wait_ready(
 mod tests {
     use super::*;
     use warren_runtime::Category;
+
+    #[test]
+    fn e2b_variables_override_the_sandbox_own() {
+        let spec: warren_runtime::CreateSpec = serde_json::from_value(serde_json::json!({
+            "id": warren_runtime::SandboxId::generate().unwrap().to_string(),
+            "template": "base",
+            "cpu_count": 1,
+            "memory_mb": 512,
+            "disk_mb": 1024,
+            "allow_internet_access": true,
+            "env_vars": {"A": "1", "E2B_SANDBOX": "false", "E2B_TEMPLATE_ID": "x"},
+            "access_token": null,
+        }))
+        .unwrap();
+        let env = sandbox_env(&spec);
+        let want = BTreeMap::from([
+            ("A".to_string(), "1".to_string()),
+            ("E2B_SANDBOX".to_string(), "true".to_string()),
+            ("E2B_SANDBOX_ID".to_string(), spec.id.to_string()),
+            ("E2B_TEMPLATE_ID".to_string(), "base".to_string()),
+        ]);
+        assert_eq!(env, want);
+        let service = template_env("base");
+        assert!(!service.contains_key("E2B_SANDBOX_ID"));
+        assert_eq!(service.len(), 2);
+    }
 
     #[tokio::test]
     async fn an_agent_that_never_answers_is_unavailable() {

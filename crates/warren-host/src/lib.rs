@@ -1,6 +1,7 @@
 //! Host facilities both sandbox runtimes share: the host's settings ([`HostConfig`]), cgroups,
 //! durable directories, the one-manager-per-host lock, the registry of mounted template
-//! images, the client of the guest agent, and the host prerequisites checked at start.
+//! images, the client of the guest agent, the records sandboxes are taken back from after a
+//! restart, detached (id-mapped) bind mounts, and the host prerequisites checked at start.
 //!
 //! The runtimes themselves live in `warren-runtime-ns` (namespace containers) and
 //! `warren-runtime-vm` (QEMU microVMs); both implement `warren_runtime::SandboxRuntime`.
@@ -12,10 +13,15 @@ pub mod durable;
 pub mod egress;
 pub mod hardening;
 mod lock;
+pub mod mount;
+mod records;
 mod templates;
 
 pub use config::{default_agent, is_static_elf, HostConfig};
 pub use lock::HostLock;
+pub use records::{
+    adopt_slots, parse_records, split_records, start_adopting, Outcomes, Parsed, SlotRecord,
+};
 pub use templates::{image_error, image_of, TemplateRoot, Templates};
 
 /// A create's network slot could not be had. Every slot in use is exhaustion (429: retry
@@ -28,20 +34,6 @@ pub fn slot_error(e: warren_net::Error) -> warren_runtime::RuntimeError {
         }
         e => warren_runtime::RuntimeError::unavailable("get a network slot", e),
     }
-}
-
-/// Records handed to `reattach`, each with its runtime's own record parsed (`None` when it
-/// cannot be: a damaged store, or a record of another release).
-pub fn parse_records<R: serde::de::DeserializeOwned>(
-    records: Vec<warren_runtime::RuntimeSandbox>,
-) -> Vec<(warren_runtime::RuntimeSandbox, Option<R>)> {
-    records
-        .into_iter()
-        .map(|r| {
-            let rec = serde_json::from_value::<R>(r.record.clone()).ok();
-            (r, rec)
-        })
-        .collect()
 }
 
 /// Free bytes and inodes of the filesystem holding `dir` (both runtimes save there).

@@ -1,26 +1,13 @@
-//! Raw system calls nix does not wrap: the new mount API for id-mapped mounts.
+//! Id-mapped bind mounts of template images and volumes into a sandbox: the new mount API
+//! (`warren_host::mount`), and the one raw system call nix does not wrap, `openat2`.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use warren_host::mount::{self, MountAttrFlags, OpenTreeFlags};
 
 fn cpath(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
@@ -33,13 +20,13 @@ fn cpath(p: &Path) -> io::Result<CString> {
 /// images `nosuid` (`warren_host::Templates`); the copy honours set-id bits again (they now
 /// mean the sandbox's own ids: `sudo` in it works) and stays `nodev`.
 pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> io::Result<()> {
-    let tree = clone_tree(libc::AT_FDCWD, &cpath(source)?, 0)?;
+    let tree = mount::clone_tree(mount::CWD, &cpath(source)?, OpenTreeFlags::AT_RECURSIVE)?;
     attach_idmapped(
         tree,
         target,
         userns,
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
-        MOUNT_ATTR_NOSUID,
+        MountAttrFlags::MOUNT_ATTR_RDONLY | MountAttrFlags::MOUNT_ATTR_NODEV,
+        MountAttrFlags::MOUNT_ATTR_NOSUID,
     )
 }
 
@@ -56,7 +43,11 @@ pub fn idmapped_volume(
     userns: &OwnedFd,
     read_only: bool,
 ) -> io::Result<()> {
-    let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 };
+    let ro = if read_only {
+        MountAttrFlags::MOUNT_ATTR_RDONLY
+    } else {
+        MountAttrFlags::empty()
+    };
     let root = open_path(libc::AT_FDCWD, &cpath(source)?, 0)?;
     let dir = match subpath {
         Some(sub) => open_path(
@@ -69,13 +60,17 @@ pub fn idmapped_volume(
         )?,
         None => root,
     };
-    let tree = clone_tree(dir.as_raw_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint)?;
+    let tree = mount::clone_tree(
+        &dir,
+        c"",
+        OpenTreeFlags::AT_RECURSIVE | OpenTreeFlags::AT_EMPTY_PATH,
+    )?;
     attach_idmapped(
         tree,
         target,
         userns,
-        ro | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        0,
+        ro | MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+        MountAttrFlags::empty(),
     )
 }
 
@@ -112,73 +107,16 @@ fn open_path(dirfd: libc::c_int, path: &CString, resolve: u64) -> io::Result<Own
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// A detached copy (`open_tree(OPEN_TREE_CLONE)`) of the mount at `path` from `dirfd`.
-fn clone_tree(
-    dirfd: libc::c_int,
-    path: &std::ffi::CStr,
-    flags: libc::c_uint,
-) -> io::Result<OwnedFd> {
-    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call; open_tree
-    // returns a new descriptor (or -1) and touches no memory of ours otherwise.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            dirfd,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint | flags,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open_tree just returned this descriptor to us and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
 /// Gives the detached mount `tree` the id mapping of `userns`, sets `attrs` and clears
 /// `clear`, and attaches it on `target`.
 fn attach_idmapped(
     tree: OwnedFd,
     target: &Path,
     userns: &OwnedFd,
-    attrs: u64,
-    clear: u64,
+    attrs: MountAttrFlags,
+    clear: MountAttrFlags,
 ) -> io::Result<()> {
     let dst = cpath(target)?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | attrs,
-        attr_clr: clear,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: `attr` is a live, correctly laid out `struct mount_attr` and its size is passed;
-    // the empty path with AT_EMPTY_PATH makes the call act on `tree` itself.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both paths are valid for the call; `tree` is the detached mount to attach.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            dst.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    mount::set_attrs(tree.as_fd(), attrs, clear, Some(userns.as_fd()))?;
+    mount::attach(tree.as_fd(), &dst)
 }

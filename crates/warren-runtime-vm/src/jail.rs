@@ -22,12 +22,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+use warren_host::mount::{self, MountAttrFlags, OpenTreeFlags};
 
 /// Limits set on the jailed process.
 #[derive(Debug, Clone, Copy)]
@@ -71,22 +72,6 @@ const SYSTEM: &[&str] = &[
 const TOP_LIBS: &[&str] = &["/lib", "/lib64", "/lib32", "/libx32"];
 /// Devices QEMU and its libraries may open; none gives access to anything.
 const PLAIN_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_NOEXEC: u64 = 0x8;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
 
 /// One detached mount and where it goes in the jail.
 #[derive(Debug)]
@@ -185,51 +170,18 @@ fn make_userns(uid: u32, gid: u32) -> Result<OwnedFd> {
     result
 }
 
-/// A detached copy of the mount at `source` with `attrs` (and an id-mapping through `userns`).
-fn detached(source: &Path, attrs: u64, userns: Option<&OwnedFd>) -> io::Result<OwnedFd> {
+/// A detached copy of the mount at `source` (not of the mounts beneath it) with `attrs` (and
+/// an id-mapping through `userns`).
+fn detached(source: &Path, attrs: MountAttrFlags, userns: Option<&OwnedFd>) -> io::Result<OwnedFd> {
     let src = CString::new(source.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: `src` is a valid NUL-terminated path for the call; open_tree returns a new
-    // descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            src.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open_tree just returned this descriptor and nothing else owns it.
-    let tree = above_floor(unsafe { OwnedFd::from_raw_fd(fd as i32) })?;
-    let attr = MountAttr {
-        attr_set: attrs
-            | if userns.is_some() {
-                MOUNT_ATTR_IDMAP
-            } else {
-                0
-            },
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
-    };
-    // SAFETY: `attr` is a live `struct mount_attr` whose size is passed; the empty path with
-    // AT_EMPTY_PATH makes the call act on `tree` itself.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let tree = above_floor(mount::clone_tree(mount::CWD, &src, OpenTreeFlags::empty())?)?;
+    mount::set_attrs(
+        tree.as_fd(),
+        attrs,
+        MountAttrFlags::empty(),
+        userns.map(|u| u.as_fd()),
+    )?;
     Ok(tree)
 }
 
@@ -239,10 +191,12 @@ impl Jail {
         let userns = userns_for(self.uid, self.gid)?;
         let binds: Vec<(PathBuf, OwnedFd)> = Vec::new();
         let mut symlinks = Vec::new();
-        let system_attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        let system_attrs = MountAttrFlags::MOUNT_ATTR_RDONLY
+            | MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV;
         let binds = std::cell::RefCell::new(binds);
         let bind_tree = |path: &Path, tree: OwnedFd| binds.borrow_mut().push((path.into(), tree));
-        let bind = |path: &Path, attrs: u64, ns: Option<&OwnedFd>| -> Result<()> {
+        let bind = |path: &Path, attrs: MountAttrFlags, ns: Option<&OwnedFd>| -> Result<()> {
             let tree = detached(path, attrs, ns).map_err(Error::io("bind into the jail", path))?;
             bind_tree(path, tree);
             Ok(())
@@ -263,20 +217,26 @@ impl Jail {
             }
         }
         for p in PLAIN_DEVICES.iter().map(Path::new).filter(|p| p.exists()) {
-            bind(p, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, None)?;
+            bind(
+                p,
+                MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+                None,
+            )?;
         }
         for p in &self.devices {
             // devtmpfs may refuse id-mapping: the device's group (in `groups`) then opens it.
-            let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+            let attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NOEXEC;
             let tree = match detached(p, attrs, Some(&userns)) {
                 Ok(tree) => tree,
                 Err(_) => detached(p, attrs, None).map_err(Error::io("bind into the jail", p))?,
             };
             bind_tree(p, tree);
         }
-        let data = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+        let data = MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC;
         for p in &self.read {
-            bind(p, data | MOUNT_ATTR_RDONLY, Some(&userns))?;
+            bind(p, data | MountAttrFlags::MOUNT_ATTR_RDONLY, Some(&userns))?;
         }
         for p in &self.write {
             bind(p, data, Some(&userns))?;
@@ -407,14 +367,7 @@ impl Prepared {
                 check(libc::symlink(target.as_ptr(), link.as_ptr()))?;
             }
             for b in &self.binds {
-                check(libc::syscall(
-                    libc::SYS_move_mount,
-                    b.tree.as_raw_fd(),
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    b.target.as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH,
-                ) as libc::c_int)?;
+                mount::attach(b.tree.as_fd(), &b.target)?;
             }
             check(libc::chdir(self.root.as_ptr()))?;
             check(

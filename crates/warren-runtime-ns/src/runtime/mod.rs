@@ -20,8 +20,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell};
 use tracing::Instrument;
-use warren_host::{hardening, headroom, HostConfig, HostLock, TemplateRoot, Templates};
-use warren_net::{AdoptSlot, NetPool, Slot, SlotPolicy};
+use warren_host::{hardening, headroom, HostConfig, HostLock, SlotRecord, TemplateRoot, Templates};
+use warren_net::{NetPool, Slot};
 use warren_runtime::{
     Capabilities, CreateSpec, Exit, PauseMode, ResumeKind, RuntimeError, RuntimeSandbox,
     SandboxRuntime, SnapshotInfo,
@@ -75,11 +75,8 @@ pub fn ns_config(cfg: &HostConfig, settings: &NsSettings) -> NsConfig {
 struct Record {
     /// 0 while paused with only the filesystem kept (no processes).
     pid1: u32,
-    slot: u32,
-    allow_internet_access: bool,
-    /// The slot's egress policy (none: open, or deny-all without internet access).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    policy: Option<SlotPolicy>,
+    #[serde(flatten)]
+    net: SlotRecord,
     /// Set while paused: what the pause kept.
     #[serde(default)]
     paused: Option<PauseMode>,
@@ -97,12 +94,9 @@ struct Live {
 impl Record {
     /// The record of a running sandbox on `slot`.
     fn running(pid1: u32, slot: &Slot, template: Option<String>) -> Self {
-        let adopt = AdoptSlot::from(slot);
         Self {
             pid1,
-            slot: adopt.index,
-            allow_internet_access: adopt.allow_internet_access,
-            policy: adopt.policy,
+            net: SlotRecord::from(slot),
             paused: None,
             template,
         }

@@ -56,11 +56,9 @@ impl NsRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         // Sandboxes paused with only their files have nothing running to take back.
-        let (fs_paused, parsed): (Vec<_>, Vec<_>) = parsed.into_iter().partition(|(_, rec)| {
-            rec.as_ref()
-                .is_some_and(|r| r.paused == Some(PauseMode::Filesystem))
+        let (fs_paused, parsed) = warren_host::split_records(records, |r: &Record| {
+            r.paused == Some(PauseMode::Filesystem)
         });
         let mut out = Vec::new();
         for (r, _) in fs_paused {
@@ -74,16 +72,6 @@ impl NsRuntime {
             };
             out.push((r.id, result));
         }
-        let adopt: Vec<AdoptSlot> = parsed
-            .iter()
-            .filter_map(|(_, rec)| {
-                rec.as_ref().map(|r| AdoptSlot {
-                    index: r.slot,
-                    allow_internet_access: r.allow_internet_access,
-                    policy: r.policy.clone(),
-                })
-            })
-            .collect();
         // Sandboxes whose processes still run keep their cgroups; everything else goes.
         let keep: Vec<String> = parsed
             .iter()
@@ -97,23 +85,11 @@ impl NsRuntime {
         if !removed.is_empty() {
             tracing::warn!(?removed, "removed sandboxes left by a previous run");
         }
-        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
-            Ok((pool, slots)) => {
-                let _ = self.net.set(pool);
-                slots.into_iter()
-            }
-            Err(e) => {
-                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
-                let cause = warren_runtime::SharedCause::new(e);
-                return parsed
-                    .into_iter()
-                    .map(|(r, _)| {
-                        let e =
-                            RuntimeError::unavailable("network pool did not start", cause.clone());
-                        (r.id, Err(e))
-                    })
-                    .collect();
-            }
+        let net = self.cfg.net.clone();
+        let mut slots = match warren_host::start_adopting(&self.net, net, &parsed, |r| &r.net).await
+        {
+            Ok(slots) => slots,
+            Err(failed) => return failed,
         };
         let mut live = self.live.lock().await;
         for (r, rec) in parsed {

@@ -1,7 +1,6 @@
 //! Starting a sandbox's processes, and handing a started sandbox to its tenant: the two
 //! halves of a create, which a prepared sandbox (see `prepared`) does at different times.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use tracing::Instrument;
@@ -90,10 +89,7 @@ impl NsRuntime {
     ) -> Result<(), RuntimeError> {
         let template_launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
-        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
-        env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.to_string());
-        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let env = warren_host::agent::sandbox_env(spec);
         let agent = SocketAddr::V4(slot.agent_endpoint());
         let init = agent::InitArgs {
             env_vars: &env,

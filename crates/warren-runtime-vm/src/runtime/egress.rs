@@ -1,7 +1,7 @@
 //! A VM sandbox's egress policy: its record, and changing it (and its private-network peers)
 //! while the VM runs.
 
-use warren_net::AdoptSlot;
+use warren_host::SlotRecord;
 use warren_runtime::egress::EgressPolicy;
 use warren_runtime::peers::Peering;
 use warren_runtime::{RuntimeError, RuntimeSandbox};
@@ -11,19 +11,18 @@ use super::{failed, Machine, Record, VmRuntime};
 impl Record {
     /// The record of running VM `m`, with its slot's current policy.
     pub(super) fn running(m: &Machine) -> Self {
-        let adopt = m
+        let net = m
             .slot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(AdoptSlot::from);
+            .map_or_else(
+                || SlotRecord::unslotted(m.allow_internet_access),
+                SlotRecord::from,
+            );
         Self {
             pid: m.pid,
-            slot: adopt.as_ref().map_or(0, |a| a.index),
-            allow_internet_access: adopt
-                .as_ref()
-                .map_or(m.allow_internet_access, |a| a.allow_internet_access),
-            policy: adopt.and_then(|a| a.policy),
+            net,
             name: m.name.clone(),
             paused: false,
         }

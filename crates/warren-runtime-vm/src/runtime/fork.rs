@@ -1,7 +1,6 @@
 //! The create path of the vm runtime: a running VM for a sandbox, from a warm QEMU or a
 //! fresh one restored from the template's snapshot or the sandbox's checkpoint.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -272,10 +271,7 @@ impl VmRuntime {
             .lock()
             .await
             .insert(spec.id.to_string(), m.clone());
-        let mut env: BTreeMap<String, String> = spec.env_vars.clone();
-        env.insert("E2B_SANDBOX".into(), "true".into());
-        env.insert("E2B_SANDBOX_ID".into(), spec.id.to_string());
-        env.insert("E2B_TEMPLATE_ID".into(), spec.template.clone());
+        let env = warren_host::agent::sandbox_env(&spec);
         let launch = warren_template::launch(&spec.template, &self.cfg.data_dir)
             .map_err(|e| warren_host::image_error(&spec.template, e))?;
         let mounts = nfs::agent_mounts(&spec.volumes);

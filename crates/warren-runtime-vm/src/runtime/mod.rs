@@ -113,11 +113,8 @@ type SnapshotCell = Arc<OnceCell<Arc<Snapshot>>>;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     pid: u32,
-    slot: u32,
-    allow_internet_access: bool,
-    /// The slot's egress policy (none: open, or deny-all without internet access).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    policy: Option<SlotPolicy>,
+    #[serde(flatten)]
+    net: warren_host::SlotRecord,
     /// The VM's directory name under `<data_dir>/vm/vms/<cgroup parent>-vm` (also its
     /// cgroup's name).
     name: String,
@@ -442,10 +439,7 @@ impl VmRuntime {
         let Some(cmd) = &launch.start else {
             return Ok(());
         };
-        let env = std::collections::BTreeMap::from([
-            ("E2B_SANDBOX".to_string(), "true".to_string()),
-            ("E2B_TEMPLATE_ID".to_string(), template.to_string()),
-        ]);
+        let env = warren_host::agent::template_env(template);
         let init = warren_host::agent::InitArgs {
             env_vars: &env,
             access_token: None,

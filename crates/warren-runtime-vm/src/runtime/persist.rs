@@ -293,9 +293,7 @@ impl VmRuntime {
         self.teardown(&m).await;
         let record = Record {
             pid: 0,
-            slot: 0,
-            allow_internet_access: m.allow_internet_access,
-            policy: None,
+            net: warren_host::SlotRecord::unslotted(m.allow_internet_access),
             name: String::new(),
             paused: true,
         };

@@ -12,7 +12,8 @@ use crate::qmp::Qmp;
 use crate::snapshot::Snapshot;
 use serde_json::json;
 use warren_host::cgroup::SandboxCgroup;
-use warren_net::{AdoptSlot, NetPool, Slot};
+use warren_host::SlotRecord;
+use warren_net::Slot;
 use warren_runtime::{PauseMode, RuntimeError, RuntimeSandbox};
 
 use super::{failed, machine, Machine, Record, VmRuntime};
@@ -22,11 +23,8 @@ impl VmRuntime {
         &self,
         records: Vec<RuntimeSandbox>,
     ) -> Vec<(String, Result<RuntimeSandbox, RuntimeError>)> {
-        let parsed: Vec<(RuntimeSandbox, Option<Record>)> = warren_host::parse_records(records);
         let mut out = Vec::new();
-        let (paused, running): (Vec<_>, Vec<_>) = parsed
-            .into_iter()
-            .partition(|(_, rec)| rec.as_ref().is_some_and(|r| r.paused));
+        let (paused, running) = warren_host::split_records(records, |r: &Record| r.paused);
         for (r, _) in paused {
             let result = if Snapshot::open(&self.paused_dir(&r.id)).is_some() {
                 self.paused.lock().await.insert(r.id.clone());
@@ -50,9 +48,7 @@ impl VmRuntime {
             let memory = Snapshot::open(&self.paused_dir(&r.id)).is_some_and(|c| c.has_memory());
             let record = Record {
                 pid: 0,
-                slot: 0,
-                allow_internet_access: rec.is_some_and(|rec| rec.allow_internet_access),
-                policy: None,
+                net: SlotRecord::unslotted(rec.is_some_and(|rec| rec.net.allow_internet_access)),
                 name: String::new(),
                 paused: true,
             };
@@ -73,31 +69,15 @@ impl VmRuntime {
             .collect();
         self.remove_stale_vms(keep).await;
         self.remove_unclaimed_checkpoints().await;
-        let adopt: Vec<AdoptSlot> = running
-            .iter()
-            .filter_map(|(_, rec)| {
-                rec.as_ref().map(|r| AdoptSlot {
-                    index: r.slot,
-                    allow_internet_access: r.allow_internet_access,
-                    policy: r.policy.clone(),
-                })
-            })
-            .collect();
-        let mut slots = match NetPool::start_adopting(self.cfg.net.clone(), adopt).await {
-            Ok((pool, slots)) => {
-                let _ = self.net.set(pool);
-                slots.into_iter()
-            }
-            Err(e) => {
-                tracing::error!(error = %warren_runtime::chain(&e), "network pool did not start");
-                let cause = warren_runtime::SharedCause::new(e);
-                out.extend(running.into_iter().map(|(r, _)| {
-                    let e = RuntimeError::unavailable("network pool did not start", cause.clone());
-                    (r.id, Err(e))
-                }));
-                return out;
-            }
-        };
+        let net = self.cfg.net.clone();
+        let mut slots =
+            match warren_host::start_adopting(&self.net, net, &running, |r| &r.net).await {
+                Ok(slots) => slots,
+                Err(failed) => {
+                    out.extend(failed);
+                    return out;
+                }
+            };
         for (r, rec) in running {
             let Some(rec) = rec else {
                 // Records are this runtime's own, written by `create`: a bug or a damaged
@@ -215,7 +195,7 @@ impl VmRuntime {
             exit,
             qmp: Some(Arc::new(qmp)),
             run_as,
-            allow_internet_access: rec.allow_internet_access,
+            allow_internet_access: rec.net.allow_internet_access,
         });
         let agent = {
             let s = m.slot.lock().unwrap_or_else(|e| e.into_inner());
